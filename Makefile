@@ -1,0 +1,51 @@
+# RelayRL developer entry points. `make test` and `make demo` set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps test test-unit test-integration test-e2e lint proto bench demo clean
+
+setup: system-deps $(STAMP)
+
+# Debian packages the tests and the local stack run for real. Installed only when missing and root.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Regenerates the committed Python stubs from protos/ (the only source of wire definitions).
+proto: setup
+	$(BIN)/python -m relayrl.protogen
+
+bench: setup
+	$(BIN)/relayrl bench queue --json
+	$(BIN)/relayrl bench rollout --json
+	$(BIN)/relayrl bench trainer --json
+	$(BIN)/relayrl bench paramsync --size-mb 512 --replicas 1,4 --json
+	$(BIN)/relayrl bench e2e --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,50 @@
+"""The ``relayrl`` command. Every sub-command module imports only typer at load time, so
+``relayrl --help`` answers at once; heavy imports happen inside the commands."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    help="RelayRL: fully asynchronous RL post-training for LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+# `relayrl <name> ...` → the Typer app named `app` in each module.
+COMMAND_GROUPS: dict[str, str] = {
+    "model": "relayrl.models.cli",
+}
+
+# `relayrl bench <name>` → a function that prints one JSON line of figures.
+BENCHMARKS: dict[str, str] = {}
+
+bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
+
+
+def _load(path: str) -> object:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr or "app")
+
+
+for _name, _module in COMMAND_GROUPS.items():
+    _group = _load(_module)
+    app.add_typer(_group, name=_name, help=_group.info.help)
+for _name, _function in BENCHMARKS.items():
+    bench_app.command(_name)(_load(_function))
+if BENCHMARKS:
+    app.add_typer(bench_app, name="bench")
+
+
+@app.command()
+def version() -> None:
+    """Print the RelayRL version."""
+    from relayrl import __version__
+
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":
+    app()

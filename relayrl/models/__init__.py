@@ -1,0 +1,1 @@
+"""Model creation and loading; heavy imports (torch, transformers) happen inside functions."""

@@ -1,0 +1,242 @@
+"""Typed views of the wire messages that several services handle, and their validation.
+
+Services convert ``relayrl.v1`` messages to these dataclasses at their edge and pass the
+dataclasses inward. :func:`validate_group` is the one definition of a well-formed
+trajectory group: the rollout checks before pushing, the queue dead-letters what fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.v1 import trajectory_pb2 as pb
+
+FINISH_REASONS = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "abort": pb.FINISH_REASON_ABORT,
+}
+FINISH_REASON_NAMES = {v: k for k, v in FINISH_REASONS.items()}
+
+
+@dataclass(slots=True)
+class Sample:
+    """One generated response with everything the trainer needs from it."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    behavior_logprobs: list[float]
+    policy_versions: list[int]
+    reward: float
+    finish_reason: str = "stop"
+    token_rewards: list[float] = field(default_factory=list)
+    replica_id: str = ""
+    response_text: str = ""
+    reward_extra: dict[str, float] = field(default_factory=dict)
+    reward_error: bool = False
+    started_at_unix_s: float = 0.0
+    finished_at_unix_s: float = 0.0
+    generation_s: float = 0.0
+    reward_s: float = 0.0
+
+    def to_proto(self) -> pb.Trajectory:
+        return pb.Trajectory(
+            prompt_token_ids=self.prompt_token_ids,
+            response_token_ids=self.response_token_ids,
+            behavior_logprobs=self.behavior_logprobs,
+            policy_versions=self.policy_versions,
+            reward=self.reward,
+            token_rewards=self.token_rewards,
+            finish_reason=FINISH_REASONS.get(self.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+            replica_id=self.replica_id,
+            response_text=self.response_text,
+            reward_extra=self.reward_extra,
+            reward_error=self.reward_error,
+            timings=pb.SampleTimings(
+                started_at_unix_s=self.started_at_unix_s,
+                finished_at_unix_s=self.finished_at_unix_s,
+                generation_s=self.generation_s,
+                reward_s=self.reward_s,
+            ),
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.Trajectory) -> Sample:
+        return cls(
+            prompt_token_ids=list(msg.prompt_token_ids),
+            response_token_ids=list(msg.response_token_ids),
+            behavior_logprobs=list(msg.behavior_logprobs),
+            policy_versions=list(msg.policy_versions),
+            reward=msg.reward,
+            finish_reason=FINISH_REASON_NAMES.get(msg.finish_reason, "unspecified"),
+            token_rewards=list(msg.token_rewards),
+            replica_id=msg.replica_id,
+            response_text=msg.response_text,
+            reward_extra=dict(msg.reward_extra),
+            reward_error=msg.reward_error,
+            started_at_unix_s=msg.timings.started_at_unix_s,
+            finished_at_unix_s=msg.timings.finished_at_unix_s,
+            generation_s=msg.timings.generation_s,
+            reward_s=msg.timings.reward_s,
+        )
+
+
+@dataclass(slots=True)
+class Group:
+    """The ``n`` samples of one prompt."""
+
+    group_id: str
+    prompt_id: str
+    samples: list[Sample]
+    data_source: str = ""
+    ground_truth: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    lease_id: str = ""
+    created_at_unix_s: float = 0.0
+
+    @property
+    def min_policy_version(self) -> int:
+        return min(v for s in self.samples for v in s.policy_versions)
+
+    @property
+    def max_policy_version(self) -> int:
+        return max(v for s in self.samples for v in s.policy_versions)
+
+    def to_proto(self) -> pb.TrajectoryGroup:
+        return pb.TrajectoryGroup(
+            group_id=self.group_id,
+            prompt_id=self.prompt_id,
+            trajectories=[s.to_proto() for s in self.samples],
+            data_source=self.data_source,
+            ground_truth=self.ground_truth,
+            extra_info_json=json.dumps(self.extra_info),
+            min_policy_version=self.min_policy_version,
+            max_policy_version=self.max_policy_version,
+            lease_id=self.lease_id,
+            created_at_unix_s=self.created_at_unix_s,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.TrajectoryGroup) -> Group:
+        return cls(
+            group_id=msg.group_id,
+            prompt_id=msg.prompt_id,
+            samples=[Sample.from_proto(t) for t in msg.trajectories],
+            data_source=msg.data_source,
+            ground_truth=msg.ground_truth,
+            extra_info=json.loads(msg.extra_info_json) if msg.extra_info_json else {},
+            lease_id=msg.lease_id,
+            created_at_unix_s=msg.created_at_unix_s,
+        )
+
+
+@dataclass(slots=True)
+class PromptSpec:
+    """A prompt released by the trainer for generation."""
+
+    prompt_id: str
+    prompt_token_ids: list[int]
+    n_samples: int
+    data_source: str = ""
+    ground_truth: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    min_start_version: int = 0
+    released_at_version: int = 0
+    released_at_unix_s: float = 0.0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_new_tokens: int | None = None
+    is_eval: bool = False
+
+    def to_proto(self) -> pb.PromptGroup:
+        sampling = pb.SamplingOverrides()
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(sampling, name, value)
+        return pb.PromptGroup(
+            prompt_id=self.prompt_id,
+            prompt_token_ids=self.prompt_token_ids,
+            n_samples=self.n_samples,
+            data_source=self.data_source,
+            ground_truth=self.ground_truth,
+            extra_info_json=json.dumps(self.extra_info),
+            min_start_version=self.min_start_version,
+            released_at_version=self.released_at_version,
+            released_at_unix_s=self.released_at_unix_s,
+            sampling=sampling,
+            is_eval=self.is_eval,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.PromptGroup) -> PromptSpec:
+        sampling = msg.sampling
+
+        def opt(name: str) -> Any:
+            return getattr(sampling, name) if sampling.HasField(name) else None
+
+        return cls(
+            prompt_id=msg.prompt_id,
+            prompt_token_ids=list(msg.prompt_token_ids),
+            n_samples=msg.n_samples,
+            data_source=msg.data_source,
+            ground_truth=msg.ground_truth,
+            extra_info=json.loads(msg.extra_info_json) if msg.extra_info_json else {},
+            min_start_version=msg.min_start_version,
+            released_at_version=msg.released_at_version,
+            released_at_unix_s=msg.released_at_unix_s,
+            temperature=opt("temperature"),
+            top_p=opt("top_p"),
+            top_k=opt("top_k"),
+            max_new_tokens=opt("max_new_tokens"),
+            is_eval=msg.is_eval,
+        )
+
+
+def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
+    """Every reason ``msg`` is not a trainable group; empty when it is well formed."""
+    problems: list[str] = []
+    if not msg.group_id:
+        problems.append("group_id is empty")
+    if not msg.trajectories:
+        problems.append("group has no trajectories")
+    if msg.extra_info_json:
+        try:
+            if not isinstance(json.loads(msg.extra_info_json), dict):
+                problems.append("extra_info_json is not a JSON object")
+        except json.JSONDecodeError as exc:
+            problems.append(f"extra_info_json is not valid JSON: {exc.msg}")
+    versions: list[int] = []
+    for i, traj in enumerate(msg.trajectories):
+        n = len(traj.response_token_ids)
+        where = f"trajectory {i}"
+        if not traj.prompt_token_ids:
+            problems.append(f"{where}: prompt_token_ids is empty")
+        if len(traj.behavior_logprobs) != n:
+            problems.append(f"{where}: {len(traj.behavior_logprobs)} behavior_logprobs for {n} response tokens")
+        if len(traj.policy_versions) != n:
+            problems.append(f"{where}: {len(traj.policy_versions)} policy_versions for {n} response tokens")
+        if traj.token_rewards and len(traj.token_rewards) != n:
+            problems.append(f"{where}: {len(traj.token_rewards)} token_rewards for {n} response tokens")
+        if not math.isfinite(traj.reward):
+            problems.append(f"{where}: reward is not finite")
+        if any(not math.isfinite(x) or x > 0 for x in traj.behavior_logprobs):
+            problems.append(f"{where}: behavior_logprobs must be finite and <= 0")
+        if any(t < 0 for t in traj.response_token_ids) or any(t < 0 for t in traj.prompt_token_ids):
+            problems.append(f"{where}: negative token id")
+        if any(v < 0 for v in traj.policy_versions):
+            problems.append(f"{where}: negative policy version")
+        versions.extend(traj.policy_versions)
+    if versions and not problems:
+        if msg.min_policy_version != min(versions) or msg.max_policy_version != max(versions):
+            problems.append(
+                f"header versions [{msg.min_policy_version}, {msg.max_policy_version}] do not match"
+                f" token versions [{min(versions)}, {max(versions)}]"
+            )
+    elif not versions and msg.trajectories and not problems:
+        problems.append("no response tokens in any trajectory")
+    return problems

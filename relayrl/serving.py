@@ -1,0 +1,140 @@
+"""Starting and stopping a service's two servers: gRPC (with health and reflection) and HTTP.
+
+Both run on one asyncio loop. A service's entry point starts them, waits for SIGINT or
+SIGTERM with :func:`wait_for_shutdown_signal`, then stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+from fastapi import FastAPI
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+# Weight chunks and trajectory batches are large; gRPC's 4 MiB default is too small.
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+GRPC_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+]
+
+Registrar = Callable[[grpc.aio.Server], None]
+
+
+@dataclass
+class GrpcServer:
+    server: grpc.aio.Server
+    port: int
+    health: health_aio.HealthServicer
+    service_names: Sequence[str]
+
+    async def set_serving(self, serving: bool) -> None:
+        """Flips the standard health status of every service on this server (and the overall one)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in (*self.service_names, ""):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_grpc_server(
+    host: str,
+    port: int,
+    registrars: Iterable[Registrar],
+    service_names: Sequence[str],
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> GrpcServer:
+    """Starts an asyncio gRPC server with the given services, health checking and reflection.
+
+    ``service_names`` are full names (``relayrl.v1.TrajectoryQueue``); each starts SERVING.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    for register in registrars:
+        register(server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"gRPC could not bind {host}:{port} (port in use?)")
+    await server.start()
+    handle = GrpcServer(server=server, port=bound, health=health, service_names=service_names)
+    await handle.set_serving(True)
+    log.info("gRPC serving %s on %s:%d", ", ".join(service_names), host, bound)
+    return handle
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn that leaves signal handling to the service, which owns shutdown of both servers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class HttpServer:
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def start_http_server(app: FastAPI, host: str, port: int) -> HttpServer:
+    """Serves ``app`` with uvicorn on this loop; port 0 binds a free port, reported back."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    server = _EmbeddedUvicorn(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    log.info("HTTP serving on %s:%d", host, bound)
+    return HttpServer(server=server, task=task, port=bound)
+
+
+async def wait_for_shutdown_signal() -> signal.Signals:
+    """Returns when the process receives SIGINT or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
+    sig = await received
+    log.info("received %s, shutting down", sig.name)
+    return sig
+
+
+def grpc_channel(address: str) -> grpc.aio.Channel:
+    """An asyncio channel to another RelayRL service with large-message limits."""
+    return grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)

@@ -1,0 +1,66 @@
+"""The staleness rule, written once and called by the trainer, the queue and the rollout.
+
+RelayRL measures staleness in policy versions. With ``max_staleness = η``, a group consumed
+by the trainer at version ``v`` must have been started by a policy of version at least
+``v − η``. ``η = 0`` is synchronous, strictly on-policy training.
+
+How the names users know map onto η:
+
+- verl fully-async ``staleness_threshold`` / ``max_staleness_allowed``: η directly.
+- AReaL ``max_head_offpolicyness``: η directly.
+- ROLL ``async_generation_ratio``: generation may run that many *steps* ahead; with one
+  weight sync per step (``sync_every = 1``) it equals η, otherwise η = ratio × sync_every.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    FRESH = "fresh"
+    STALE = "stale"
+    MISSING_VERSION = "missing_version"
+
+
+@dataclass(frozen=True, slots=True)
+class StalenessCheck:
+    verdict: Verdict
+    # consumer version − oldest version that produced the group; None when unknown.
+    age_versions: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.FRESH
+
+
+def oldest_allowed_version(consumer_version: int, max_staleness: int) -> int:
+    """Lowest policy version whose samples may still be trained on at ``consumer_version``."""
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+    return consumer_version - max_staleness
+
+
+def check_staleness(min_policy_version: int | None, consumer_version: int, max_staleness: int) -> StalenessCheck:
+    """Judges a group whose oldest contributing policy is ``min_policy_version``.
+
+    A group with no version (``None`` or negative) cannot prove it is fresh, so it is
+    treated as stale with its own verdict: it must never be trained on.
+    """
+    floor = oldest_allowed_version(consumer_version, max_staleness)
+    if min_policy_version is None or min_policy_version < 0:
+        return StalenessCheck(Verdict.MISSING_VERSION, None)
+    age = consumer_version - min_policy_version
+    if min_policy_version < floor:
+        return StalenessCheck(Verdict.STALE, age)
+    return StalenessCheck(Verdict.FRESH, age)
+
+
+def min_start_version(train_version: int, max_staleness: int) -> int:
+    """Lowest policy version allowed to start a prompt that will be trained at ``train_version``.
+
+    The trainer stamps this on each released prompt so that no replica begins work that the
+    staleness check would later drop.
+    """
+    return max(0, oldest_allowed_version(train_version, max_staleness))

@@ -1,0 +1,109 @@
+"""The built-in tasks. Each is small enough for a tiny model to learn on a CPU in minutes.
+
+Scores are in [0, 1]. ``copy`` and ``reverse`` give partial credit per correct character, so
+group-normalised advantages carry signal from the very first steps of a random model.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+DATA_SOURCE_PREFIX = "relayrl/"
+
+
+def _clean(solution: str) -> str:
+    """The answer part of a response: text before the first newline, without spaces."""
+    return solution.split("\n", 1)[0].replace(" ", "").strip()
+
+
+def score_positional(solution: str, ground_truth: str) -> float:
+    """Fraction of characters right at their position; extra characters count as wrong."""
+    answer = _clean(solution)
+    if not ground_truth:
+        return float(answer == "")
+    hits = sum(a == b for a, b in zip(answer, ground_truth, strict=False))
+    return hits / max(len(answer), len(ground_truth))
+
+
+def score_exact(solution: str, ground_truth: str) -> float:
+    return float(_clean(solution) == ground_truth.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    name: str
+    ability: str
+    # (rng, difficulty) -> (question, answer)
+    generate: Callable[[random.Random, int], tuple[str, str]]
+    score: Callable[[str, str], float]
+    description: str
+
+    @property
+    def data_source(self) -> str:
+        return DATA_SOURCE_PREFIX + self.name
+
+
+def _digits(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(length))
+
+
+def _copy(rng: random.Random, length: int) -> tuple[str, str]:
+    digits = _digits(rng, length)
+    return f"copy {digits}", digits
+
+
+def _reverse(rng: random.Random, length: int) -> tuple[str, str]:
+    digits = _digits(rng, length)
+    return f"reverse {digits}", digits[::-1]
+
+
+def _add(rng: random.Random, length: int) -> tuple[str, str]:
+    high = 10**length - 1
+    a, b = rng.randint(0, high), rng.randint(0, high)
+    return f"{a}+{b}=", str(a + b)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task("copy", "copy", _copy, score_positional, "Repeat a string of digits."),
+        Task("reverse", "reverse", _reverse, score_positional, "Reverse a string of digits."),
+        Task("add", "arithmetic", _add, score_exact, "Add two non-negative integers."),
+    )
+}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown built-in task {name!r}; choose one of {sorted(TASKS)}") from None
+
+
+def make_rows(name: str, count: int, seed: int = 0, difficulty: int = 1, split: str = "train") -> list[dict[str, Any]]:
+    """``count`` verl-format rows of task ``name``; the same seed gives the same rows."""
+    task = get_task(name)
+    rng = random.Random(f"{name}/{split}/{seed}/{difficulty}")
+    rows = []
+    for index in range(count):
+        question, answer = task.generate(rng, difficulty)
+        rows.append(
+            {
+                "data_source": task.data_source,
+                "prompt": [{"role": "user", "content": question}],
+                "ability": task.ability,
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index, "difficulty": difficulty},
+            }
+        )
+    return rows
+
+
+def score_builtin(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """verl's ``compute_score`` for the built-in tasks."""
+    if not data_source.startswith(DATA_SOURCE_PREFIX):
+        raise ValueError(f"{data_source!r} is not a built-in task (expected prefix {DATA_SOURCE_PREFIX!r})")
+    return get_task(data_source.removeprefix(DATA_SOURCE_PREFIX)).score(solution_str, ground_truth)

@@ -1,0 +1,1 @@
+"""Python stubs generated from ``protos/relayrl/v1`` by ``make proto``. Do not edit by hand."""

@@ -1,0 +1,147 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "num_bytes", "checksum")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    num_bytes: int
+    checksum: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
+
+class WeightManifest(_message.Message):
+    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "created_at_unix_s", "trainer_step")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    total_bytes: int
+    checksum_algorithm: str
+    created_at_unix_s: float
+    trainer_step: int
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., trainer_step: _Optional[int] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("tensor_name", "offset", "data")
+    TENSOR_NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    tensor_name: str
+    offset: int
+    data: bytes
+    def __init__(self, tensor_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WeightStreamMessage(_message.Message):
+    __slots__ = ("manifest", "chunk")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    chunk: WeightChunk
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("version", "bytes_received")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    bytes_received: int
+    def __init__(self, version: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("replica_id", "version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("replica_id", "held_version", "engine_url")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_URL_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    held_version: int
+    engine_url: str
+    def __init__(self, replica_id: _Optional[str] = ..., held_version: _Optional[int] = ..., engine_url: _Optional[str] = ...) -> None: ...
+
+class VersionAnnouncement(_message.Message):
+    __slots__ = ("version", "total_bytes", "published_at_unix_s", "transport", "disk_path")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    DISK_PATH_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    total_bytes: int
+    published_at_unix_s: float
+    transport: str
+    disk_path: str
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., published_at_unix_s: _Optional[float] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ...) -> None: ...
+
+class ReportVersionRequest(_message.Message):
+    __slots__ = ("replica_id", "version", "ok", "error", "sync_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SYNC_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    ok: bool
+    error: str
+    sync_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., sync_s: _Optional[float] = ...) -> None: ...
+
+class ReportVersionResponse(_message.Message):
+    __slots__ = ("latest_version",)
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    latest_version: int
+    def __init__(self, latest_version: _Optional[int] = ...) -> None: ...
+
+class ListReplicasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaVersion(_message.Message):
+    __slots__ = ("replica_id", "version", "updated_at_unix_s", "lag_versions", "state", "consecutive_failures", "last_error", "engine_url")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    LAG_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_URL_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    updated_at_unix_s: float
+    lag_versions: int
+    state: str
+    consecutive_failures: int
+    last_error: str
+    engine_url: str
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ..., updated_at_unix_s: _Optional[float] = ..., lag_versions: _Optional[int] = ..., state: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., engine_url: _Optional[str] = ...) -> None: ...
+
+class ListReplicasResponse(_message.Message):
+    __slots__ = ("latest_version", "replicas")
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    latest_version: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaVersion]
+    def __init__(self, latest_version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,118 @@
+"""The gRPC and HTTP server helpers every service uses, against real sockets."""
+
+import subprocess
+import sys
+import time
+
+import grpc
+import httpx
+from fastapi import APIRouter
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from pydantic import SecretStr
+
+from relayrl.http_app import create_http_app
+from relayrl.metrics import ServiceMetrics
+from relayrl.serving import start_grpc_server, start_http_server
+from relayrl.v1 import rollout_pb2, rollout_pb2_grpc
+
+
+class _Control(rollout_pb2_grpc.RolloutControlServicer):
+    async def Status(self, request, context):
+        return rollout_pb2.RolloutStatus(replica_id="r0", weight_version=3)
+
+
+async def test_grpc_server_serves_health_reflection_and_the_service():
+    server = await start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: rollout_pb2_grpc.add_RolloutControlServicer_to_server(_Control(), s)],
+        ["relayrl.v1.RolloutControl"],
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="relayrl.v1.RolloutControl"))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            await server.set_serving(False)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+            responses = reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+            names = {s.name async for r in responses for s in r.list_services_response.service}
+            assert "relayrl.v1.RolloutControl" in names and "grpc.health.v1.Health" in names
+
+            status = await rollout_pb2_grpc.RolloutControlStub(channel).Status(rollout_pb2.StatusRequest())
+            assert status.weight_version == 3
+
+            # Unimplemented methods answer with a gRPC status, not a hang.
+            try:
+                await rollout_pb2_grpc.RolloutControlStub(channel).Pause(rollout_pb2.PauseRequest())
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+            else:
+                raise AssertionError("Pause should be unimplemented")
+    finally:
+        await server.stop(0)
+
+
+async def test_http_app_probes_metrics_and_bearer_auth():
+    metrics = ServiceMetrics("demo")
+    requests = metrics.counter("requests", "Requests served.", unit="total")
+    requests.inc(3)
+    ready = {"value": False}
+    control = APIRouter(prefix="/v1")
+
+    @control.post("/pause")
+    async def pause() -> dict[str, bool]:
+        return {"paused": True}
+
+    @control.post("/scale")
+    async def scale(replicas: int) -> dict[str, int]:
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        return {"replicas": replicas}
+
+    app = create_http_app("demo", metrics, lambda: ready["value"], SecretStr("tok"), [control])
+    server = await start_http_server(app, "127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            assert (await client.get("/healthz")).json()["status"] == "ok"
+            assert (await client.get("/readyz")).status_code == 503
+            ready["value"] = True
+            assert (await client.get("/readyz")).status_code == 200
+
+            body = (await client.get("/metrics")).text
+            assert "relayrl_demo_requests_total 3.0" in body
+
+            missing = await client.post("/v1/pause")
+            assert missing.status_code == 401 and "bearer token" in missing.json()["detail"]
+            wrong = await client.post("/v1/pause", headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401 and wrong.json()["detail"] == "invalid bearer token"
+            ok = await client.post("/v1/pause", headers={"Authorization": "Bearer tok"})
+            assert ok.json() == {"paused": True}
+
+            auth = {"Authorization": "Bearer tok"}
+            bad = await client.post("/v1/scale", params={"replicas": 0}, headers=auth)
+            assert bad.status_code == 400 and "replicas must be" in bad.json()["detail"]
+            garbage = await client.post("/v1/scale", params={"replicas": "many"}, headers=auth)
+            assert garbage.status_code == 422
+    finally:
+        await server.stop()
+
+
+def test_cli_help_is_fast_and_lists_commands():
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "--help"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert time.monotonic() - started < 2.0
+    assert "model" in out
+
+
+def test_cli_does_not_import_torch():
+    code = "import sys, relayrl.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False False"
