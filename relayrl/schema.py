@@ -96,6 +96,7 @@ class Group:
     extra_info: dict[str, Any] = field(default_factory=dict)
     lease_id: str = ""
     created_at_unix_s: float = 0.0
+    is_eval: bool = False
 
     @property
     def min_policy_version(self) -> int:
@@ -117,6 +118,7 @@ class Group:
             max_policy_version=self.max_policy_version,
             lease_id=self.lease_id,
             created_at_unix_s=self.created_at_unix_s,
+            is_eval=self.is_eval,
         )
 
     @classmethod
@@ -130,6 +132,7 @@ class Group:
             extra_info=json.loads(msg.extra_info_json) if msg.extra_info_json else {},
             lease_id=msg.lease_id,
             created_at_unix_s=msg.created_at_unix_s,
+            is_eval=msg.is_eval,
         )
 
 

@@ -66,7 +66,7 @@ class Trajectory(_message.Message):
     def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., token_rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., replica_id: _Optional[str] = ..., timings: _Optional[_Union[SampleTimings, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_extra: _Optional[_Mapping[str, float]] = ..., reward_error: _Optional[bool] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("group_id", "prompt_id", "trajectories", "data_source", "ground_truth", "extra_info_json", "min_policy_version", "max_policy_version", "lease_id", "created_at_unix_s")
+    __slots__ = ("group_id", "prompt_id", "trajectories", "data_source", "ground_truth", "extra_info_json", "min_policy_version", "max_policy_version", "lease_id", "created_at_unix_s", "is_eval")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class TrajectoryGroup(_message.Message):
     MAX_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    IS_EVAL_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt_id: str
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
@@ -87,7 +88,8 @@ class TrajectoryGroup(_message.Message):
     max_policy_version: int
     lease_id: str
     created_at_unix_s: float
-    def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_policy_version: _Optional[int] = ..., max_policy_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ...) -> None: ...
+    is_eval: bool
+    def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_policy_version: _Optional[int] = ..., max_policy_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., is_eval: _Optional[bool] = ...) -> None: ...
 
 class SamplingOverrides(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens")
