@@ -1,0 +1,1 @@
+"""A rollout replica: leases prompts, drives one engine over SGLang's HTTP API, scores and pushes groups."""

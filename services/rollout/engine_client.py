@@ -1,0 +1,345 @@
+"""An async client for SGLang's native HTTP API, the only way RelayRL talks to an engine.
+
+Request and response shapes follow SGLang's own source (``python/sglang/srt/entrypoints/
+http_server.py`` and the request classes in ``python/sglang/srt/managers/io_struct.py``), so
+the same client drives a real SGLang server on GPUs and the built-in CPU engine
+(``relayrl engine serve``):
+
+- ``POST /generate`` takes ``GenerateReqInput`` (``input_ids``, ``sampling_params``,
+  ``return_logprob``, ``rid``). It answers one object, or a list of ``n`` objects when
+  ``sampling_params.n > 1``; each has ``text``, ``output_ids`` and ``meta_info`` with ``id``,
+  ``finish_reason`` (``{"type": "stop"|"length"|"abort", ...}``), ``prompt_tokens``,
+  ``completion_tokens``, ``output_token_logprobs`` (``[[logprob, token_id, text|null], ...]``)
+  and ``weight_version`` (a string; RelayRL writes its integer policy version there).
+- Weight updates (``/update_weights_from_disk``, ``/init_weights_update_group``,
+  ``/update_weights_from_distributed``, ``/destroy_weights_update_group``) answer
+  ``{"success", "message"}`` with status 200, or 400 when ``success`` is false.
+- ``/pause_generation`` takes ``{"mode": "abort"|"retract"|"in_place"}``;
+  ``/continue_generation``, ``/flush_cache``, ``/abort_request`` (``{"rid", "abort_all"}``),
+  ``/health``, ``/health_generate`` and ``GET /get_model_info``.
+
+Only transient failures are retried (the engine could not be reached, or answered 502, 503
+or 504), with exponential backoff; a 4xx is the caller's mistake and is raised at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+PauseMode = Literal["abort", "retract", "in_place"]
+PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
+
+_TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+
+class EngineError(RuntimeError):
+    """The engine refused a request or answered something that is not SGLang's shape."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class EngineUnavailableError(EngineError):
+    """The engine could not be reached or said it is overloaded (502/503/504); worth retrying."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """SGLang's ``sampling_params``; ``None`` fields are left out so the engine's defaults apply."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    stop_token_ids: Sequence[int] | None = None
+    ignore_eos: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "n": self.n,
+            "ignore_eos": self.ignore_eos,
+        }
+        if self.stop_token_ids is not None:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        return body
+
+
+@dataclass(slots=True)
+class GenerateOutput:
+    """One generated sample, parsed from one element of SGLang's ``/generate`` answer."""
+
+    rid: str
+    output_ids: list[int]
+    # Log-prob of each output token under the engine's sampling distribution, nats.
+    logprobs: list[float]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: str
+    text: str = ""
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_sglang(cls, body: dict[str, Any]) -> GenerateOutput:
+        try:
+            meta = body["meta_info"]
+            output_ids = [int(t) for t in body["output_ids"]]
+            logprob_rows = meta.get("output_token_logprobs") or []
+            finish = meta.get("finish_reason") or {}
+            return cls(
+                rid=str(meta.get("id", "")),
+                output_ids=output_ids,
+                logprobs=[float(row[0]) for row in logprob_rows],
+                finish_reason=str(finish.get("type", "")) if isinstance(finish, dict) else str(finish),
+                prompt_tokens=int(meta.get("prompt_tokens", 0)),
+                completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+                weight_version=str(meta.get("weight_version", "")),
+                text=str(body.get("text", "")),
+                meta_info=meta,
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise EngineError(f"/generate answer is not in SGLang's shape: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateResult:
+    """SGLang's answer to the weight-update endpoints."""
+
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+class EngineClient:
+    """Async, pooled client for one engine at ``base_url`` (e.g. ``http://127.0.0.1:30000``).
+
+    ``timeout`` bounds every call in seconds (generation included, so set it above the
+    longest generation); ``retries`` is how many extra attempts a transient failure gets.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        retries: int = 3,
+        max_connections: int = 512,
+        backoff_s: float = 0.2,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._backoff_s = backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, json: Any = None, retry: bool = True) -> httpx.Response:
+        attempts = self.retries + 1 if retry else 1
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential(multiplier=self._backoff_s, max=5.0),
+            retry=retry_if_exception_type(EngineUnavailableError),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._send_once(method, path, json)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, json=json)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EngineUnavailableError(f"{method} {self.base_url}{path}: cannot connect ({exc!r})") from exc
+        except httpx.RemoteProtocolError as exc:
+            # The engine closed the connection without answering (e.g. it was killed mid-request).
+            raise EngineUnavailableError(f"{method} {self.base_url}{path}: connection dropped ({exc!r})") from exc
+        if response.status_code in _TRANSIENT_STATUS:
+            raise EngineUnavailableError(
+                f"{method} {self.base_url}{path}: {response.status_code} {response.text[:200]}", response.status_code
+            )
+        return response
+
+    @staticmethod
+    def _raise_for_status(response: httpx.Response) -> None:
+        if response.is_success:
+            return
+        detail = response.text[:500]
+        raise EngineError(
+            f"{response.request.method} {response.request.url.path} -> {response.status_code}: {detail}",
+            response.status_code,
+        )
+
+    # --- generation -------------------------------------------------------------------
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> list[GenerateOutput]:
+        """Generates ``sampling_params.n`` samples for one prompt; always returns a list of ``n``."""
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_params.to_json(),
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        response = await self._request("POST", "/generate", body)
+        self._raise_for_status(response)
+        payload = response.json()
+        items = payload if isinstance(payload, list) else [payload]
+        return [GenerateOutput.from_sglang(item) for item in items]
+
+    async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        response = await self._request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+        self._raise_for_status(response)
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, Any]:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        response = await self._request("POST", "/pause_generation", {"mode": mode})
+        self._raise_for_status(response)
+        return response.json()
+
+    async def continue_generation(self) -> dict[str, Any]:
+        response = await self._request("POST", "/continue_generation", {})
+        self._raise_for_status(response)
+        return response.json()
+
+    async def flush_cache(self) -> bool:
+        """True when the engine flushed its cache (SGLang refuses with 400 while requests run)."""
+        response = await self._request("POST", "/flush_cache")
+        return response.status_code == 200
+
+    # --- weights --------------------------------------------------------------------
+
+    async def _update(self, path: str, body: dict[str, Any], retry: bool = True) -> UpdateResult:
+        response = await self._request("POST", path, body, retry=retry)
+        try:
+            payload = response.json()
+            return UpdateResult(
+                success=bool(payload["success"]),
+                message=str(payload.get("message", "")),
+                num_paused_requests=int(payload.get("num_paused_requests", 0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            self._raise_for_status(response)
+            raise EngineError(f"{path} answer is not in SGLang's shape: {response.text[:200]}") from exc
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | int | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> UpdateResult:
+        body: dict[str, Any] = {
+            "model_path": model_path,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._update("/update_weights_from_disk", body)
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> UpdateResult:
+        # No retry: the engine joins a collective rendezvous, which must not be entered twice.
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._update("/init_weights_update_group", body, retry=False)
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str = "weight_update_group",
+        weight_version: str | int | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> UpdateResult:
+        body: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        # No retry: the broadcast on the sender side has already been matched to this call.
+        return await self._update("/update_weights_from_distributed", body, retry=False)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> UpdateResult:
+        return await self._update("/destroy_weights_update_group", {"group_name": group_name})
+
+    # --- health and info --------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """True when the engine process answers ``/health`` with 200 (no retries: a probe)."""
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def health_generate(self) -> bool:
+        """True when the engine can run a one-token generation (``/health_generate``)."""
+        try:
+            response = await self._http.get("/health_generate", timeout=30.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def model_info(self) -> dict[str, Any]:
+        """``/get_model_info`` (newer SGLang also serves ``/model_info``, tried when the first is absent)."""
+        response = await self._request("GET", "/get_model_info")
+        if response.status_code == 404:
+            response = await self._request("GET", "/model_info")
+        self._raise_for_status(response)
+        return response.json()
+
+    async def weight_version(self) -> str:
+        """The engine's current ``weight_version`` string, from ``/get_model_info``."""
+        return str((await self.model_info()).get("weight_version", ""))
