@@ -1,0 +1,223 @@
+"""Typed asyncio client of the queue service, used by the trainer (consumer) and the rollout (producer).
+
+It converts between the wire messages and :mod:`relayrl.schema` dataclasses, so callers
+never touch protobuf. gRPC failures surface as ``grpc.aio.AioRpcError`` except a push that
+found the queue full for its whole timeout, which raises :class:`QueueFullError`.
+
+Each client instance is one consumer *session*: a restarted trainer (a new client) that pulls
+under the same consumer name gets its own un-acknowledged entries re-delivered first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import grpc
+
+from relayrl.schema import Group, PromptSpec
+from relayrl.serving import grpc_channel
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+
+
+class QueueFullError(RuntimeError):
+    """The queue stayed at capacity for the whole push timeout; nothing of the push was stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredGroup:
+    """A trajectory group handed to the trainer; ack ``entry_id`` once its step is durable."""
+
+    entry_id: str
+    group: Group
+    # 1 on first delivery; higher after a consumer restart or a reclaim from a dead consumer.
+    delivery_count: int
+    # consumer version − group's min policy version at delivery.
+    age_versions: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLease:
+    """A prompt leased to one rollout replica until ``expires_at`` (unix seconds)."""
+
+    lease_id: str
+    prompt: PromptSpec
+    expires_at: float
+    # 1 on first lease; higher when the prompt was re-issued after an expired lease.
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The trajectory queue's counters; see ``QueueStats`` in queue.proto for each field."""
+
+    queue_size: int
+    total_produced: int
+    total_consumed: int
+    dropped_by_reason: dict[str, int]
+    pending: int
+    capacity: int
+    avg_sample_age_versions: float
+    max_sample_age_versions: float
+    avg_sample_age_s: float
+    max_sample_age_s: float
+    stale_samples_ratio: float
+    consumer_lag: int
+
+    @classmethod
+    def from_proto(cls, msg: qpb.QueueStats) -> QueueStats:
+        return cls(
+            queue_size=msg.queue_size,
+            total_produced=msg.total_produced,
+            total_consumed=msg.total_consumed,
+            dropped_by_reason=dict(msg.dropped_by_reason),
+            pending=msg.pending,
+            capacity=msg.capacity,
+            avg_sample_age_versions=msg.avg_sample_age_versions,
+            max_sample_age_versions=msg.max_sample_age_versions,
+            avg_sample_age_s=msg.avg_sample_age_s,
+            max_sample_age_s=msg.max_sample_age_s,
+            stale_samples_ratio=msg.stale_samples_ratio,
+            consumer_lag=msg.consumer_lag,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptQueueStats:
+    waiting: int
+    leased: int
+    total_released: int
+    total_completed: int
+    total_reissued: int
+
+
+@dataclass
+class QueueClient:
+    """One channel to the queue service at ``address`` (``host:port``)."""
+
+    address: str
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        self._channel = grpc_channel(self.address)
+        self._trajectories = qgrpc.TrajectoryQueueStub(self._channel)
+        self._prompts = qgrpc.PromptQueueStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> QueueClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # Trajectory queue -------------------------------------------------------------------
+
+    async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]:
+        """Stores ``groups`` (all or none) and returns their entry ids; waits up to ``timeout_s``
+        (0: the server default) for capacity, then raises :class:`QueueFullError`."""
+        return await self.push_protos([g.to_proto() for g in groups], timeout_s)
+
+    async def push_protos(self, groups: list, timeout_s: float = 0.0) -> list[str]:
+        """:meth:`push` for callers that already hold ``TrajectoryGroup`` messages."""
+        request = qpb.PushRequest(groups=groups, timeout_s=timeout_s)
+        # The server bounds its own wait by timeout_s; the deadline only guards a dead server.
+        try:
+            reply = await self._trajectories.Push(request, timeout=_deadline(timeout_s, default_s=600.0))
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise QueueFullError(err.details()) from err
+            raise
+        return list(reply.entry_ids)
+
+    async def pull(
+        self,
+        consumer: str,
+        current_version: int,
+        max_staleness: int,
+        max_groups: int,
+        block_timeout_s: float = 0.0,
+    ) -> list[DeliveredGroup]:
+        """Up to ``max_groups`` groups fresh for ``current_version`` under bound ``max_staleness``.
+
+        Blocks up to ``block_timeout_s`` for the first group; returns ``[]`` when none came.
+        """
+        request = qpb.PullRequest(
+            consumer=consumer,
+            current_version=current_version,
+            max_staleness=max_staleness,
+            max_groups=max_groups,
+            block_timeout_s=block_timeout_s,
+            session_id=self.session_id,
+        )
+        reply = await self._trajectories.Pull(request, timeout=_deadline(block_timeout_s, default_s=60.0))
+        return [
+            DeliveredGroup(
+                entry_id=d.entry_id,
+                group=Group.from_proto(d.group),
+                delivery_count=d.delivery_count,
+                age_versions=d.age_versions,
+            )
+            for d in reply.groups
+        ]
+
+    async def ack(self, consumer: str, entry_ids: list[str]) -> int:
+        """Acknowledges entries whose training step is durable; returns how many were pending."""
+        reply = await self._trajectories.Ack(qpb.AckRequest(consumer=consumer, entry_ids=entry_ids), timeout=60.0)
+        return reply.acked
+
+    async def stats(self) -> QueueStats:
+        return QueueStats.from_proto(await self._trajectories.Stats(qpb.StatsRequest(), timeout=30.0))
+
+    # Prompt queue -----------------------------------------------------------------------
+
+    async def release(self, prompts: list[PromptSpec]) -> int:
+        """Makes ``prompts`` available for leasing; returns how many were released."""
+        request = qpb.ReleaseRequest(prompts=[p.to_proto() for p in prompts])
+        return (await self._prompts.Release(request, timeout=60.0)).released
+
+    async def lease(
+        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
+    ) -> list[PromptLease]:
+        """Leases up to ``max_prompts`` prompts that may start at ``held_version``.
+
+        Blocks up to ``block_timeout_s`` for the first one; returns ``[]`` when none came.
+        """
+        request = qpb.LeaseRequest(
+            replica_id=replica_id, max_prompts=max_prompts, held_version=held_version, block_timeout_s=block_timeout_s
+        )
+        reply = await self._prompts.Lease(request, timeout=_deadline(block_timeout_s, default_s=60.0))
+        return [
+            PromptLease(
+                lease_id=lease.lease_id,
+                prompt=PromptSpec.from_proto(lease.prompt),
+                expires_at=lease.expires_at_unix_s,
+                delivery_count=lease.delivery_count,
+            )
+            for lease in reply.leases
+        ]
+
+    async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
+        """Marks leases done (their groups were pushed); returns how many prompts it finished."""
+        request = qpb.CompleteRequest(replica_id=replica_id, lease_ids=lease_ids)
+        return (await self._prompts.Complete(request, timeout=60.0)).completed
+
+    async def prompt_stats(self) -> PromptQueueStats:
+        msg = await self._prompts.Stats(qpb.PromptStatsRequest(), timeout=30.0)
+        return PromptQueueStats(
+            waiting=msg.waiting,
+            leased=msg.leased,
+            total_released=msg.total_released,
+            total_completed=msg.total_completed,
+            total_reissued=msg.total_reissued,
+        )
+
+
+def _deadline(wait_s: float, default_s: float) -> float:
+    # The server may legitimately wait `wait_s`; give it room before declaring it dead.
+    return (wait_s if wait_s > 0 else default_s) + 30.0
