@@ -1,0 +1,268 @@
+"""The client every other service uses: the trainer publishes, rollout replicas subscribe and fetch.
+
+Trainer side::
+
+    async with ParamSyncClient("paramsync:50060") as ps:
+        await ps.publish(version, model.state_dict(), trainer_step=step)
+
+Replica side::
+
+    async with ParamSyncClient(address) as ps:
+        async for ann in ps.subscribe("rollout-0", held_version, engine_url):
+            if ann.transport == "grpc":
+                weights = await ps.fetch(ann.version)     # verified against the manifest
+                ...apply to the engine...
+            await ps.report_version("rollout-0", ann.version, ok=True, sync_s=elapsed)
+
+Failures raise :mod:`services.paramsync.errors` types: ``VersionConflict`` (an older or
+different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is returned),
+``VersionUnavailable`` (not held, or its upload failed). Link failures (UNAVAILABLE,
+DEADLINE_EXCEEDED) are retried with exponential backoff using verl's names:
+``max_sync_retries`` attempts after the first, starting ``sync_retry_delay`` seconds apart, each
+call bounded by ``sync_timeout`` seconds. torch is imported only inside the calls that need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from relayrl.serving import grpc_channel
+from relayrl.v1 import paramsync_pb2 as pb
+from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.digest import new_hasher
+from services.paramsync.errors import TRANSIENT_CODES, ChecksumMismatch, ParamSyncError, from_rpc_error
+from services.paramsync.manifest import Announcement, Manifest, ReplicaState
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    version: int
+    # Bytes paramsync stored; 0 when the same version was already held (idempotent re-publish).
+    bytes_received: int
+    total_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedVersion:
+    manifest: Manifest
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionTable:
+    latest_version: int
+    replicas: list[ReplicaState]
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in TRANSIENT_CODES
+
+
+class ParamSyncClient:
+    def __init__(
+        self,
+        address: str,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        checksum_algorithm: str = "sha256",
+        sync_timeout: float = 300.0,
+        max_sync_retries: int = 3,
+        sync_retry_delay: float = 1.0,
+    ) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        new_hasher(checksum_algorithm)  # fails early on an unknown algorithm
+        self.address = address
+        self.chunk_bytes = chunk_bytes
+        self.checksum_algorithm = checksum_algorithm
+        self.sync_timeout = sync_timeout
+        self.max_sync_retries = max_sync_retries
+        self.sync_retry_delay = sync_retry_delay
+        self._channel = grpc_channel(address)
+        self._stub = pb_grpc.ParamSyncStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> ParamSyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _with_retries(self, call: Any) -> Any:
+        """Runs ``call()`` retrying link failures; any gRPC error left becomes a ParamSyncError."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_sync_retries + 1),
+            wait=wait_exponential(multiplier=self.sync_retry_delay, max=30 * self.sync_retry_delay + 1),
+            retry=retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await call()
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+
+    # --- trainer side -------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        version: int,
+        tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        trainer_step: int = 0,
+    ) -> PublishResult:
+        """Uploads ``version`` once; re-publishing the latest version with the same bytes is a no-op.
+
+        Raises VersionConflict if ``version`` is not newer than the latest and differs from it,
+        ChecksumMismatch if paramsync saw different bytes than the manifest promised.
+        """
+        from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+
+        started = time.perf_counter()
+        pairs = as_pairs(tensors)
+        # Hashing is the slow part on the trainer; hashlib releases the GIL, the loop stays free.
+        manifest = await asyncio.to_thread(build_manifest, version, pairs, trainer_step, self.checksum_algorithm)
+        views = [raw_bytes(t) for _, t in pairs]
+
+        async def messages() -> AsyncIterator[pb.WeightStreamMessage]:
+            yield pb.WeightStreamMessage(manifest=manifest.to_proto())
+            for spec, view in zip(manifest.tensors, views, strict=True):
+                for offset in range(0, max(view.nbytes, 1), self.chunk_bytes):
+                    data = bytes(view[offset : offset + self.chunk_bytes])
+                    chunk = pb.WeightChunk(tensor_name=spec.name, offset=offset, data=data)
+                    yield pb.WeightStreamMessage(chunk=chunk)
+
+        async def call() -> pb.PublishResponse:
+            return await self._stub.Publish(messages(), timeout=self.sync_timeout)
+
+        reply = await self._with_retries(call)
+        return PublishResult(reply.version, reply.bytes_received, manifest.total_bytes, time.perf_counter() - started)
+
+    # --- replica side -------------------------------------------------------------------------
+
+    async def subscribe(
+        self, replica_id: str, held_version: int = 0, engine_url: str = ""
+    ) -> AsyncIterator[Announcement]:
+        """Yields each version newer than ``held_version``, the latest one at once.
+
+        Runs until cancelled. If the link drops it reconnects with backoff (``sync_retry_delay``
+        doubling, at most 30 s) and resumes after the last version it yielded, so a paramsync
+        restart is invisible to the caller apart from the pause.
+        """
+        if not replica_id:
+            raise ValueError("replica_id must be non-empty")
+        last = held_version
+        delay = self.sync_retry_delay
+        while True:
+            request = pb.SubscribeRequest(replica_id=replica_id, held_version=last, engine_url=engine_url)
+            try:
+                async for msg in self._stub.Subscribe(request):
+                    delay = self.sync_retry_delay
+                    if msg.version > last:
+                        last = msg.version
+                        yield Announcement.from_proto(msg)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in TRANSIENT_CODES:
+                    raise from_rpc_error(err) from None
+                log.warning("subscription to %s dropped (%s); retrying in %.1fs", self.address, err.code().name, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    async def fetch(self, version: int = 0, replica_id: str = "") -> dict[str, torch.Tensor]:
+        """The tensors of ``version`` (0: the latest), each verified against the manifest's checksum."""
+        return (await self.fetch_version(version, replica_id)).tensors
+
+    async def fetch_version(self, version: int = 0, replica_id: str = "") -> FetchedVersion:
+        """Like :meth:`fetch`, with the manifest (so a caller asking for 0 learns which version came)."""
+        request = pb.FetchRequest(replica_id=replica_id, version=version)
+
+        async def call() -> FetchedVersion:
+            return await _receive_version(self._stub.Fetch(request, timeout=self.sync_timeout))
+
+        return await self._with_retries(call)
+
+    async def report_version(
+        self, replica_id: str, version: int, ok: bool = True, error: str = "", sync_s: float = 0.0
+    ) -> int:
+        """Records what the replica now holds (or failed to load); returns the latest version."""
+        request = pb.ReportVersionRequest(replica_id=replica_id, version=version, ok=ok, error=error, sync_s=sync_s)
+
+        async def call() -> pb.ReportVersionResponse:
+            return await self._stub.ReportVersion(request, timeout=min(self.sync_timeout, 30.0))
+
+        return (await self._with_retries(call)).latest_version
+
+    async def list_replicas(self) -> VersionTable:
+        async def call() -> pb.ListReplicasResponse:
+            return await self._stub.ListReplicas(pb.ListReplicasRequest(), timeout=min(self.sync_timeout, 30.0))
+
+        reply = await self._with_retries(call)
+        return VersionTable(reply.latest_version, [ReplicaState.from_proto(r) for r in reply.replicas])
+
+
+async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage]) -> FetchedVersion:
+    """Assembles a Fetch stream into tensors, checking order, sizes and every checksum."""
+    from services.paramsync.tensors import empty_like_spec, typed_view
+
+    manifest: Manifest | None = None
+    buffers: list[torch.Tensor] = []
+    index, filled, hasher = 0, 0, None
+    async for msg in stream:
+        if manifest is None:
+            if not msg.HasField("manifest"):
+                raise ParamSyncError("Fetch stream did not start with a manifest")
+            manifest = Manifest.from_proto(msg.manifest)
+            buffers = [empty_like_spec(spec) for spec in manifest.tensors]
+            hasher = new_hasher(manifest.checksum_algorithm)
+            continue
+        chunk = msg.chunk
+        # Zero-byte tensors have no chunk of their own; step over them before matching.
+        while index < len(manifest.tensors) and manifest.tensors[index].num_bytes == filled:
+            _finish_tensor(manifest, index, hasher)
+            index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
+        if index >= len(manifest.tensors) or chunk.tensor_name != manifest.tensors[index].name:
+            raise ChecksumMismatch(f"unexpected chunk for {chunk.tensor_name!r} at offset {chunk.offset}")
+        spec = manifest.tensors[index]
+        end = filled + len(chunk.data)
+        if chunk.offset != filled or end > spec.num_bytes:
+            raise ChecksumMismatch(f"chunk of {spec.name!r} at offset {chunk.offset} out of order or past its end")
+        buffers[index].numpy()[filled:end] = memoryview(chunk.data)
+        hasher.update(chunk.data)
+        filled = end
+    if manifest is None:
+        raise ParamSyncError("Fetch stream ended before the manifest")
+    while index < len(manifest.tensors):
+        if filled != manifest.tensors[index].num_bytes:
+            raise ChecksumMismatch(
+                f"stream ended with {manifest.tensors[index].name!r} at {filled}/{manifest.tensors[index].num_bytes}"
+                " bytes"
+            )
+        _finish_tensor(manifest, index, hasher)
+        index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
+    tensors = {spec.name: typed_view(buf, spec) for spec, buf in zip(manifest.tensors, buffers, strict=True)}
+    return FetchedVersion(manifest, tensors)
+
+
+def _finish_tensor(manifest: Manifest, index: int, hasher: Any) -> None:
+    spec = manifest.tensors[index]
+    digest = hasher.hexdigest()
+    if digest != spec.checksum:
+        raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")

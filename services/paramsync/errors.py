@@ -1,0 +1,50 @@
+"""Errors the paramsync client raises, one per gRPC status a caller may want to handle."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ParamSyncError(RuntimeError):
+    """Any paramsync failure; ``code`` is the gRPC status it came with."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class VersionConflict(ParamSyncError):
+    """The version is not newer than the latest and its content differs (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ChecksumMismatch(ParamSyncError):
+    """Bytes did not match the manifest, or some were missing (DATA_LOSS); nothing was loaded."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class VersionUnavailable(ParamSyncError):
+    """The requested version is not held (NOT_FOUND) or its upload failed (ABORTED)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+_BY_CODE: dict[grpc.StatusCode, type[ParamSyncError]] = {
+    grpc.StatusCode.FAILED_PRECONDITION: VersionConflict,
+    grpc.StatusCode.DATA_LOSS: ChecksumMismatch,
+    grpc.StatusCode.NOT_FOUND: VersionUnavailable,
+    grpc.StatusCode.ABORTED: VersionUnavailable,
+}
+
+# Failures of the link rather than of the request: worth retrying with backoff.
+TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
+    cls = _BY_CODE.get(err.code(), ParamSyncError)
+    return cls(f"{err.code().name}: {err.details()}", err.code())

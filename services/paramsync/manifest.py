@@ -1,0 +1,198 @@
+"""The typed manifest of one policy version, and its validation.
+
+A version is a list of tensors uploaded back to back in manifest order; tensor ``i`` occupies
+bytes ``[offset_i, offset_i + num_bytes_i)`` of the version's concatenated raw bytes. This module
+imports no torch: the store works on raw bytes and only the client turns them into tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from relayrl.v1 import paramsync_pb2 as pb
+from services.paramsync.digest import ALGORITHMS
+
+# Element sizes by torch dtype name (without "torch."), and the safetensors code of each.
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+SAFETENSORS_DTYPES: dict[str, str] = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    num_bytes: int
+    checksum: str
+
+    def to_proto(self) -> pb.TensorSpec:
+        return pb.TensorSpec(
+            name=self.name, dtype=self.dtype, shape=self.shape, num_bytes=self.num_bytes, checksum=self.checksum
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    version: int
+    tensors: tuple[TensorSpec, ...]
+    checksum_algorithm: str = "sha256"
+    trainer_step: int = 0
+    created_at_unix_s: float = field(default_factory=time.time)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.num_bytes for t in self.tensors)
+
+    def offsets(self) -> list[int]:
+        """Start of each tensor inside the version's concatenated bytes."""
+        starts, position = [], 0
+        for spec in self.tensors:
+            starts.append(position)
+            position += spec.num_bytes
+        return starts
+
+    def same_content(self, other: Manifest) -> bool:
+        """True when both describe byte-identical weights (re-publishing after a trainer restart)."""
+        return self.checksum_algorithm == other.checksum_algorithm and self.tensors == other.tensors
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first problem; the manifest comes from another process."""
+        if self.version <= 0:
+            raise ValueError(f"version must be a positive integer, got {self.version}")
+        if self.checksum_algorithm not in ALGORITHMS:
+            raise ValueError(f"checksum_algorithm {self.checksum_algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        if not self.tensors:
+            raise ValueError("manifest lists no tensors")
+        seen: set[str] = set()
+        for spec in self.tensors:
+            if not spec.name or spec.name in seen:
+                raise ValueError(f"tensor names must be unique and non-empty, got {spec.name!r} twice or empty")
+            seen.add(spec.name)
+            if spec.dtype not in DTYPE_BYTES:
+                raise ValueError(f"tensor {spec.name!r}: unsupported dtype {spec.dtype!r}")
+            if any(d < 0 for d in spec.shape):
+                raise ValueError(f"tensor {spec.name!r}: negative dimension in shape {list(spec.shape)}")
+            expected = math.prod(spec.shape) * DTYPE_BYTES[spec.dtype]
+            if spec.num_bytes != expected:
+                raise ValueError(
+                    f"tensor {spec.name!r}: num_bytes {spec.num_bytes} != {expected} for shape {list(spec.shape)}"
+                    f" of {spec.dtype}"
+                )
+            if not spec.checksum:
+                raise ValueError(f"tensor {spec.name!r}: missing checksum")
+
+    def to_proto(self) -> pb.WeightManifest:
+        return pb.WeightManifest(
+            version=self.version,
+            tensors=[t.to_proto() for t in self.tensors],
+            total_bytes=self.total_bytes,
+            checksum_algorithm=self.checksum_algorithm,
+            created_at_unix_s=self.created_at_unix_s,
+            trainer_step=self.trainer_step,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.WeightManifest) -> Manifest:
+        """Converts and validates; raises ValueError on a malformed manifest."""
+        manifest = cls(
+            version=msg.version,
+            tensors=tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.num_bytes, t.checksum) for t in msg.tensors),
+            checksum_algorithm=msg.checksum_algorithm,
+            trainer_step=msg.trainer_step,
+            created_at_unix_s=msg.created_at_unix_s,
+        )
+        manifest.validate()
+        if msg.total_bytes != manifest.total_bytes:
+            raise ValueError(f"total_bytes {msg.total_bytes} != sum of tensor sizes {manifest.total_bytes}")
+        return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """A new version a replica should hold (the proto VersionAnnouncement)."""
+
+    version: int
+    total_bytes: int
+    published_at_unix_s: float
+    transport: str
+    disk_path: str = ""
+
+    def to_proto(self) -> pb.VersionAnnouncement:
+        return pb.VersionAnnouncement(
+            version=self.version,
+            total_bytes=self.total_bytes,
+            published_at_unix_s=self.published_at_unix_s,
+            transport=self.transport,
+            disk_path=self.disk_path,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.VersionAnnouncement) -> Announcement:
+        return cls(msg.version, msg.total_bytes, msg.published_at_unix_s, msg.transport, msg.disk_path)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One row of the version table (the proto ReplicaVersion)."""
+
+    replica_id: str
+    version: int
+    updated_at_unix_s: float
+    lag_versions: int
+    state: str
+    consecutive_failures: int = 0
+    last_error: str = ""
+    engine_url: str = ""
+
+    def to_proto(self) -> pb.ReplicaVersion:
+        return pb.ReplicaVersion(
+            replica_id=self.replica_id,
+            version=self.version,
+            updated_at_unix_s=self.updated_at_unix_s,
+            lag_versions=self.lag_versions,
+            state=self.state,
+            consecutive_failures=self.consecutive_failures,
+            last_error=self.last_error,
+            engine_url=self.engine_url,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.ReplicaVersion) -> ReplicaState:
+        return cls(
+            msg.replica_id,
+            msg.version,
+            msg.updated_at_unix_s,
+            msg.lag_versions,
+            msg.state,
+            msg.consecutive_failures,
+            msg.last_error,
+            msg.engine_url,
+        )
