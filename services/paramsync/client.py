@@ -145,7 +145,7 @@ class ParamSyncClient:
         async def messages() -> AsyncIterator[pb.WeightStreamMessage]:
             yield pb.WeightStreamMessage(manifest=manifest.to_proto())
             for spec, view in zip(manifest.tensors, views, strict=True):
-                for offset in range(0, max(view.nbytes, 1), self.chunk_bytes):
+                for offset in range(0, view.nbytes, self.chunk_bytes):
                     data = bytes(view[offset : offset + self.chunk_bytes])
                     chunk = pb.WeightChunk(tensor_name=spec.name, offset=offset, data=data)
                     yield pb.WeightStreamMessage(chunk=chunk)
