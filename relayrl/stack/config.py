@@ -1,0 +1,72 @@
+"""Settings of the local stack and the YAML file ``relayrl up --config`` reads.
+
+The file has one ``stack`` section (this model) and one section per service whose keys are
+that service's settings fields; ``trainer: {total_steps: 50}`` becomes
+``RELAYRL_TRAINER_TOTAL_STEPS=50`` in the trainer's environment, so the file and the
+environment variables are two spellings of the same settings. Every section is validated by
+the service's own settings model before anything starts, so a typo fails at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer")
+
+
+class StackSettings(BaseModel):
+    """The shape of the deployment on this machine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field("", description="Run name; empty generates a timestamped one.")
+    runs_dir: Path = Field(Path("runs"), description="Each run writes runs/<run_id>/ (metrics, logs, checkpoints).")
+    model_dir: Path | None = Field(
+        None, description="Hugging Face model directory; empty creates the built-in tiny model in the run directory."
+    )
+    tiny_arch: str = Field("qwen2", pattern="^(qwen2|llama)$", description="Architecture of the built-in tiny model.")
+    tiny_seed: int = Field(0, description="Seed of the built-in tiny model's initialisation.")
+    rollout_replicas: int = Field(1, ge=1, le=16, description="N: built-in engines, each with one rollout replica.")
+    trainer_procs: int = Field(1, ge=1, le=16, description="P: trainer processes under torchrun (gloo on CPU).")
+    max_staleness: int = Field(1, ge=0, description="η: the staleness bound every service enforces.")
+    redis_url: str = Field("", description="Use this Redis instead of starting a private redis-server.")
+    redis_appendfsync: str = Field("everysec", pattern="^(always|everysec|no)$", description="AOF fsync policy.")
+    api_token: str = Field("", description="Bearer token for control routes; empty generates one per run.")
+    ready_timeout_s: float = Field(180.0, gt=0, description="Longest wait for one component to become ready.")
+
+
+class StackConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stack: StackSettings = Field(default_factory=StackSettings)
+    queue: dict[str, Any] = Field(default_factory=dict)
+    paramsync: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    rollout: dict[str, Any] = Field(default_factory=dict)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> StackConfig:
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping with sections stack, {', '.join(SERVICE_SECTIONS)}")
+        return cls.model_validate(data)
+
+    def section_env(self, service: str) -> dict[str, str]:
+        """A service section as the environment variables its settings model reads."""
+        section: dict[str, Any] = getattr(self, service)
+        return {f"RELAYRL_{service.upper()}_{key.upper()}": _env_value(value) for key, value in section.items()}
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        import json
+
+        return json.dumps(value)
+    return str(value)

@@ -1,0 +1,157 @@
+"""One supervised child process: started in its own session, its output prefixed, stopped as a group.
+
+Each component runs in a new process session, so stopping it signals the whole group (torchrun
+and its workers, an engine and its helpers) and nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+ReadyCheck = Callable[[], bool]
+
+
+def http_ready(url: str) -> ReadyCheck:
+    """Ready when ``url`` answers 200 (a service's ``/readyz``)."""
+
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+@dataclass
+class ComponentSpec:
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready: ReadyCheck | None = None
+    ready_timeout_s: float = 120.0
+    # How the component can be fixed when it fails to start (shown to the user).
+    hint: str = ""
+
+
+class ManagedProcess:
+    def __init__(self, spec: ComponentSpec, sink: TextIO = sys.stderr, tail_lines: int = 40) -> None:
+        self.spec = spec
+        self._sink = sink
+        self._tail: deque[str] = deque(maxlen=tail_lines)
+        self._pump: threading.Thread | None = None
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def start(self) -> None:
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        try:
+            self.process = subprocess.Popen(
+                list(self.spec.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise ComponentError(
+                self.name, f"cannot run {self.spec.argv[0]!r}: {exc.strerror}", self.spec.hint
+            ) from None
+        self._pump = threading.Thread(target=self._pump_output, name=f"log-{self.name}", daemon=True)
+        self._pump.start()
+
+    def _pump_output(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            self._tail.append(line)
+            print(f"[{self.name}] {line}", file=self._sink, flush=True)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def recent_output(self) -> str:
+        return "\n".join(self._tail)
+
+    def wait_ready(self) -> None:
+        """Blocks until the ready check passes; raises ComponentError if the process dies or times out."""
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        while True:
+            if not self.running():
+                code = self.process.returncode if self.process else None
+                self._join_pump()
+                raise ComponentError(
+                    self.name, f"exited with code {code} before it was ready", self.spec.hint, self.recent_output()
+                )
+            if self.spec.ready is None or self.spec.ready():
+                return
+            if time.monotonic() > deadline:
+                raise ComponentError(
+                    self.name, f"not ready after {self.spec.ready_timeout_s:.0f}s", self.spec.hint, self.recent_output()
+                )
+            time.sleep(0.2)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM to the process group, SIGKILL to whatever is left after ``timeout_s``."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", self.name, timeout_s)
+        # Children may outlive the leader (torchrun workers); the group is killed either way.
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+        self._join_pump()
+
+    def kill(self) -> None:
+        """Crash the component (SIGKILL to its whole group), as a failure test would."""
+        if self.process is not None:
+            self._signal_group(signal.SIGKILL)
+            self.process.wait()
+            self._join_pump()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def _join_pump(self) -> None:
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+
+
+class ComponentError(RuntimeError):
+    """A component failed to start or died; the message names it and the cause."""
+
+    def __init__(self, component: str, cause: str, hint: str = "", output: str = "") -> None:
+        message = f"{component}: {cause}"
+        if hint:
+            message += f"\n  hint: {hint}"
+        if output:
+            message += "\n  last output:\n    " + output.replace("\n", "\n    ")
+        super().__init__(message)
+        self.component = component

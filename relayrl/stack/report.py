@@ -1,0 +1,102 @@
+"""The run report: ``report.json`` and ``reward.png`` from a run's ``metrics.jsonl``.
+
+``reward_first`` and ``reward_last`` are means over the first and last ``window`` steps, so a
+single lucky batch does not decide whether training worked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    run_id: str
+    steps: int
+    wall_s: float
+    reward_key: str
+    window: int
+    reward_first: float
+    reward_last: float
+    reward_rise: float
+    max_staleness: int
+    max_sample_age: float
+    samples_per_s: float
+    extra: dict[str, Any]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl``; a torn last line (the trainer was killed mid-write) is skipped."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def training_rows(rows: list[dict[str, Any]], reward_key: str) -> list[dict[str, Any]]:
+    return [r for r in rows if reward_key in r and "trainer/global_steps" in r]
+
+
+def build_report(
+    run_id: str, rows: list[dict[str, Any]], reward_key: str, window: int, max_staleness: int, **extra: Any
+) -> RunReport:
+    steps = training_rows(rows, reward_key)
+    if not steps:
+        raise ValueError(f"no training steps with {reward_key!r} in the metrics")
+    window = max(1, min(window, len(steps) // 2 or 1))
+    rewards = [float(r[reward_key]) for r in steps]
+    first, last = fmean(rewards[:window]), fmean(rewards[-window:])
+    wall = float(steps[-1].get("timing/wall_s", 0.0))
+    samples = float(steps[-1].get("trainer/processed_samples", 0.0))
+    ages = [float(r.get("staleness/max_sample_age", 0.0)) for r in steps]
+    return RunReport(
+        run_id=run_id,
+        steps=int(steps[-1]["trainer/global_steps"]),
+        wall_s=wall,
+        reward_key=reward_key,
+        window=window,
+        reward_first=first,
+        reward_last=last,
+        reward_rise=last - first,
+        max_staleness=max_staleness,
+        max_sample_age=max(ages),
+        samples_per_s=samples / wall if wall > 0 else 0.0,
+        extra=extra,
+    )
+
+
+def write_report(report: RunReport, run_dir: Path) -> Path:
+    path = run_dir / "report.json"
+    path.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return path
+
+
+def plot_reward(rows: list[dict[str, Any]], reward_key: str, out: Path, title: str = "") -> Path:
+    """Mean reward against wall-clock time and against trainer step, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = training_rows(rows, reward_key)
+    xs_step = [r["trainer/global_steps"] for r in steps]
+    xs_time = [r.get("timing/wall_s", 0.0) for r in steps]
+    ys = [r[reward_key] for r in steps]
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, xs, label in ((by_time, xs_time, "wall-clock time (s)"), (by_step, xs_step, "trainer step")):
+        axis.plot(xs, ys, color="tab:blue", linewidth=1.2)
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+    by_time.set_ylabel(f"mean reward ({reward_key})")
+    fig.suptitle(title or "RelayRL: mean reward")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
