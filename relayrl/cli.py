@@ -16,6 +16,7 @@ app = typer.Typer(
 # `relayrl <name> ...` → the Typer app named `app` in each module.
 COMMAND_GROUPS: dict[str, str] = {
     "model": "relayrl.models.cli",
+    "engine": "services.engine.cli",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

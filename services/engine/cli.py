@@ -1,0 +1,40 @@
+"""``relayrl engine``: the built-in CPU engine that serves SGLang's native HTTP API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The built-in CPU inference engine (SGLang's native HTTP API).", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve_command(
+    model: Annotated[str | None, typer.Option(help="Hugging Face model directory (RELAYRL_ENGINE_MODEL_PATH).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (RELAYRL_ENGINE_HTTP_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (RELAYRL_ENGINE_HOST).")] = None,
+    weight_version: Annotated[
+        str | None, typer.Option(help="Initial weight_version (RELAYRL_ENGINE_WEIGHT_VERSION).")
+    ] = None,
+) -> None:
+    """Serve a model with continuous batching on CPU until SIGTERM/SIGINT."""
+    import asyncio
+
+    from relayrl.config import SettingsError, load_settings
+    from relayrl.logs import setup_logging
+    from services.engine.config import EngineSettings
+
+    overrides = {
+        k: v
+        for k, v in {"model_path": model, "http_port": port, "host": host, "weight_version": weight_version}.items()
+        if v is not None
+    }
+    try:
+        settings = load_settings(EngineSettings, **overrides)
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    setup_logging("engine", settings.log_level, settings.log_format)
+    from services.engine.server import serve
+
+    asyncio.run(serve(settings))

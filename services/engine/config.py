@@ -1,0 +1,37 @@
+"""Settings of the built-in CPU engine (``relayrl engine serve``), read from ``RELAYRL_ENGINE_*``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from relayrl.config import ServiceSettings
+
+
+class EngineSettings(ServiceSettings):
+    """The engine serves SGLang's native HTTP API on ``http_port``; it has no gRPC server."""
+
+    service_name: ClassVar[str] = "engine"
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYRL_ENGINE_", populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+    model_path: str = Field("", description="Hugging Face causal LM directory to serve (config.json, safetensors).")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="Torch dtype of the weights.")
+    max_running_requests: int = Field(
+        64, ge=1, description="Sequences decoded together in one batched forward pass (SGLang's name)."
+    )
+    context_length: int = Field(
+        0, ge=0, description="Longest prompt + output in tokens; 0 uses the model's max_position_embeddings."
+    )
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads; keep low on shared CPUs.")
+    seed: int = Field(0, ge=0, description="Seed of the sampling generator, for reproducible runs.")
+    weight_version: str = Field(
+        "0", description="weight_version reported before any update (SGLang's --weight-version; RelayRL uses 0)."
+    )
+    health_generate_timeout_s: float = Field(
+        20.0, gt=0, description="Longest time /health_generate waits for its one-token generation."
+    )

@@ -1,0 +1,285 @@
+"""The engine's scheduler: continuous batching on one thread that owns the model.
+
+Each loop iteration (a *step*) it runs control commands (weight updates, pause, abort), then
+admits waiting requests up to ``max_running_requests`` (prefilling each distinct prompt once),
+samples one token for every running sequence, and feeds all of those tokens to the model in
+**one** batched decode forward pass. New requests therefore join between decode steps
+instead of waiting for a running batch to drain.
+
+Pause modes follow SGLang's ``/pause_generation``:
+
+- ``abort``: every running and waiting request ends now with ``finish_reason.type ==
+  "abort"`` and the tokens generated so far.
+- ``retract``: running requests go back to the front of the waiting queue and drop their KV
+  cache; after ``/continue_generation`` they are prefilled again (prompt + tokens so far) and
+  continue where they stopped.
+- ``in_place``: nothing moves; running requests keep their KV cache and continue on resume.
+
+While paused (any mode) new requests wait; nothing is forwarded.
+
+Per-token weight versions: a token is credited to the weights that computed the logits it was
+sampled from. ``meta_info.weight_versions`` carries them as SGLang's spans
+(``[{"version", "start", "end"}]``, output-token indices, end exclusive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from services.engine.model_runner import KVCache, ModelRunner
+from services.engine.sampling import SamplingConfig, sample
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample being generated; resolved to SGLang's response dict when it finishes."""
+
+    rid: str
+    parent_rid: str
+    prompt_ids: list[int]
+    config: SamplingConfig
+    return_logprob: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[dict[str, Any]]
+    created_at: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[str] = field(default_factory=list)
+    cache: KVCache | None = None
+    next_logits: torch.Tensor | None = None
+    logits_version: str = ""
+    finish: dict[str, Any] | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+def version_spans(token_versions: list[str], current: str) -> list[dict[str, Any]]:
+    """SGLang's ``weight_versions`` spans over output tokens; one span at ``current`` when there are none."""
+    if not token_versions:
+        return [{"version": current, "start": 0, "end": 0}]
+    spans: list[dict[str, Any]] = []
+    for index, version in enumerate(token_versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = index + 1
+        else:
+            spans.append({"version": version, "start": index, "end": index + 1})
+    return spans
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        decode_text: Callable[[list[int]], str],
+        eos_token_ids: set[int],
+        max_running_requests: int,
+        context_length: int,
+        weight_version: str,
+        seed: int,
+        on_step: Callable[[Scheduler], None] = lambda _: None,
+    ) -> None:
+        self.runner = runner
+        self.decode_text = decode_text
+        self.eos_token_ids = eos_token_ids
+        self.max_running = max_running_requests
+        self.context_length = context_length
+        self.weight_version = weight_version
+        self.generator = torch.Generator().manual_seed(seed)
+        self.on_step = on_step
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.paused: PauseMode | None = None
+        self.generated_tokens = 0
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+
+    # --- called from the event loop ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout=10)
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        self._inbox.put(("generate", sequences))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn`` on the scheduler thread between two steps and returns its result."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._inbox.put(("command", (fn, loop, future)))
+        return await future
+
+    # --- scheduler thread ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = self.paused is not None or not (self.running or self.waiting)
+            self._drain_inbox(block=idle)
+            if self.paused is not None:
+                continue
+            try:
+                self._admit()
+                if self.running:
+                    self._sample_step()
+                    self._decode_step()
+            except Exception as exc:  # a broken batch fails its requests, never the engine
+                log.exception("engine step failed")
+                for seq in [*self.running]:
+                    self._finish(seq, {"type": "abort", "message": f"engine error: {exc}"})
+            self.on_step(self)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "generate":
+            self.waiting.extend(payload)
+        elif kind == "command":
+            fn, loop, future = payload
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, future, result)
+
+    def _admit(self) -> None:
+        admitted: list[Sequence] = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+            seq = self.waiting.popleft()
+            if seq.future.cancelled():
+                continue
+            if seq.config.max_new_tokens <= len(seq.output_ids):
+                self._finish(seq, {"type": "length", "length": seq.config.max_new_tokens})
+                continue
+            admitted.append(seq)
+        # Samples of one prompt (n > 1) share a single prefill.
+        prefilled: dict[tuple[int, ...], tuple[KVCache, torch.Tensor]] = {}
+        for seq in admitted:
+            key = tuple(seq.all_ids)
+            if key not in prefilled:
+                prefilled[key] = self.runner.prefill(key)
+            seq.cache, seq.next_logits = prefilled[key]
+            seq.logits_version = self.weight_version
+            self.running.append(seq)
+
+    def _sample_step(self) -> None:
+        for seq in list(self.running):
+            assert seq.next_logits is not None
+            token, logprob = sample(seq.next_logits, seq.config, self.generator)
+            seq.output_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.token_versions.append(seq.logits_version)
+            self.generated_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> dict[str, Any] | None:
+        if (token in self.eos_token_ids and not seq.config.ignore_eos) or token in seq.config.stop_token_ids:
+            return {"type": "stop", "matched": token}
+        if len(seq.output_ids) >= seq.config.max_new_tokens:
+            return {"type": "length", "length": seq.config.max_new_tokens}
+        if len(seq.all_ids) >= self.context_length:
+            return {"type": "length", "length": len(seq.output_ids)}
+        return None
+
+    def _decode_step(self) -> None:
+        live = [seq for seq in self.running if not seq.future.cancelled()]
+        for seq in self.running:
+            if seq.future.cancelled():
+                self._finish(seq, {"type": "abort", "message": "client disconnected"})
+        if not live:
+            return
+        caches, logits = self.runner.decode([s.cache for s in live], [s.output_ids[-1] for s in live])
+        for row, seq in enumerate(live):
+            seq.cache, seq.next_logits, seq.logits_version = caches[row], logits[row], self.weight_version
+
+    def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
+        seq.finish = reason
+        seq.cache = seq.next_logits = None
+        if seq in self.running:
+            self.running.remove(seq)
+        meta: dict[str, Any] = {
+            "id": seq.rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(seq.prompt_ids),
+            "completion_tokens": len(seq.output_ids),
+            "cached_tokens": 0,
+            "weight_version": seq.token_versions[-1] if seq.token_versions else self.weight_version,
+            "weight_versions": version_spans(seq.token_versions, self.weight_version),
+            "e2e_latency": time.monotonic() - seq.created_at,
+        }
+        if seq.return_logprob:
+            rows = zip(seq.logprobs, seq.output_ids, strict=True)
+            meta["output_token_logprobs"] = [[logprob, token, None] for logprob, token in rows]
+        body = {"text": self.decode_text(seq.output_ids), "output_ids": list(seq.output_ids), "meta_info": meta}
+        seq.loop.call_soon_threadsafe(_set_result, seq.future, body)
+
+    # --- commands (run on the scheduler thread through ``call``) -------------------------
+
+    def pause(self, mode: PauseMode) -> None:
+        if mode == "abort":
+            self.abort(abort_all=True, message="aborted by pause_generation(mode=abort)")
+        elif mode == "retract":
+            for seq in reversed(self.running):
+                seq.cache = seq.next_logits = None
+                self.waiting.appendleft(seq)
+            self.running.clear()
+        self.paused = mode
+
+    def resume(self) -> None:
+        self.paused = None
+
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "aborted by abort_request") -> int:
+        victims = [
+            seq for seq in [*self.running, *self.waiting] if abort_all or seq.rid == rid or seq.parent_rid == rid
+        ]
+        for seq in victims:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self._finish(seq, {"type": "abort", "message": message})
+        return len(victims)
+
+    def set_weight_version(self, version: str) -> None:
+        self.weight_version = version
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,117 @@
+"""Everything one engine process holds: the model, its tokenizer, the scheduler, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relayrl.metrics import ServiceMetrics
+from relayrl.models.loading import load_causal_lm, load_tokenizer
+from services.engine.config import EngineSettings
+from services.engine.model_runner import ModelRunner
+from services.engine.scheduler import Scheduler
+from services.engine.weights import DistributedReceiver, apply_tensors, read_safetensors_dir
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = ServiceMetrics("engine")
+        m = self.registry
+        self.forward_passes = m.counter("forward_passes", "Model forward passes, by kind.", "total", ["kind"])
+        self.generated_tokens = m.counter("generated_tokens", "Tokens sampled.", "total")
+        self.finished_requests = m.counter(
+            "finished_requests", "Samples finished, by finish reason.", "total", ["reason"]
+        )
+        self.running = m.gauge("running_requests", "Sequences in the running batch.")
+        self.waiting = m.gauge("waiting_requests", "Sequences waiting for a batch slot.")
+        self.weight_updates = m.counter("weight_updates", "Successful weight updates.", "total")
+        self.weight_update_failures = m.counter("weight_update_failures", "Refused or failed weight updates.", "total")
+        self.weight_version = m.gauge("weight_version", "Weight version served (when it is an integer).")
+
+
+@dataclass
+class _Seen:
+    prefill: int = 0
+    decode: int = 0
+    tokens: int = 0
+
+
+class EngineState:
+    def __init__(self, settings: EngineSettings) -> None:
+        torch.set_num_threads(settings.torch_threads)
+        self.settings = settings
+        self.model = load_causal_lm(settings.model_path, dtype=settings.dtype)
+        self.tokenizer = load_tokenizer(settings.model_path)
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = settings.context_length or int(getattr(config, "max_position_embeddings", 4096))
+        eos = config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.metrics = EngineMetrics()
+        self._seen = _Seen()
+        self.receiver = DistributedReceiver()
+        self.scheduler = Scheduler(
+            runner=ModelRunner(self.model),
+            decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            eos_token_ids=eos_ids,
+            max_running_requests=settings.max_running_requests,
+            context_length=self.context_length,
+            weight_version=settings.weight_version,
+            seed=settings.seed,
+            on_step=self._observe,
+        )
+        self._set_version_gauge(settings.weight_version)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
+        return read_safetensors_dir(model_path)
+
+    def apply(self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool) -> None:
+        """Installs new weights; runs on the scheduler thread, between two forward passes."""
+        if abort_all:
+            self.scheduler.abort(abort_all=True, message="aborted for a weight update")
+        apply_tensors(self.model, tensors)
+        if version is not None:
+            self.scheduler.set_weight_version(version)
+            self._set_version_gauge(version)
+        self.metrics.weight_updates.inc()
+
+    def _set_version_gauge(self, version: str) -> None:
+        if version.lstrip("-").isdigit():
+            self.metrics.weight_version.set(int(version))
+
+    def _observe(self, scheduler: Scheduler) -> None:
+        counts = scheduler.runner.counts
+        self.metrics.forward_passes.labels("prefill").inc(counts.prefill - self._seen.prefill)
+        self.metrics.forward_passes.labels("decode").inc(counts.decode - self._seen.decode)
+        self.metrics.generated_tokens.inc(scheduler.generated_tokens - self._seen.tokens)
+        self._seen = _Seen(counts.prefill, counts.decode, scheduler.generated_tokens)
+        self.metrics.running.set(len(scheduler.running))
+        self.metrics.waiting.set(len(scheduler.waiting))
+
+    def record_finished(self, results: list[dict[str, Any]]) -> None:
+        for body in results:
+            self.metrics.finished_requests.labels(body["meta_info"]["finish_reason"]["type"]).inc()
+
+    def model_info(self) -> dict[str, Any]:
+        """SGLang's ``/get_model_info`` fields plus the CPU engine's batching counters."""
+        counts = self.scheduler.runner.counts
+        return {
+            "model_path": self.settings.model_path,
+            "tokenizer_path": self.settings.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.scheduler.weight_version,
+            "context_length": self.context_length,
+            "num_forward_passes": counts.total,
+            "num_prefill_forward_passes": counts.prefill,
+            "num_decode_forward_passes": counts.decode,
+            "max_decode_batch_size": counts.max_decode_batch,
+            "generated_tokens": self.scheduler.generated_tokens,
+            "paused": self.scheduler.paused,
+        }
