@@ -17,10 +17,13 @@ app = typer.Typer(
 COMMAND_GROUPS: dict[str, str] = {
     "model": "relayrl.models.cli",
     "engine": "services.engine.cli",
+    "queue": "services.queue.cli",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "queue": "services.queue.cli:bench",
+}
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
 

@@ -1,0 +1,56 @@
+"""``relayrl queue``: run the queue service; ``relayrl bench queue``: its benchmark."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The Redis Streams trajectory and prompt queues.", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve_command(
+    grpc_port: Annotated[int | None, typer.Option(help="Overrides RELAYRL_QUEUE_GRPC_PORT.")] = None,
+    http_port: Annotated[int | None, typer.Option(help="Overrides RELAYRL_QUEUE_HTTP_PORT.")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Overrides RELAYRL_REDIS_URL.")] = None,
+) -> None:
+    """Serve TrajectoryQueue and PromptQueue over gRPC, with /healthz, /readyz, /metrics over HTTP.
+
+    Settings come from RELAYRL_QUEUE_* and the shared RELAYRL_REDIS_URL, RELAYRL_RUN_ID.
+    """
+    import asyncio
+
+    from relayrl.config import SettingsError, load_settings
+    from relayrl.logs import setup_logging
+    from services.queue.config import QueueSettings
+    from services.queue.server import serve
+
+    given = {"grpc_port": grpc_port, "http_port": http_port, "redis_url": redis_url}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    try:
+        settings = load_settings(QueueSettings, **overrides)
+    except SettingsError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+    setup_logging("queue", settings.log_level, settings.log_format)
+    asyncio.run(serve(settings))
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line (the default format).")] = True,
+    groups: Annotated[int, typer.Option(help="Groups pushed through each path.")] = 400,
+    producers: Annotated[int, typer.Option(help="Concurrent producers.")] = 4,
+    batch: Annotated[int, typer.Option(help="Groups per push and per pull.")] = 8,
+    samples: Annotated[int, typer.Option(help="Samples per group.")] = 8,
+    response_tokens: Annotated[int, typer.Option(help="Response tokens per sample.")] = 1024,
+) -> None:
+    """Queue throughput end to end (push → pull → ack over gRPC) against raw Redis, same run, same payload."""
+    import asyncio
+    import json
+
+    from services.queue.bench import BenchSpec, run_bench
+
+    spec = BenchSpec(groups=groups, producers=producers, batch=batch, samples=samples, response_tokens=response_tokens)
+    result = asyncio.run(run_bench(spec))
+    typer.echo(json.dumps(result) if json_output else "\n".join(f"{k}: {v}" for k, v in result.items()))

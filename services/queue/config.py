@@ -1,0 +1,82 @@
+"""Settings of the queue service, read from ``RELAYRL_QUEUE_*`` (and the shared ``RELAYRL_*``).
+
+verl's fully-async ``max_queue_size`` is :attr:`QueueSettings.capacity`. Capacity counts
+queued *and* delivered-but-unacknowledged groups; because the trainer acknowledges only
+after the checkpoint that covers a step is durable, it must exceed
+``batch_size × checkpoint interval (steps)`` or the trainer starves itself.
+
+Persistence is Redis's own: run Redis with ``appendonly yes``. With ``appendfsync everysec``
+(the default) a Redis crash loses at most about one second of accepted pushes; with
+``appendfsync always`` an accepted push is on disk before the service answers it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from relayrl.config import ServiceSettings, shared_field
+
+
+class QueueSettings(ServiceSettings):
+    service_name: ClassVar[str] = "queue"
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYRL_QUEUE_", populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+    redis_url: str = shared_field(
+        "redis_url",
+        "redis://127.0.0.1:6379/0",
+        "Redis URL (redis:// or rediss:// for TLS); may carry user and password.",
+    )
+    redis_username: str = Field("", description="Redis ACL user; empty uses the URL's or the default user.")
+    redis_password: SecretStr = Field(
+        SecretStr(""), description="Redis password (requirepass or the ACL user's); empty uses the URL's."
+    )
+    redis_tls: bool = Field(False, description="Connect to Redis over TLS (same as a rediss:// URL).")
+    redis_tls_ca_file: str = Field("", description="CA bundle that signs the Redis server certificate.")
+    redis_tls_cert_file: str = Field("", description="Client certificate for mutual TLS; empty: none.")
+    redis_tls_key_file: str = Field("", description="Private key of redis_tls_cert_file.")
+    redis_appendfsync: str = Field(
+        "",
+        pattern="^(|everysec|always|no)$",
+        description="If set, the service turns on AOF with this fsync policy at start-up (CONFIG SET);"
+        " empty leaves the Redis server's own persistence settings alone (managed Redis).",
+    )
+    capacity: int = Field(
+        4096,
+        ge=1,
+        description="Most trajectory groups held (queued + delivered-not-acked); verl's max_queue_size."
+        " Must exceed batch_size × checkpoint interval.",
+    )
+    push_timeout_s: float = Field(
+        30.0, gt=0, description="Default wait for capacity when a Push gives timeout_s = 0, seconds."
+    )
+    max_push_timeout_s: float = Field(300.0, gt=0, description="Upper bound on a Push's timeout_s, seconds.")
+    max_block_timeout_s: float = Field(
+        60.0, gt=0, description="Upper bound on block_timeout_s of Pull and Lease, seconds."
+    )
+    consumer_idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A consumer that has not pulled or acked for this long is dead: its pending entries"
+        " are re-delivered to other consumers.",
+    )
+    max_deliveries: int = Field(
+        5, ge=1, description="Deliveries of one entry before it is dead-lettered as 'max_deliveries'."
+    )
+    max_groups_per_pull: int = Field(1024, ge=1, description="Upper bound on a Pull's max_groups.")
+    dead_letter_maxlen: int = Field(
+        100_000, ge=1, description="Approximate length cap of the dead-letter and stale streams (terminal data)."
+    )
+    lease_timeout_s: float = Field(
+        600.0, gt=0, description="A prompt lease not completed within this many seconds is re-issued."
+    )
+    poll_interval_s: float = Field(
+        0.05, gt=0, le=5, description="How often a blocked Push or Lease re-checks Redis, seconds."
+    )
+    age_window: int = Field(1000, ge=1, description="Deliveries averaged in the sample-age statistics.")
+    stats_refresh_s: float = Field(2.0, gt=0, description="Period of refreshing the Prometheus gauges, seconds.")

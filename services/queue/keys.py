@@ -1,0 +1,87 @@
+"""Every Redis key the queue service uses, namespaced by run id: ``relayrl:{run_id}:<name>``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The trainer's consumer group on the trajectory stream.
+TRAINER_GROUP = "trainers"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    run_id: str
+
+    def _key(self, name: str) -> str:
+        return f"relayrl:{self.run_id}:{name}"
+
+    # Trajectory queue.
+    @property
+    def trajectories(self) -> str:
+        """Stream of accepted groups: exactly the queued + delivered-not-acknowledged ones."""
+        return self._key("trajectories")
+
+    @property
+    def stale(self) -> str:
+        """Stream of groups dropped by the staleness check, with the reason and versions."""
+        return self._key("stale")
+
+    @property
+    def dead_letter(self) -> str:
+        """Stream of malformed or too-often-delivered entries, with the reason."""
+        return self._key("dead_letter")
+
+    @property
+    def stats(self) -> str:
+        """Hash of durable counters (produced, consumed, delivered, dropped:<reason>)."""
+        return self._key("stats")
+
+    @property
+    def consumers(self) -> str:
+        """Hash consumer name → unix seconds of its last pull or ack (liveness)."""
+        return self._key("consumers")
+
+    @property
+    def sessions(self) -> str:
+        """Hash consumer name → session id of the process currently using that name."""
+        return self._key("sessions")
+
+    # Prompt queue.
+    @property
+    def prompt_seq(self) -> str:
+        return self._key("prompts:seq")
+
+    @property
+    def prompts_waiting(self) -> str:
+        """Sorted set prompt key → min_start_version: released and not leased."""
+        return self._key("prompts:waiting")
+
+    @property
+    def prompts_leased(self) -> str:
+        """Sorted set prompt key → lease expiry (unix seconds)."""
+        return self._key("prompts:leased")
+
+    @property
+    def prompt_data(self) -> str:
+        """Hash prompt key → serialized PromptGroup; present until the prompt is completed."""
+        return self._key("prompts:data")
+
+    @property
+    def prompt_min_start(self) -> str:
+        """Hash prompt key → min_start_version (to put an expired lease back in the waiting set)."""
+        return self._key("prompts:min_start")
+
+    @property
+    def prompt_deliveries(self) -> str:
+        """Hash prompt key → times leased."""
+        return self._key("prompts:deliveries")
+
+    @property
+    def prompt_owner(self) -> str:
+        """Hash prompt key → replica holding its current lease."""
+        return self._key("prompts:owner")
+
+    @property
+    def prompt_stats(self) -> str:
+        """Hash of durable counters (released, completed, reissued)."""
+        return self._key("prompts:stats")

@@ -1,0 +1,208 @@
+"""The prompt queue: the trainer releases prompts, rollout replicas lease and complete them.
+
+Why not a stream with a consumer group: a lease must skip prompts whose
+``min_start_version`` is above the replica's ``held_version`` and leave them for replicas
+with newer weights, and a consumer group can only hand out entries in order. So the queue
+keeps released prompts in a sorted set scored by ``min_start_version`` (members are
+zero-padded release sequence numbers, so equal scores lease in release order):
+
+- ``prompts:waiting``  sorted set  key → min_start_version (released, not leased)
+- ``prompts:leased``   sorted set  key → lease expiry, unix seconds
+- ``prompts:data``, ``prompts:min_start``, ``prompts:deliveries``, ``prompts:owner``
+  hashes keyed by prompt key; ``prompts:stats`` durable counters.
+
+Every state change is one Lua script, so no prompt is ever in both sets, in neither while
+unfinished, or handed to two replicas at once. A lease first moves expired leases back to
+``waiting`` (re-issue), then takes up to ``max_prompts`` keys with score <= held_version.
+Prompts a replica may not start stay in ``waiting``; nothing is lost. A lease id is
+``<key>.<delivery>``; completing any lease of a prompt finishes the prompt (its group was
+pushed), so a late completion by a replica whose lease had expired still counts once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from relayrl.v1 import trajectory_pb2 as pb
+from services.queue.config import QueueSettings
+from services.queue.errors import BadRequest
+from services.queue.keys import Keys
+
+LEASE_ID = re.compile(r"^(\d{12})\.(\d+)$")
+
+# KEYS: waiting, leased, min_start, stats. ARGV: now.
+_REQUEUE_LUA = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for _, k in ipairs(expired) do
+  redis.call('ZREM', KEYS[2], k)
+  redis.call('ZADD', KEYS[1], redis.call('HGET', KEYS[3], k), k)
+end
+if #expired > 0 then redis.call('HINCRBY', KEYS[4], 'reissued', #expired) end
+"""
+
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner.
+# ARGV: now, held_version, max_prompts, expires_at, replica. Returns key, delivery, payload triples.
+_LEASE_LUA = (
+    _REQUEUE_LUA
+    + """
+local picked = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, ARGV[3])
+local out = {}
+for _, k in ipairs(picked) do
+  redis.call('ZREM', KEYS[1], k)
+  redis.call('ZADD', KEYS[2], ARGV[4], k)
+  redis.call('HSET', KEYS[7], k, ARGV[5])
+  table.insert(out, k)
+  table.insert(out, redis.call('HINCRBY', KEYS[6], k, 1))
+  table.insert(out, redis.call('HGET', KEYS[5], k))
+end
+return out
+"""
+)
+
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner. ARGV: prompt keys.
+_COMPLETE_LUA = """
+local done = 0
+for _, k in ipairs(ARGV) do
+  if redis.call('HDEL', KEYS[5], k) == 1 then
+    redis.call('ZREM', KEYS[1], k)
+    redis.call('ZREM', KEYS[2], k)
+    redis.call('HDEL', KEYS[3], k)
+    redis.call('HDEL', KEYS[6], k)
+    redis.call('HDEL', KEYS[7], k)
+    done = done + 1
+  end
+end
+if done > 0 then redis.call('HINCRBY', KEYS[4], 'completed', done) end
+return done
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    lease_id: str
+    prompt: pb.PromptGroup
+    expires_at_unix_s: float
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptStats:
+    waiting: int
+    leased: int
+    total_released: int
+    total_completed: int
+    total_reissued: int
+
+
+class PromptQueue:
+    def __init__(self, redis: aioredis.Redis, settings: QueueSettings) -> None:
+        self._redis = redis
+        self._settings = settings
+        k = Keys(settings.run_id)
+        self._keys = k
+        self._script_keys = [
+            k.prompts_waiting,
+            k.prompts_leased,
+            k.prompt_min_start,
+            k.prompt_stats,
+            k.prompt_data,
+            k.prompt_deliveries,
+            k.prompt_owner,
+        ]
+        self._requeue = redis.register_script(_REQUEUE_LUA)
+        self._lease = redis.register_script(_LEASE_LUA)
+        self._complete = redis.register_script(_COMPLETE_LUA)
+
+    async def release(self, prompts: list[pb.PromptGroup]) -> int:
+        if not prompts:
+            raise BadRequest("release carries no prompts")
+        problems = [f"prompt {i}: {p}" for i, msg in enumerate(prompts) for p in _prompt_problems(msg)]
+        if problems:
+            raise BadRequest("malformed prompts, nothing released: " + "; ".join(problems))
+        last = await self._redis.incrby(self._keys.prompt_seq, len(prompts))
+        pipe = self._redis.pipeline(transaction=True)
+        for seq, msg in zip(range(last - len(prompts) + 1, last + 1), prompts, strict=True):
+            key = f"{seq:012d}"
+            pipe.hset(self._keys.prompt_data, key, msg.SerializeToString())
+            pipe.hset(self._keys.prompt_min_start, key, msg.min_start_version)
+            pipe.zadd(self._keys.prompts_waiting, {key: msg.min_start_version})
+        pipe.hincrby(self._keys.prompt_stats, "released", len(prompts))
+        await pipe.execute()
+        return len(prompts)
+
+    async def lease(
+        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float
+    ) -> list[LeaseGrant]:
+        if not replica_id or not replica_id.isprintable():
+            raise BadRequest("replica_id must be a printable, non-empty name")
+        if max_prompts < 1:
+            raise BadRequest(f"max_prompts must be >= 1, got {max_prompts}")
+        if held_version < 0:
+            raise BadRequest(f"held_version must be >= 0, got {held_version}")
+        if block_timeout_s < 0:
+            raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
+        deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
+        while True:
+            now = time.time()
+            expires = now + self._settings.lease_timeout_s
+            out = await self._lease(
+                keys=self._script_keys, args=[repr(now), held_version, max_prompts, repr(expires), replica_id]
+            )
+            if out or time.monotonic() >= deadline:
+                return [_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)]
+            await asyncio.sleep(self._settings.poll_interval_s)
+
+    async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
+        if not replica_id:
+            raise BadRequest("replica_id must be set")
+        keys = []
+        for lease_id in lease_ids:
+            match = LEASE_ID.match(lease_id)
+            if match is None:
+                raise BadRequest(f"not a lease id (want '<12 digits>.<delivery>'): {lease_id!r}")
+            keys.append(match.group(1))
+        if not keys:
+            return 0
+        return int(await self._complete(keys=self._script_keys, args=keys))
+
+    async def stats(self) -> PromptStats:
+        await self._requeue(keys=self._script_keys[:4], args=[repr(time.time())])
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zcard(self._keys.prompts_waiting)
+        pipe.zcard(self._keys.prompts_leased)
+        pipe.hgetall(self._keys.prompt_stats)
+        waiting, leased, counters = await pipe.execute()
+        values = {k.decode(): int(v) for k, v in counters.items()}
+        return PromptStats(
+            waiting=int(waiting),
+            leased=int(leased),
+            total_released=values.get("released", 0),
+            total_completed=values.get("completed", 0),
+            total_reissued=values.get("reissued", 0),
+        )
+
+
+def _grant(key: bytes, delivery: int, payload: bytes, expires: float) -> LeaseGrant:
+    prompt = pb.PromptGroup()
+    prompt.ParseFromString(payload)
+    return LeaseGrant(f"{key.decode()}.{int(delivery)}", prompt, expires, int(delivery))
+
+
+def _prompt_problems(msg: pb.PromptGroup) -> list[str]:
+    problems = []
+    if not msg.prompt_id:
+        problems.append("prompt_id is empty")
+    if not msg.prompt_token_ids:
+        problems.append("prompt_token_ids is empty")
+    if any(t < 0 for t in msg.prompt_token_ids):
+        problems.append("negative token id")
+    if msg.n_samples < 1:
+        problems.append(f"n_samples must be >= 1, got {msg.n_samples}")
+    if msg.min_start_version < 0:
+        problems.append(f"min_start_version must be >= 0, got {msg.min_start_version}")
+    return problems

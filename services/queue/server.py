@@ -1,0 +1,108 @@
+"""Running the queue service: Redis client, both stores, gRPC + HTTP servers, metrics refresh."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from relayrl.http_app import create_http_app
+from relayrl.serving import GrpcServer, HttpServer, start_grpc_server, start_http_server, wait_for_shutdown_signal
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+from services.queue.config import QueueSettings
+from services.queue.metrics import QueueMetrics
+from services.queue.prompts import PromptQueue
+from services.queue.redis_conn import apply_persistence, connect, redis_reachable
+from services.queue.service import PromptQueueServicer, TrajectoryQueueServicer
+from services.queue.trajectories import TrajectoryQueue
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = ("relayrl.v1.TrajectoryQueue", "relayrl.v1.PromptQueue")
+
+
+@dataclass
+class QueueServer:
+    settings: QueueSettings
+    redis: aioredis.Redis
+    grpc: GrpcServer
+    http: HttpServer
+    refresher: asyncio.Task[None]
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.settings.host}:{self.grpc.port}"
+
+    async def stop(self) -> None:
+        self.refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.refresher
+        await self.grpc.stop(grace_s=1.0)
+        await self.http.stop()
+        await self.redis.aclose()
+
+
+async def start_queue_server(settings: QueueSettings) -> QueueServer:
+    redis = connect(settings)
+    trajectories = TrajectoryQueue(redis, settings)
+    prompts = PromptQueue(redis, settings)
+    try:
+        await trajectories.ensure_group()
+    except (RedisConnectionError, OSError) as err:
+        log.warning("Redis not reachable yet (%s); serving anyway, /readyz says not ready", err)
+    metrics = QueueMetrics()
+    grpc_server = await start_grpc_server(
+        settings.host,
+        settings.grpc_port,
+        [
+            lambda s: qgrpc.add_TrajectoryQueueServicer_to_server(TrajectoryQueueServicer(trajectories, metrics), s),
+            lambda s: qgrpc.add_PromptQueueServicer_to_server(PromptQueueServicer(prompts), s),
+        ],
+        SERVICE_NAMES,
+    )
+    app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token)
+    http = await start_http_server(app, settings.host, settings.http_port)
+    refresher = asyncio.create_task(_keep_fresh(redis, settings, trajectories, prompts, metrics))
+    return QueueServer(settings, redis, grpc_server, http, refresher)
+
+
+async def _keep_fresh(
+    redis: aioredis.Redis,
+    settings: QueueSettings,
+    trajectories: TrajectoryQueue,
+    prompts: PromptQueue,
+    metrics: QueueMetrics,
+) -> None:
+    """Sets Redis up once it is reachable (it may start after us), then refreshes the gauges."""
+    ready = False
+    while True:
+        try:
+            if not ready:
+                await apply_persistence(redis, settings.redis_appendfsync)
+                await trajectories.ensure_group()
+                ready = True
+            metrics.update(await trajectories.stats(), await prompts.stats())
+        except Exception as err:
+            # Redis down or restarting: readyz reports it; keep trying.
+            log.warning("queue metrics refresh failed: %s", err)
+        await asyncio.sleep(settings.stats_refresh_s if ready else 0.2)
+
+
+async def serve(settings: QueueSettings) -> None:
+    server = await start_queue_server(settings)
+    log.info(
+        "queue serving gRPC on %s, HTTP on %s:%d, Redis %s, run %s",
+        server.grpc_address,
+        settings.host,
+        server.http.port,
+        settings.redis_url.rpartition("@")[2],
+        settings.run_id,
+    )
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await server.stop()

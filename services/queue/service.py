@@ -1,0 +1,149 @@
+"""gRPC servicers of TrajectoryQueue and PromptQueue: wire messages in, store calls, status codes out.
+
+Bad arguments → INVALID_ARGUMENT, full queue → RESOURCE_EXHAUSTED, Redis down →
+UNAVAILABLE (the caller retries); no request can take the service down.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+from services.queue.errors import BadRequest, QueueFull
+from services.queue.metrics import QueueMetrics
+from services.queue.prompts import PromptQueue
+from services.queue.trajectories import TrajectoryQueue
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def _status_mapped(handler: Handler[R]) -> Handler[R]:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await handler(self, request, context)
+        except BadRequest as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except QueueFull as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except (RedisConnectionError, RedisTimeoutError, OSError) as err:
+            log.warning("%s: Redis unavailable: %s", handler.__name__, err)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis unavailable: {err}")
+        except ResponseError as err:
+            # A Redis key of the wrong type or a refused command: an operator problem, not the caller's.
+            log.error("%s: Redis refused a command: %s", handler.__name__, err)
+            await context.abort(grpc.StatusCode.INTERNAL, f"Redis refused a command: {err}")
+        raise AssertionError("context.abort returns only by raising")
+
+    return wrapper
+
+
+class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
+    def __init__(self, store: TrajectoryQueue, metrics: QueueMetrics) -> None:
+        self._store = store
+        self._metrics = metrics
+
+    @_status_mapped
+    async def Push(self, request: qpb.PushRequest, context: grpc.aio.ServicerContext) -> qpb.PushResponse:
+        started = time.perf_counter()
+        ids = await self._store.push(list(request.groups), request.timeout_s)
+        self._metrics.push_latency.observe(time.perf_counter() - started)
+        return qpb.PushResponse(entry_ids=ids)
+
+    @_status_mapped
+    async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> qpb.PullResponse:
+        started = time.perf_counter()
+        result = await self._store.pull(
+            consumer=request.consumer,
+            session_id=request.session_id,
+            current_version=request.current_version,
+            max_staleness=request.max_staleness,
+            max_groups=request.max_groups,
+            block_timeout_s=request.block_timeout_s,
+        )
+        self._metrics.pull_latency.observe(time.perf_counter() - started)
+        return qpb.PullResponse(
+            groups=[
+                qpb.DeliveredGroup(
+                    entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count, age_versions=d.age_versions
+                )
+                for d in result.deliveries
+            ],
+            dropped_stale=result.dropped_stale,
+        )
+
+    @_status_mapped
+    async def Ack(self, request: qpb.AckRequest, context: grpc.aio.ServicerContext) -> qpb.AckResponse:
+        return qpb.AckResponse(acked=await self._store.ack(request.consumer, list(request.entry_ids)))
+
+    @_status_mapped
+    async def Stats(self, request: qpb.StatsRequest, context: grpc.aio.ServicerContext) -> qpb.QueueStats:
+        s = await self._store.stats()
+        return qpb.QueueStats(
+            queue_size=s.queue_size,
+            total_produced=s.total_produced,
+            total_consumed=s.total_consumed,
+            dropped_by_reason=s.dropped_by_reason,
+            pending=s.pending,
+            capacity=s.capacity,
+            avg_sample_age_versions=s.ages.avg_versions,
+            max_sample_age_versions=s.ages.max_versions,
+            avg_sample_age_s=s.ages.avg_s,
+            max_sample_age_s=s.ages.max_s,
+            stale_samples_ratio=s.stale_samples_ratio,
+            consumer_lag=s.queue_size,
+        )
+
+
+class PromptQueueServicer(qgrpc.PromptQueueServicer):
+    def __init__(self, store: PromptQueue) -> None:
+        self._store = store
+
+    @_status_mapped
+    async def Release(self, request: qpb.ReleaseRequest, context: grpc.aio.ServicerContext) -> qpb.ReleaseResponse:
+        return qpb.ReleaseResponse(released=await self._store.release(list(request.prompts)))
+
+    @_status_mapped
+    async def Lease(self, request: qpb.LeaseRequest, context: grpc.aio.ServicerContext) -> qpb.LeaseResponse:
+        grants = await self._store.lease(
+            request.replica_id, request.max_prompts, request.held_version, request.block_timeout_s
+        )
+        return qpb.LeaseResponse(
+            leases=[
+                qpb.Lease(
+                    lease_id=g.lease_id,
+                    prompt=g.prompt,
+                    expires_at_unix_s=g.expires_at_unix_s,
+                    delivery_count=g.delivery_count,
+                )
+                for g in grants
+            ]
+        )
+
+    @_status_mapped
+    async def Complete(self, request: qpb.CompleteRequest, context: grpc.aio.ServicerContext) -> qpb.CompleteResponse:
+        return qpb.CompleteResponse(completed=await self._store.complete(request.replica_id, list(request.lease_ids)))
+
+    @_status_mapped
+    async def Stats(self, request: qpb.PromptStatsRequest, context: grpc.aio.ServicerContext) -> qpb.PromptQueueStats:
+        s = await self._store.stats()
+        return qpb.PromptQueueStats(
+            waiting=s.waiting,
+            leased=s.leased,
+            total_released=s.total_released,
+            total_completed=s.total_completed,
+            total_reissued=s.total_reissued,
+        )

@@ -1,0 +1,453 @@
+"""The trajectory queue: one Redis Stream per run, read by the trainer through a consumer group.
+
+Redis layout (keys in :mod:`services.queue.keys`):
+
+- ``trajectories`` stream. Each entry is one group: header fields ``v_min``, ``v_max``
+  (policy versions), ``gid``, ``n`` (samples), ``tokens`` (response tokens), ``t`` (push
+  time, unix s), ``eval`` and the serialized ``TrajectoryGroup`` as ``payload``, so the
+  staleness check reads the header without decoding the payload. Eval groups share it.
+- A push is one Lua script: it checks ``XLEN + n <= capacity`` and appends all groups or
+  none, so concurrent producers can never overshoot capacity.
+- An ack is one Lua script: ``XACK`` and, only for entries that were pending, ``XDEL``.
+  Acknowledged entries are trimmed at once and nothing else is ever trimmed, so ``XLEN`` is
+  exactly queued + pending groups (what capacity bounds) and no unacknowledged entry can be
+  trimmed away (there is no ``MAXLEN`` on this stream).
+- Dropped entries are copied to the ``stale`` stream (staleness verdicts) or the
+  ``dead_letter`` stream (``malformed``, ``max_deliveries``) with the reason, then acked and
+  deleted, in one MULTI transaction; counters live in the ``stats`` hash, so they survive a
+  restart of the service.
+
+Re-delivery, in the order a pull serves it:
+
+1. A consumer name seen with a new session id (a restarted trainer) first gets its own
+   pending entries again (``XREADGROUP`` from id 0, then onward), before anything new.
+2. Pending entries of *another* consumer are claimed (``XCLAIM``) only when that consumer
+   has neither pulled nor acked for ``consumer_idle_timeout_s``. The trainer acks only when
+   a checkpoint is durable, so a live trainer keeps entries pending for many steps; entry
+   idle time alone (``XAUTOCLAIM``) would steal them from it mid-run.
+3. New entries (``XREADGROUP >``), blocking up to the pull's timeout.
+
+An entry delivered more than ``max_deliveries`` times is dead-lettered, never delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from google.protobuf.message import DecodeError
+from redis.exceptions import ResponseError
+
+from relayrl.schema import validate_group
+from relayrl.staleness import Verdict, check_staleness
+from relayrl.v1 import trajectory_pb2 as pb
+from services.queue.ages import AgeSummary, AgeWindow
+from services.queue.config import QueueSettings
+from services.queue.errors import BadRequest, QueueFull
+from services.queue.keys import TRAINER_GROUP, Keys
+
+log = logging.getLogger(__name__)
+
+ENTRY_ID = re.compile(r"^\d+-\d+$")
+DROP_REASONS = ("stale", "missing_version", "malformed", "max_deliveries")
+MAX_CONSUMER_NAME = 200
+
+# KEYS: stream, stats. ARGV: capacity, count, then 8 header/payload values per group.
+_PUSH_LUA = """
+local cap = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+if redis.call('XLEN', KEYS[1]) + n > cap then return false end
+local ids = {}
+local i = 3
+for g = 1, n do
+  ids[g] = redis.call('XADD', KEYS[1], '*', 'v_min', ARGV[i], 'v_max', ARGV[i + 1], 'gid', ARGV[i + 2],
+    'n', ARGV[i + 3], 'tokens', ARGV[i + 4], 't', ARGV[i + 5], 'eval', ARGV[i + 6], 'payload', ARGV[i + 7])
+  i = i + 8
+end
+redis.call('HINCRBY', KEYS[2], 'produced', n)
+return ids
+"""
+
+# KEYS: stream, stats. ARGV: group, then entry ids. Deletes only what this call acknowledged.
+_ACK_LUA = """
+local acked = 0
+for i = 2, #ARGV do
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
+    redis.call('XDEL', KEYS[1], ARGV[i])
+    acked = acked + 1
+  end
+end
+if acked > 0 then redis.call('HINCRBY', KEYS[2], 'consumed', acked) end
+return acked
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    entry_id: str
+    group: pb.TrajectoryGroup
+    delivery_count: int
+    age_versions: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    deliveries: list[Delivery]
+    dropped_stale: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryStats:
+    queue_size: int
+    pending: int
+    capacity: int
+    total_produced: int
+    total_consumed: int
+    total_delivered: int
+    dropped_by_reason: dict[str, int]
+    stale_samples_ratio: float
+    ages: AgeSummary
+
+
+@dataclass(frozen=True, slots=True)
+class _RawEntry:
+    entry_id: str
+    # None when the entry was deleted while still pending (nothing left to deliver).
+    fields: dict[bytes, bytes] | None
+    delivery_count: int
+
+
+def _entries(reply: Any) -> list[tuple[Any, Any]]:
+    """The (id, fields) pairs of a one-stream XREADGROUP reply, RESP2 or RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return next(iter(reply.values()))[0]
+    return reply[0][1]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def group_header(msg: pb.TrajectoryGroup, now: float) -> list[Any]:
+    """The header values and payload of one stream entry, in ``_PUSH_LUA``'s order."""
+    tokens = sum(len(t.response_token_ids) for t in msg.trajectories)
+    created = msg.created_at_unix_s or now
+    return [
+        msg.min_policy_version,
+        msg.max_policy_version,
+        msg.group_id,
+        len(msg.trajectories),
+        tokens,
+        repr(created),
+        int(msg.is_eval),
+        msg.SerializeToString(),
+    ]
+
+
+class TrajectoryQueue:
+    def __init__(self, redis: aioredis.Redis, settings: QueueSettings) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._keys = Keys(settings.run_id)
+        self._push_script = redis.register_script(_PUSH_LUA)
+        self._ack_script = redis.register_script(_ACK_LUA)
+        self._ages = AgeWindow(settings.age_window)
+        # consumer → id after which its own pending entries are still to be re-delivered.
+        self._redeliver_from: dict[str, str] = {}
+        self._next_reclaim_check = 0.0
+
+    async def ensure_group(self) -> None:
+        try:
+            await self._redis.xgroup_create(self._keys.trajectories, TRAINER_GROUP, id="0", mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    # Push -------------------------------------------------------------------------------
+
+    async def push(self, groups: list[pb.TrajectoryGroup], timeout_s: float) -> list[str]:
+        if not groups:
+            raise BadRequest("push carries no groups")
+        cap = self._settings.capacity
+        if len(groups) > cap:
+            raise BadRequest(f"push of {len(groups)} groups can never fit the capacity of {cap} groups")
+        if timeout_s < 0:
+            raise BadRequest(f"timeout_s must be >= 0, got {timeout_s}")
+        await self._reject_malformed(groups)
+        now = time.time()
+        args: list[Any] = [cap, len(groups)]
+        for msg in groups:
+            args.extend(group_header(msg, now))
+        wait_s = min(timeout_s or self._settings.push_timeout_s, self._settings.max_push_timeout_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            ids = await self._push_script(keys=[self._keys.trajectories, self._keys.stats], args=args)
+            if ids:
+                return [_text(i) for i in ids]
+            if time.monotonic() >= deadline:
+                raise QueueFull(
+                    f"queue stayed at its capacity of {cap} groups (queued + unacknowledged) for {wait_s:g}s;"
+                    f" none of the {len(groups)} groups was stored"
+                )
+            await asyncio.sleep(self._settings.poll_interval_s)
+
+    async def _reject_malformed(self, groups: list[pb.TrajectoryGroup]) -> None:
+        problems = []
+        for i, msg in enumerate(groups):
+            found = validate_group(msg)
+            if found:
+                problems.append(f"group {i} ({msg.group_id or 'no id'}): {'; '.join(found)}")
+                await self._dead_letter_rejected(msg, found)
+        if problems:
+            raise BadRequest("malformed trajectory groups, nothing stored: " + " | ".join(problems))
+
+    async def _dead_letter_rejected(self, msg: pb.TrajectoryGroup, problems: list[str]) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        fields = {"reason": "malformed", "detail": "; ".join(problems), "source": "push"}
+        fields["payload"] = msg.SerializeToString()
+        pipe.xadd(self._keys.dead_letter, fields, maxlen=self._settings.dead_letter_maxlen, approximate=True)
+        pipe.hincrby(self._keys.stats, "dropped:malformed", 1)
+        await pipe.execute()
+
+    # Pull -------------------------------------------------------------------------------
+
+    async def pull(
+        self,
+        consumer: str,
+        session_id: str,
+        current_version: int,
+        max_staleness: int,
+        max_groups: int,
+        block_timeout_s: float,
+    ) -> PullResult:
+        self._check_pull_args(consumer, current_version, max_staleness, max_groups, block_timeout_s)
+        await self._redis.hset(self._keys.consumers, consumer, repr(time.time()))
+        await self._note_session(consumer, session_id)
+        deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
+        delivered: list[Delivery] = []
+        dropped_stale = 0
+        while True:
+            want = max_groups - len(delivered)
+            batch = (
+                await self._own_pending(consumer, want)
+                or await self._reclaim_from_dead(consumer, want)
+                or await self._read_new(consumer, want, deadline)
+            )
+            for raw in batch:
+                outcome = await self._judge(consumer, raw, current_version, max_staleness)
+                if isinstance(outcome, Delivery):
+                    delivered.append(outcome)
+                elif outcome in ("stale", "missing_version"):
+                    dropped_stale += 1
+            if delivered or time.monotonic() >= deadline:
+                break
+        if delivered:
+            await self._redis.hincrby(self._keys.stats, "delivered", len(delivered))
+        return PullResult(delivered, dropped_stale)
+
+    def _check_pull_args(
+        self, consumer: str, current_version: int, max_staleness: int, max_groups: int, block_timeout_s: float
+    ) -> None:
+        if not consumer or len(consumer) > MAX_CONSUMER_NAME or not consumer.isprintable():
+            raise BadRequest(f"consumer must be a printable name of 1..{MAX_CONSUMER_NAME} characters")
+        if current_version < 0:
+            raise BadRequest(f"current_version must be >= 0, got {current_version}")
+        if max_staleness < 0:
+            raise BadRequest(f"max_staleness must be >= 0, got {max_staleness}")
+        if not 1 <= max_groups <= self._settings.max_groups_per_pull:
+            raise BadRequest(f"max_groups must be in 1..{self._settings.max_groups_per_pull}, got {max_groups}")
+        if block_timeout_s < 0:
+            raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
+
+    async def _note_session(self, consumer: str, session_id: str) -> None:
+        if not session_id:
+            return
+        previous = await self._redis.hget(self._keys.sessions, consumer)
+        if previous is not None and _text(previous) == session_id:
+            return
+        await self._redis.hset(self._keys.sessions, consumer, session_id)
+        if previous is not None:
+            log.info("consumer %s restarted (new session): re-delivering its pending entries first", consumer)
+            self._redeliver_from[consumer] = "0"
+
+    async def _own_pending(self, consumer: str, want: int) -> list[_RawEntry]:
+        cursor = self._redeliver_from.get(consumer)
+        if cursor is None:
+            return []
+        reply = await self._redis.xreadgroup(TRAINER_GROUP, consumer, {self._keys.trajectories: cursor}, count=want)
+        entries = _entries(reply)
+        if not entries:
+            del self._redeliver_from[consumer]
+            return []
+        ids = [_text(e[0]) for e in entries]
+        self._redeliver_from[consumer] = ids[-1]
+        counts = await self._delivery_counts(consumer, ids[0], ids[-1], len(ids))
+        return [_RawEntry(i, fields or None, counts.get(i, 1)) for i, (_, fields) in zip(ids, entries, strict=True)]
+
+    async def _delivery_counts(self, consumer: str, first: str, last: str, count: int) -> dict[str, int]:
+        pending = await self._redis.xpending_range(
+            self._keys.trajectories, TRAINER_GROUP, first, last, count, consumername=consumer
+        )
+        return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+
+    async def _reclaim_from_dead(self, consumer: str, want: int) -> list[_RawEntry]:
+        now_mono = time.monotonic()
+        if now_mono < self._next_reclaim_check:
+            return []
+        idle_s = self._settings.consumer_idle_timeout_s
+        self._next_reclaim_check = now_mono + min(1.0, idle_s / 4)
+        seen = await self._redis.hgetall(self._keys.consumers)
+        infos = await self._redis.xinfo_consumers(self._keys.trajectories, TRAINER_GROUP)
+        now = time.time()
+        for info in infos:
+            name = _text(info["name"])
+            if name == consumer or int(info["pending"]) == 0:
+                continue
+            last = seen.get(name.encode())
+            inactive_s = now - float(last) if last is not None else int(info["idle"]) / 1000
+            if inactive_s < idle_s:
+                continue
+            pending = await self._redis.xpending_range(
+                self._keys.trajectories, TRAINER_GROUP, "-", "+", want, consumername=name
+            )
+            counts = {_text(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
+            # min_idle_time guards the race where the owner came back between the checks above.
+            claimed = await self._redis.xclaim(
+                self._keys.trajectories, TRAINER_GROUP, consumer, int(idle_s * 1000), list(counts)
+            )
+            if not claimed:
+                continue
+            log.warning(
+                "consumer %s inactive for %.0fs: %d of its pending entries re-delivered to %s",
+                name,
+                inactive_s,
+                len(claimed),
+                consumer,
+            )
+            self._next_reclaim_check = 0.0
+            return [_RawEntry(_text(i), fields or None, counts.get(_text(i), 1)) for i, fields in claimed]
+        return []
+
+    async def _read_new(self, consumer: str, want: int, deadline: float) -> list[_RawEntry]:
+        block_ms = int((deadline - time.monotonic()) * 1000)
+        # BLOCK 0 would mean "forever" to Redis; no BLOCK is the non-blocking read.
+        block = block_ms if block_ms >= 1 else None
+        try:
+            reply = await self._redis.xreadgroup(
+                TRAINER_GROUP, consumer, {self._keys.trajectories: ">"}, count=want, block=block
+            )
+        except ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            # The stream was deleted under us (FLUSHALL, a manual DEL): start afresh.
+            await self.ensure_group()
+            return []
+        return [_RawEntry(_text(i), fields or None, 1) for i, fields in _entries(reply)]
+
+    async def _judge(
+        self, consumer: str, raw: _RawEntry, current_version: int, max_staleness: int
+    ) -> Delivery | str | None:
+        """Delivers ``raw`` or drops it; returns the Delivery, the drop reason, or None (gone)."""
+        if raw.fields is None:
+            await self._redis.xack(self._keys.trajectories, TRAINER_GROUP, raw.entry_id)
+            return None
+        if raw.delivery_count > self._settings.max_deliveries:
+            detail = f"delivered {raw.delivery_count} times (max_deliveries={self._settings.max_deliveries})"
+            return await self._drop(consumer, raw, "max_deliveries", detail, self._keys.dead_letter)
+        try:
+            v_min = int(raw.fields[b"v_min"])
+        except (KeyError, ValueError):
+            return await self._drop(consumer, raw, "malformed", "missing or non-integer v_min header", None)
+        verdict = check_staleness(v_min, current_version, max_staleness)
+        if verdict.verdict is not Verdict.FRESH:
+            detail = f"min_policy_version {v_min} at consumer version {current_version}, max_staleness {max_staleness}"
+            return await self._drop(consumer, raw, verdict.verdict.value, detail, self._keys.stale)
+        msg = pb.TrajectoryGroup()
+        try:
+            msg.ParseFromString(raw.fields[b"payload"])
+        except (KeyError, DecodeError) as err:
+            return await self._drop(consumer, raw, "malformed", f"payload does not decode: {err!r}", None)
+        problems = validate_group(msg)
+        if not problems and msg.min_policy_version != v_min:
+            problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
+        if problems:
+            return await self._drop(consumer, raw, "malformed", "; ".join(problems), None)
+        age_versions = verdict.age_versions or 0
+        self._ages.add(age_versions, max(0.0, time.time() - _pushed_at(raw)))
+        return Delivery(raw.entry_id, msg, raw.delivery_count, age_versions)
+
+    async def _drop(self, consumer: str, raw: _RawEntry, reason: str, detail: str, stream: str | None) -> str:
+        assert raw.fields is not None
+        fields: dict[Any, Any] = {
+            b"reason": reason,
+            b"detail": detail,
+            b"source_entry_id": raw.entry_id,
+            b"consumer": consumer,
+            b"delivery_count": raw.delivery_count,
+        }
+        fields.update({b"field:" + k: v for k, v in raw.fields.items()})
+        pipe = self._redis.pipeline(transaction=True)
+        target = stream or self._keys.dead_letter
+        pipe.xadd(target, fields, maxlen=self._settings.dead_letter_maxlen, approximate=True)
+        pipe.xack(self._keys.trajectories, TRAINER_GROUP, raw.entry_id)
+        pipe.xdel(self._keys.trajectories, raw.entry_id)
+        pipe.hincrby(self._keys.stats, f"dropped:{reason}", 1)
+        await pipe.execute()
+        if stream is None or reason == "max_deliveries":
+            log.warning("entry %s dead-lettered (%s): %s", raw.entry_id, reason, detail)
+        else:
+            log.debug("entry %s dropped (%s): %s", raw.entry_id, reason, detail)
+        return reason
+
+    # Ack and stats ----------------------------------------------------------------------
+
+    async def ack(self, consumer: str, entry_ids: list[str]) -> int:
+        if not consumer:
+            raise BadRequest("consumer must be set")
+        bad = [i for i in entry_ids if not ENTRY_ID.match(i)]
+        if bad:
+            raise BadRequest(f"not stream entry ids (want '<ms>-<seq>'): {bad[:5]}")
+        await self._redis.hset(self._keys.consumers, consumer, repr(time.time()))
+        if not entry_ids:
+            return 0
+        keys = [self._keys.trajectories, self._keys.stats]
+        return int(await self._ack_script(keys=keys, args=[TRAINER_GROUP, *entry_ids]))
+
+    async def stats(self) -> TrajectoryStats:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xlen(self._keys.trajectories)
+        pipe.xpending(self._keys.trajectories, TRAINER_GROUP)
+        pipe.hgetall(self._keys.stats)
+        length, pending_info, counters = await pipe.execute()
+        pending = int(pending_info["pending"])
+        values = {_text(k): int(v) for k, v in counters.items()}
+        dropped = {reason: values.get(f"dropped:{reason}", 0) for reason in DROP_REASONS}
+        stale = dropped["stale"] + dropped["missing_version"]
+        delivered = values.get("delivered", 0)
+        return TrajectoryStats(
+            queue_size=max(0, int(length) - pending),
+            pending=pending,
+            capacity=self._settings.capacity,
+            total_produced=values.get("produced", 0),
+            total_consumed=values.get("consumed", 0),
+            total_delivered=delivered,
+            dropped_by_reason=dropped,
+            stale_samples_ratio=stale / (delivered + stale) if delivered + stale else 0.0,
+            ages=self._ages.summary(),
+        )
+
+
+def _pushed_at(raw: _RawEntry) -> float:
+    assert raw.fields is not None
+    try:
+        return float(raw.fields[b"t"])
+    except (KeyError, ValueError):
+        # Stream ids start with the append time in milliseconds.
+        return int(raw.entry_id.split("-")[0]) / 1000
