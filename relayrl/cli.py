@@ -18,6 +18,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "model": "relayrl.models.cli",
     "engine": "services.engine.cli",
     "queue": "services.queue.cli",
+    "paramsync": "services.paramsync.cli",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

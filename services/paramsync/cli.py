@@ -1,0 +1,56 @@
+"""``relayrl paramsync ...`` and ``relayrl bench paramsync``. Only typer and stdlib load at import."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(help="Paramsync: versioned weight broadcast from the trainer to every rollout replica.")
+
+
+@app.command()
+def serve(
+    grpc_port: int = typer.Option(None, help="Overrides RELAYRL_PARAMSYNC_GRPC_PORT."),
+    http_port: int = typer.Option(None, help="Overrides RELAYRL_PARAMSYNC_HTTP_PORT."),
+    transport: str = typer.Option(None, help="Overrides RELAYRL_PARAMSYNC_TRANSPORT (grpc, disk, distributed)."),
+) -> None:
+    """Serve ParamSync over gRPC plus /healthz, /readyz, /metrics over HTTP (settings: RELAYRL_PARAMSYNC_*)."""
+    import asyncio
+
+    from relayrl.config import SettingsError, load_settings
+    from relayrl.logs import setup_logging
+    from services.paramsync.config import ParamSyncSettings
+    from services.paramsync.server import serve as run
+
+    overrides = {
+        k: v
+        for k, v in {"grpc_port": grpc_port, "http_port": http_port, "transport": transport}.items()
+        if v is not None
+    }
+    try:
+        settings = load_settings(ParamSyncSettings, **overrides)
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    setup_logging("paramsync", settings.log_level, settings.log_format)
+    try:
+        asyncio.run(run(settings))
+    except ValueError as exc:  # a transport whose settings are incomplete
+        typer.echo(f"paramsync: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("replicas")
+def replicas(address: str = typer.Option(..., help="paramsync gRPC address, host:port")) -> None:
+    """Print the version table as JSON."""
+    import asyncio
+    import dataclasses
+    import json
+
+    from services.paramsync.client import ParamSyncClient
+
+    async def run() -> dict:
+        async with ParamSyncClient(address, max_sync_retries=0, sync_timeout=10) as client:
+            table = await client.list_replicas()
+        return {"latest_version": table.latest_version, "replicas": [dataclasses.asdict(r) for r in table.replicas]}
+
+    typer.echo(json.dumps(asyncio.run(run())))

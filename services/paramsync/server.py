@@ -1,0 +1,79 @@
+"""Running paramsync: ``relayrl paramsync serve`` builds the service from settings and serves it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from relayrl.http_app import create_http_app
+from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
+from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.config import ParamSyncSettings
+from services.paramsync.discovery import create_discovery
+from services.paramsync.metrics import ParamSyncMetrics
+from services.paramsync.service import ParamSyncService
+from services.paramsync.store import VersionStore
+from services.paramsync.table import VersionTable, lag_deadline_s
+from services.paramsync.transports import setup_transport
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "relayrl.v1.ParamSync"
+
+
+def build_service(settings: ParamSyncSettings) -> ParamSyncService:
+    metrics = ParamSyncMetrics()
+    deadline = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
+    table = VersionTable(metrics, settings.max_sync_retries, deadline)
+    return ParamSyncService(
+        store=VersionStore(settings.keep_versions),
+        table=table,
+        transport=setup_transport(settings, table),
+        metrics=metrics,
+        chunk_bytes=settings.chunk_bytes,
+        upload_idle_timeout_s=settings.upload_idle_timeout_s,
+        store_dir=Path(settings.store_dir) if settings.store_dir else None,
+    )
+
+
+async def serve(settings: ParamSyncSettings) -> None:
+    service = build_service(settings)
+    await asyncio.to_thread(service.restore_from_disk)
+    tasks = [
+        asyncio.create_task(service.run_deliveries(), name="deliveries"),
+        asyncio.create_task(service.watch_discovery(create_discovery(settings)), name="discovery"),
+        asyncio.create_task(service.watch_deadlines(min(1.0, service.table.deadline_s / 4)), name="deadlines"),
+    ]
+    grpc_server = await start_grpc_server(
+        settings.host,
+        settings.grpc_port,
+        [lambda s: pb_grpc.add_ParamSyncServicer_to_server(service, s)],
+        [SERVICE_NAME],
+    )
+
+    def ready() -> bool:
+        # Ready while every background task is alive: a dead delivery loop would silently stop syncs.
+        return not any(t.done() for t in tasks)
+
+    app = create_http_app("paramsync", service.metrics.service, ready, settings.api_token)
+    http_server = await start_http_server(app, settings.host, settings.http_port)
+    log.info(
+        "paramsync ready: transport=%s grpc=%s:%d http=%s:%d",
+        settings.transport,
+        settings.host,
+        grpc_server.port,
+        settings.host,
+        http_server.port,
+    )
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await grpc_server.stop(grace_s=2.0)
+        await http_server.stop()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,205 @@
+"""The versioned weight store: the last K complete versions plus at most one upload in progress.
+
+Each version is one ``bytearray`` holding its tensors back to back in manifest order, so an
+upload writes every byte once and fetchers slice it without further copies. Readers of a
+version that is still uploading wait on :meth:`StoredVersion.wait_past` and receive bytes as
+they arrive; that is how chunks are forwarded before the upload finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from services.paramsync.digest import Hasher, new_hasher
+from services.paramsync.manifest import Manifest
+
+
+class VersionState(enum.Enum):
+    UPLOADING = "uploading"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class StoreError(Exception):
+    """A refused operation with the gRPC status it maps to and a reason label for metrics."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(eq=False)
+class StoredVersion:
+    manifest: Manifest
+    data: bytearray
+    state: VersionState = VersionState.UPLOADING
+    received: int = 0
+    error: str = ""
+    published_at_unix_s: float = field(default_factory=time.time)
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @classmethod
+    def empty(cls, manifest: Manifest) -> StoredVersion:
+        return cls(manifest, bytearray(manifest.total_bytes))
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    def pulse(self) -> None:
+        """Wakes every reader waiting for more bytes or for the upload to end."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def wait_past(self, position: int, timeout_s: float) -> None:
+        """Returns once more than ``position`` bytes arrived or the upload ended; TimeoutError if neither."""
+        while self.received <= position and self.state is VersionState.UPLOADING:
+            event = self._progress
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+
+class UploadWriter:
+    """Accepts one upload's chunks in manifest order, checking offsets, sizes and checksums."""
+
+    def __init__(self, stored: StoredVersion) -> None:
+        self.stored = stored
+        self._offsets = stored.manifest.offsets()
+        self._index = 0
+        self._filled = 0
+        self._hasher: Hasher = new_hasher(stored.manifest.checksum_algorithm)
+
+    def _skip_finished(self) -> None:
+        tensors = self.stored.manifest.tensors
+        while self._index < len(tensors) and self._filled == tensors[self._index].num_bytes:
+            spec = tensors[self._index]
+            if self._hasher.hexdigest() != spec.checksum:
+                raise StoreError(
+                    grpc.StatusCode.DATA_LOSS,
+                    "checksum",
+                    f"version {self.stored.version}: tensor {spec.name!r} does not match its"
+                    f" {self.stored.manifest.checksum_algorithm} checksum",
+                )
+            self._index, self._filled = self._index + 1, 0
+            self._hasher = new_hasher(self.stored.manifest.checksum_algorithm)
+
+    def accept(self, tensor_name: str, offset: int, data: bytes) -> None:
+        self._skip_finished()
+        tensors = self.stored.manifest.tensors
+        expected = tensors[self._index].name if self._index < len(tensors) else None
+        if tensor_name != expected or offset != self._filled:
+            raise StoreError(
+                grpc.StatusCode.DATA_LOSS,
+                "out_of_order",
+                f"version {self.stored.version}: expected {expected!r} at offset {self._filled},"
+                f" got {tensor_name!r} at offset {offset}",
+            )
+        spec = tensors[self._index]
+        if self._filled + len(data) > spec.num_bytes:
+            raise StoreError(
+                grpc.StatusCode.DATA_LOSS, "overflow", f"chunk of {tensor_name!r} runs past its {spec.num_bytes} bytes"
+            )
+        start = self._offsets[self._index] + self._filled
+        self.stored.data[start : start + len(data)] = data
+        self._hasher.update(data)
+        self._filled += len(data)
+        self.stored.received += len(data)
+        self._skip_finished()
+        self.stored.pulse()
+
+    def finish(self) -> None:
+        self._skip_finished()
+        if self.stored.received != self.stored.manifest.total_bytes:
+            raise StoreError(
+                grpc.StatusCode.DATA_LOSS,
+                "incomplete",
+                f"version {self.stored.version}: upload ended after {self.stored.received} of"
+                f" {self.stored.manifest.total_bytes} bytes",
+            )
+
+
+class VersionStore:
+    """Decides which uploads are accepted and which versions are served."""
+
+    def __init__(self, keep_versions: int) -> None:
+        self.keep_versions = keep_versions
+        self._complete: dict[int, StoredVersion] = {}
+        self.uploading: StoredVersion | None = None
+
+    @property
+    def latest(self) -> StoredVersion | None:
+        return self._complete[max(self._complete)] if self._complete else None
+
+    @property
+    def latest_version(self) -> int:
+        return max(self._complete, default=0)
+
+    def versions(self) -> list[int]:
+        return sorted(self._complete)
+
+    def begin(self, manifest: Manifest) -> StoredVersion | None:
+        """Starts an upload; None means the same bytes are already the latest version (idempotent)."""
+        latest = self.latest
+        if latest is not None and manifest.version <= latest.version:
+            if manifest.version == latest.version and latest.manifest.same_content(manifest):
+                return None
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "not_newer",
+                f"version {manifest.version} is not newer than the latest version {latest.version}"
+                + (" and its content differs" if manifest.version == latest.version else ""),
+            )
+        if self.uploading is not None:
+            if manifest.version < self.uploading.version:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "not_newer",
+                    f"version {manifest.version} is older than version {self.uploading.version} being uploaded",
+                )
+            # Only a restarted trainer re-sends while an upload is open; its new stream wins.
+            self.fail(self.uploading, f"superseded by a new upload of version {manifest.version}")
+        self.uploading = StoredVersion.empty(manifest)
+        return self.uploading
+
+    def commit(self, stored: StoredVersion) -> None:
+        stored.state = VersionState.COMPLETE
+        self._complete[stored.version] = stored
+        if self.uploading is stored:
+            self.uploading = None
+        for old in sorted(self._complete)[: -self.keep_versions]:
+            del self._complete[old]
+        stored.pulse()
+
+    def fail(self, stored: StoredVersion, reason: str) -> None:
+        stored.state = VersionState.FAILED
+        stored.error = reason
+        if self.uploading is stored:
+            self.uploading = None
+        stored.pulse()
+
+    def restore(self, stored: StoredVersion) -> None:
+        """Adds a version read back from disk at start-up."""
+        stored.received = stored.manifest.total_bytes
+        self.commit(stored)
+
+    def get(self, version: int) -> StoredVersion:
+        """Version ``version`` (0: the latest complete one), complete or still uploading."""
+        if version == 0:
+            if self.latest is None:
+                raise StoreError(grpc.StatusCode.NOT_FOUND, "not_found", "no version has been published yet")
+            return self.latest
+        if version in self._complete:
+            return self._complete[version]
+        if self.uploading is not None and self.uploading.version == version:
+            return self.uploading
+        raise StoreError(
+            grpc.StatusCode.NOT_FOUND,
+            "not_found",
+            f"version {version} is not held; held: {self.versions() or 'none'}"
+            + (f", uploading {self.uploading.version}" if self.uploading else ""),
+        )

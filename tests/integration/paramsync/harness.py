@@ -1,0 +1,83 @@
+"""Running paramsync for tests: in-process on a real gRPC server, or as a `relayrl paramsync serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from relayrl.net import free_port, wait_for_port
+from relayrl.serving import start_grpc_server
+from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.config import ParamSyncSettings
+from services.paramsync.discovery import create_discovery
+from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.service import ParamSyncService
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@contextlib.asynccontextmanager
+async def running_service(**overrides: object) -> AsyncIterator[tuple[str, ParamSyncService]]:
+    """The service with its background tasks on this loop; yields (address, service)."""
+    settings = ParamSyncSettings(**overrides)
+    service = build_service(settings)
+    service.restore_from_disk()
+    tasks = [
+        asyncio.create_task(service.run_deliveries()),
+        asyncio.create_task(service.watch_discovery(create_discovery(settings))),
+        asyncio.create_task(service.watch_deadlines(0.1)),
+    ]
+    server = await start_grpc_server(
+        "127.0.0.1", 0, [lambda s: pb_grpc.add_ParamSyncServicer_to_server(service, s)], [SERVICE_NAME]
+    )
+    try:
+        yield f"127.0.0.1:{server.port}", service
+    finally:
+        await server.stop(0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def python_env(**env: str) -> dict[str, str]:
+    merged = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
+    return merged
+
+
+@contextlib.contextmanager
+def serve_process(tmp_path: Path, **env: str) -> Iterator[tuple[str, int, subprocess.Popen[bytes]]]:
+    """`relayrl paramsync serve` as a child process; yields (grpc address, http port, process)."""
+    grpc_port, http_port = free_port(), free_port()
+    log = open(tmp_path / f"paramsync-{grpc_port}.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "paramsync", "serve"],
+        env=python_env(
+            RELAYRL_PARAMSYNC_GRPC_PORT=str(grpc_port), RELAYRL_PARAMSYNC_HTTP_PORT=str(http_port), **env
+        ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+        wait_for_port("127.0.0.1", http_port, 30)
+        wait_for_port("127.0.0.1", grpc_port, 30)
+        yield f"127.0.0.1:{grpc_port}", http_port, proc
+    finally:
+        stop(proc)
+        log.close()
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
