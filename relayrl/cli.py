@@ -17,6 +17,7 @@ app = typer.Typer(
 COMMAND_GROUPS: dict[str, str] = {
     "model": "relayrl.models.cli",
     "engine": "services.engine.cli",
+    "rollout": "services.rollout.cli",
     "queue": "services.queue.cli",
     "paramsync": "services.paramsync.cli",
 }

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/rollout.proto\x12\nrelayrl.v1\"3\n\x0cPauseRequest\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.relayrl.v1.PauseMode\"\x0f\n\rResumeRequest\"\x0f\n\rStatusRequest\"\xf2\x01\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x06 \x01(\x01\x12\x1f\n\x17total_generated_samples\x18\x07 \x01(\x03\x12\x19\n\x11generation_errors\x18\x08 \x01(\x03\x12\x14\n\x0c\x65ngine_ready\x18\t \x01(\x08\x12\x13\n\x0bleases_held\x18\n \x01(\x05*n\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x16\n\x12PAUSE_MODE_RETRACT\x10\x02\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x03\x32\xce\x01\n\x0eRolloutControl\x12<\n\x05Pause\x12\x18.relayrl.v1.PauseRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Resume\x12\x19.relayrl.v1.ResumeRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Status\x12\x19.relayrl.v1.StatusRequest\x1a\x19.relayrl.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/rollout.proto\x12\nrelayrl.v1\"3\n\x0cPauseRequest\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.relayrl.v1.PauseMode\"\x0f\n\rResumeRequest\"\x0f\n\rStatusRequest\"\x9e\x02\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x06 \x01(\x01\x12\x1f\n\x17total_generated_samples\x18\x07 \x01(\x03\x12\x19\n\x11generation_errors\x18\x08 \x01(\x03\x12\x14\n\x0c\x65ngine_ready\x18\t \x01(\x08\x12\x13\n\x0bleases_held\x18\n \x01(\x05\x12\x12\n\npause_mode\x18\x0b \x01(\t\x12\x16\n\x0elatest_version\x18\x0c \x01(\x03*n\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x16\n\x12PAUSE_MODE_RETRACT\x10\x02\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x03\x32\xce\x01\n\x0eRolloutControl\x12<\n\x05Pause\x12\x18.relayrl.v1.PauseRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Resume\x12\x19.relayrl.v1.ResumeRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Status\x12\x19.relayrl.v1.StatusRequest\x1a\x19.relayrl.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PAUSEMODE']._serialized_start=372
-  _globals['_PAUSEMODE']._serialized_end=482
+  _globals['_PAUSEMODE']._serialized_start=416
+  _globals['_PAUSEMODE']._serialized_end=526
   _globals['_PAUSEREQUEST']._serialized_start=40
   _globals['_PAUSEREQUEST']._serialized_end=91
   _globals['_RESUMEREQUEST']._serialized_start=93
@@ -40,7 +40,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=110
   _globals['_STATUSREQUEST']._serialized_end=125
   _globals['_ROLLOUTSTATUS']._serialized_start=128
-  _globals['_ROLLOUTSTATUS']._serialized_end=370
-  _globals['_ROLLOUTCONTROL']._serialized_start=485
-  _globals['_ROLLOUTCONTROL']._serialized_end=691
+  _globals['_ROLLOUTSTATUS']._serialized_end=414
+  _globals['_ROLLOUTCONTROL']._serialized_start=529
+  _globals['_ROLLOUTCONTROL']._serialized_end=735
 # @@protoc_insertion_point(module_scope)

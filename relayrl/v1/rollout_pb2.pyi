@@ -31,7 +31,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "paused", "in_flight", "tokens_per_s", "samples_per_s", "total_generated_samples", "generation_errors", "engine_ready", "leases_held")
+    __slots__ = ("replica_id", "weight_version", "paused", "in_flight", "tokens_per_s", "samples_per_s", "total_generated_samples", "generation_errors", "engine_ready", "leases_held", "pause_mode", "latest_version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class RolloutStatus(_message.Message):
     GENERATION_ERRORS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_READY_FIELD_NUMBER: _ClassVar[int]
     LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     paused: bool
@@ -52,4 +54,6 @@ class RolloutStatus(_message.Message):
     generation_errors: int
     engine_ready: bool
     leases_held: int
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., in_flight: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., total_generated_samples: _Optional[int] = ..., generation_errors: _Optional[int] = ..., engine_ready: _Optional[bool] = ..., leases_held: _Optional[int] = ...) -> None: ...
+    pause_mode: str
+    latest_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., in_flight: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., total_generated_samples: _Optional[int] = ..., generation_errors: _Optional[int] = ..., engine_ready: _Optional[bool] = ..., leases_held: _Optional[int] = ..., pause_mode: _Optional[str] = ..., latest_version: _Optional[int] = ...) -> None: ...

@@ -90,6 +90,19 @@ class GenerateOutput:
     text: str = ""
     meta_info: dict[str, Any] = field(default_factory=dict)
 
+    def token_versions(self) -> list[str]:
+        """The weight version that produced each output token.
+
+        From SGLang's ``meta_info.weight_versions`` spans (``{"version", "start", "end"}`` over
+        output-token indices) when the engine reports them; otherwise every token gets
+        ``weight_version``, which is exact whenever weights did not change mid-request.
+        """
+        versions = [self.weight_version] * len(self.output_ids)
+        for span in self.meta_info.get("weight_versions") or []:
+            start, end = int(span["start"]), min(int(span["end"]), len(versions))
+            versions[start:end] = [str(span["version"])] * max(0, end - start)
+        return versions
+
     @classmethod
     def from_sglang(cls, body: dict[str, Any]) -> GenerateOutput:
         try:

@@ -1,0 +1,47 @@
+"""``relayrl rollout``: a rollout replica, and its benchmark."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Rollout replicas: lease prompts, generate with an engine, score, push.", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve_command(
+    engine_url: Annotated[str | None, typer.Option(help="Engine base URL (RELAYRL_ROLLOUT_ENGINE_URL).")] = None,
+    queue_address: Annotated[
+        str | None, typer.Option(help="Queue gRPC host:port (RELAYRL_ROLLOUT_QUEUE_ADDRESS).")
+    ] = None,
+    paramsync_address: Annotated[
+        str | None, typer.Option(help="Paramsync gRPC host:port (RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS).")
+    ] = None,
+    replica_id: Annotated[str | None, typer.Option(help="Replica name (RELAYRL_ROLLOUT_REPLICA_ID).")] = None,
+    http_port: Annotated[int | None, typer.Option(help="HTTP port (RELAYRL_ROLLOUT_HTTP_PORT).")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="gRPC port (RELAYRL_ROLLOUT_GRPC_PORT).")] = None,
+) -> None:
+    """Run one rollout replica until SIGTERM/SIGINT."""
+    import asyncio
+
+    from relayrl.config import SettingsError, load_settings
+    from relayrl.logs import setup_logging
+    from services.rollout.config import RolloutSettings
+
+    given = {
+        "engine_url": engine_url,
+        "queue_address": queue_address,
+        "paramsync_address": paramsync_address,
+        "replica_id": replica_id,
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+    }
+    try:
+        settings = load_settings(RolloutSettings, **{k: v for k, v in given.items() if v is not None})
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    setup_logging("rollout", settings.log_level, settings.log_format)
+    from services.rollout.server import serve
+
+    asyncio.run(serve(settings))

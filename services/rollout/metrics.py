@@ -1,0 +1,65 @@
+"""The rollout replica's Prometheus metrics, with verl's rollout names where verl has one."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from relayrl.metrics import ServiceMetrics
+
+# Response lengths in tokens.
+_LENGTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class RateWindow:
+    """Events per second over the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, float]] = deque()
+        self._started = time.monotonic()
+
+    def add(self, amount: float) -> None:
+        self._events.append((time.monotonic(), amount))
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._events.popleft()
+        span = min(self.window_s, max(now - self._started, 1e-3))
+        return sum(a for _, a in self._events) / span
+
+
+class RolloutMetrics:
+    def __init__(self) -> None:
+        self.registry = ServiceMetrics("rollout")
+        m = self.registry
+        self.total_generated_samples = m.counter("total_generated_samples", "Samples generated and scored.", "total")
+        self.generation_errors = m.counter("generation_errors", "Prompts whose generation failed.", "total")
+        self.dropped_stale_samples = m.counter(
+            "dropped_stale_samples", "Samples dropped before pushing because they broke the staleness bound.", "total"
+        )
+        self.param_sync_requests = m.counter(
+            "param_sync_requests", "Weight versions the replica tried to load.", "total"
+        )
+        self.param_sync_failures = m.counter("param_sync_failures", "Weight versions that failed to load.", "total")
+        self.weight_update_duration = m.histogram(
+            "weight_update_duration", "Announcement to weights live in the engine (fetch + switch)."
+        )
+        self.weight_version = m.gauge("weight_version", "Policy version the engine holds.")
+        self.generated_tokens = m.counter("generated_tokens", "Response tokens generated.", "total")
+        self.tokens_per_s = m.gauge("tokens_per_s", "Generated tokens per second over the last minute.")
+        self.in_flight = m.gauge("in_flight_requests", "Generation requests in flight to the engine.")
+        self.response_length = m.histogram(
+            "response_length", "Response length of each sample.", unit="tokens", buckets=_LENGTH_BUCKETS
+        )
+        self.reward = m.histogram(
+            "reward", "Reward of each sample.", unit="", buckets=(-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2)
+        )
+        self.reward_mean = m.gauge("reward_mean", "Mean reward of the last pushed group.")
+        self.reward_errors = m.counter("reward_errors", "Reward calls that raised or timed out (reward 0).", "total")
+        self.engine_latency = m.histogram("engine_latency", "Latency of one /generate call.")
+        self.engine_ready = m.gauge("engine_ready", "1 when the engine answers /health.")
+        self.pushed_groups = m.counter("pushed_groups", "Trajectory groups accepted by the queue.", "total")
+        self.token_rate = RateWindow()
+        self.sample_rate = RateWindow()

@@ -1,0 +1,314 @@
+"""One rollout replica's main loop: lease prompts, generate n samples each, score, push, complete.
+
+The loop only starts a prompt the engine's version may start (``min_start_version``), keeps
+up to ``max_inflight_prompts`` prompts in flight, and never completes a lease whose group was
+not accepted by the queue: a prompt whose generation fails is left to expire and be re-issued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from relayrl.schema import Group, PromptSpec, Sample, validate_group
+from relayrl.staleness import check_staleness
+from services.rollout.config import RolloutSettings
+from services.rollout.engine_client import EngineClient, EngineError, PauseMode, SamplingParams
+from services.rollout.generation import GenerationError, SampleResult, generate_sample, parse_version
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.rewards import RewardRunner
+
+log = logging.getLogger(__name__)
+
+
+class Lease(Protocol):
+    lease_id: str
+    prompt: PromptSpec
+    expires_at: float
+
+
+class PromptQueue(Protocol):
+    """What the replica needs from the queue service (services.queue.client.QueueClient fits)."""
+
+    async def lease(
+        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
+    ) -> Sequence[Lease]: ...
+
+    async def complete(self, replica_id: str, lease_ids: list[str]) -> int: ...
+
+    async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    replica_id: str
+    weight_version: int
+    paused: bool
+    pause_mode: str
+    in_flight: int
+    leases_held: int
+    tokens_per_s: float
+    samples_per_s: float
+    total_generated_samples: int
+    generation_errors: int
+    engine_ready: bool
+    latest_version: int
+
+
+class Replica:
+    def __init__(
+        self, settings: RolloutSettings, engine: EngineClient, queue: PromptQueue, rewards: RewardRunner
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.queue = queue
+        self.rewards = rewards
+        self.metrics = RolloutMetrics()
+        self.held_version = 0
+        # Newest version paramsync has announced; the staleness reference for outgoing groups.
+        self.latest_version = 0
+        self.engine_ready = False
+        self.paused = False
+        self.pause_mode = ""
+        self.control_lock = asyncio.Lock()
+        self._version_changed = asyncio.Event()
+        self._leasable = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        self._generated = 0
+        self._errors = 0
+
+    # --- state shared with control and weight sync --------------------------------------
+
+    def status(self) -> Status:
+        return Status(
+            replica_id=self.settings.replica_id,
+            weight_version=self.held_version,
+            paused=self.paused,
+            pause_mode=self.pause_mode,
+            in_flight=self._in_flight,
+            leases_held=len(self._tasks),
+            tokens_per_s=self.metrics.token_rate.rate(),
+            samples_per_s=self.metrics.sample_rate.rate(),
+            total_generated_samples=self._generated,
+            generation_errors=self._errors,
+            engine_ready=self.engine_ready,
+            latest_version=self.latest_version,
+        )
+
+    def ready(self) -> bool:
+        return self.engine_ready
+
+    async def set_version(self, version: int, sync_s: float = 0.0) -> None:
+        self.held_version = max(self.held_version, version)
+        self.latest_version = max(self.latest_version, version)
+        self.metrics.weight_version.set(self.held_version)
+        if sync_s:
+            self.metrics.weight_update_duration.observe(sync_s)
+        self._version_changed.set()
+        self._version_changed = asyncio.Event()
+
+    def note_latest(self, version: int) -> None:
+        self.latest_version = max(self.latest_version, version)
+
+    async def pause(self, mode: PauseMode) -> Status:
+        """Stops leasing and pauses the engine; leased prompts finish after resume."""
+        async with self.control_lock:
+            self.paused, self.pause_mode = True, mode
+            self._update_leasable()
+            await self.engine.pause_generation(mode)
+        return self.status()
+
+    async def resume(self) -> Status:
+        async with self.control_lock:
+            await self.engine.continue_generation()
+            self.paused, self.pause_mode = False, ""
+            self._update_leasable()
+        return self.status()
+
+    def _update_leasable(self) -> None:
+        if self.engine_ready and not self.paused:
+            self._leasable.set()
+        else:
+            self._leasable.clear()
+
+    # --- loops ----------------------------------------------------------------------
+
+    async def watch_engine(self) -> None:
+        """Probes the engine; learns its weight version once it is up."""
+        while True:
+            healthy = await self.engine.health()
+            if healthy and not self.engine_ready:
+                try:
+                    version = parse_version(await self.engine.weight_version(), self.held_version)
+                    await self.set_version(version)
+                except EngineError as exc:
+                    log.warning("engine answered /health but not /get_model_info: %r", exc)
+                    healthy = False
+            if healthy != self.engine_ready:
+                log.log(logging.INFO if healthy else logging.WARNING, "engine %s", "ready" if healthy else "down")
+            self.engine_ready = healthy
+            self.metrics.engine_ready.set(int(healthy))
+            self._update_leasable()
+            await asyncio.sleep(self.settings.engine_check_interval_s)
+
+    async def run(self) -> None:
+        """Leases and starts prompts until cancelled."""
+        try:
+            while True:
+                await self._leasable.wait()
+                free = self.settings.max_inflight_prompts - len(self._tasks)
+                if free <= 0:
+                    await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    leases = await self.queue.lease(
+                        self.settings.replica_id, free, self.held_version, self.settings.lease_block_timeout_s
+                    )
+                except Exception as exc:
+                    log.warning("lease failed: %r", exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                for lease in leases:
+                    task = asyncio.create_task(self.process(lease))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def process(self, lease: Lease) -> None:
+        """Generates, scores and pushes one prompt group; completes the lease only once it is pushed."""
+        prompt = lease.prompt
+        try:
+            await self._wait_for_version(prompt.min_start_version, lease.expires_at)
+            results = await asyncio.gather(*(self._generate(prompt, i) for i in range(prompt.n_samples)))
+            group = await self._build_group(lease, results)
+            if not self._fresh(group):
+                return
+            problems = validate_group(group.to_proto())
+            if problems:
+                raise GenerationError("; ".join(problems))
+            await self.queue.push([group], timeout_s=self.settings.push_timeout_s)
+            await self.queue.complete(self.settings.replica_id, [lease.lease_id])
+        except (EngineError, GenerationError, TimeoutError) as exc:
+            self._errors += 1
+            self.metrics.generation_errors.inc()
+            log.warning("prompt %s left to its lease (%s): %r", prompt.prompt_id, lease.lease_id, exc)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a queue outage or a bug must not take the loop down
+            self._errors += 1
+            self.metrics.generation_errors.inc()
+            log.exception("prompt %s failed: %r", prompt.prompt_id, exc)
+            return
+        self.metrics.pushed_groups.inc()
+        self._generated += len(group.samples)
+        self.metrics.total_generated_samples.inc(len(group.samples))
+        self.metrics.sample_rate.add(len(group.samples))
+
+    async def _wait_for_version(self, min_start_version: int, expires_at: float) -> None:
+        while self.held_version < min_start_version:
+            remaining = expires_at - time.time()
+            if remaining <= 0:
+                raise TimeoutError(f"engine still at version {self.held_version} < {min_start_version}")
+            waiter = self._version_changed
+            try:
+                await asyncio.wait_for(waiter.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    def _sampling(self, prompt: PromptSpec) -> SamplingParams:
+        s = self.settings
+        return SamplingParams(
+            max_new_tokens=prompt.max_new_tokens or s.max_new_tokens,
+            temperature=s.temperature if prompt.temperature is None else prompt.temperature,
+            top_p=prompt.top_p or s.top_p,
+            top_k=s.top_k if prompt.top_k is None else prompt.top_k,
+        )
+
+    async def _generate(self, prompt: PromptSpec, index: int) -> tuple[SampleResult, float]:
+        started = time.time()
+        self._in_flight += 1
+        self.metrics.in_flight.set(self._in_flight)
+        try:
+            result = await generate_sample(
+                self.engine,
+                prompt.prompt_token_ids,
+                self._sampling(prompt),
+                self.settings.partial_rollout_mode,
+                self.held_version,
+                rid=f"{self.settings.replica_id}-{prompt.prompt_id}-{index}-{uuid.uuid4().hex[:8]}",
+            )
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.set(self._in_flight)
+        self.metrics.engine_latency.observe(result.engine_s)
+        self.metrics.generated_tokens.inc(len(result.output_ids))
+        self.metrics.token_rate.add(len(result.output_ids))
+        self.metrics.tokens_per_s.set(self.metrics.token_rate.rate())
+        self.metrics.response_length.observe(len(result.output_ids))
+        return result, started
+
+    async def _build_group(self, lease: Lease, results: list[tuple[SampleResult, float]]) -> Group:
+        prompt = lease.prompt
+        samples = []
+        for result, started in results:
+            reward_started = time.perf_counter()
+            outcome = await self.rewards.score(prompt.data_source, result.text, prompt.ground_truth, prompt.extra_info)
+            if outcome.error:
+                self.metrics.reward_errors.inc()
+            self.metrics.reward.observe(outcome.reward)
+            samples.append(
+                Sample(
+                    prompt_token_ids=list(prompt.prompt_token_ids),
+                    response_token_ids=result.output_ids,
+                    behavior_logprobs=result.logprobs,
+                    policy_versions=result.versions,
+                    reward=outcome.reward,
+                    finish_reason=result.finish_reason,
+                    replica_id=self.settings.replica_id,
+                    response_text=result.text,
+                    reward_extra=outcome.extra,
+                    reward_error=bool(outcome.error),
+                    started_at_unix_s=started,
+                    finished_at_unix_s=time.time(),
+                    generation_s=result.engine_s,
+                    reward_s=time.perf_counter() - reward_started,
+                )
+            )
+        self.metrics.reward_mean.set(sum(s.reward for s in samples) / max(len(samples), 1))
+        return Group(
+            group_id=uuid.uuid4().hex,
+            prompt_id=prompt.prompt_id,
+            samples=samples,
+            data_source=prompt.data_source,
+            ground_truth=prompt.ground_truth,
+            extra_info=prompt.extra_info,
+            lease_id=lease.lease_id,
+            created_at_unix_s=time.time(),
+            is_eval=prompt.is_eval,
+        )
+
+    def _fresh(self, group: Group) -> bool:
+        """False (and counted) when the group already breaks the bound against the newest version."""
+        if not any(s.policy_versions for s in group.samples):
+            return True
+        verdict = check_staleness(group.min_policy_version, self.latest_version, self.settings.max_staleness)
+        if verdict.ok:
+            return True
+        self.metrics.dropped_stale_samples.inc(len(group.samples))
+        log.info(
+            "dropped stale group of %s (oldest version %d, newest %d, η=%d); its lease will be re-issued",
+            group.prompt_id,
+            group.min_policy_version,
+            self.latest_version,
+            self.settings.max_staleness,
+        )
+        return False
