@@ -1,0 +1,101 @@
+"""The versioned store's rules: what uploads are accepted, what stays served after a failure."""
+
+import hashlib
+
+import grpc
+import pytest
+
+from services.paramsync.manifest import Manifest, TensorSpec
+from services.paramsync.store import StoreError, UploadWriter, VersionState, VersionStore
+
+pytestmark = pytest.mark.paramsync
+
+
+def manifest(version: int, payload: dict[str, bytes]) -> Manifest:
+    specs = tuple(
+        TensorSpec(name, "uint8", (len(data),), len(data), hashlib.sha256(data).hexdigest())
+        for name, data in payload.items()
+    )
+    return Manifest(version, specs)
+
+
+def upload(store: VersionStore, version: int, payload: dict[str, bytes]) -> None:
+    stored = store.begin(manifest(version, payload))
+    assert stored is not None
+    writer = UploadWriter(stored)
+    for name, data in payload.items():
+        writer.accept(name, 0, data)
+    writer.finish()
+    store.commit(stored)
+
+
+def test_versions_must_increase_and_identical_republish_is_a_no_op():
+    store = VersionStore(keep_versions=2)
+    upload(store, 1, {"w": b"abc"})
+    assert store.begin(manifest(1, {"w": b"abc"})) is None
+    with pytest.raises(StoreError) as err:
+        store.begin(manifest(1, {"w": b"abd"}))
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    upload(store, 3, {"w": b"xyz"})
+    with pytest.raises(StoreError, match="not newer than the latest version 3"):
+        store.begin(manifest(2, {"w": b"abc"}))
+    assert store.latest_version == 3
+
+
+def test_only_the_last_k_versions_are_kept():
+    store = VersionStore(keep_versions=2)
+    for v in (1, 2, 3):
+        upload(store, v, {"w": bytes([v])})
+    assert store.versions() == [2, 3]
+    with pytest.raises(StoreError) as err:
+        store.get(1)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_corrupt_tensor_fails_the_upload_and_the_previous_version_stays():
+    store = VersionStore(keep_versions=2)
+    upload(store, 1, {"w": b"good"})
+    stored = store.begin(manifest(2, {"w": b"fine", "b": b"x"}))
+    writer = UploadWriter(stored)
+    with pytest.raises(StoreError) as err:
+        writer.accept("w", 0, b"fire")
+    assert err.value.code == grpc.StatusCode.DATA_LOSS and err.value.reason == "checksum"
+    store.fail(stored, str(err.value))
+    assert store.latest_version == 1 and bytes(store.get(0).data) == b"good"
+    assert stored.state is VersionState.FAILED
+
+
+@pytest.mark.parametrize(
+    ("chunks", "reason"),
+    [
+        ([("w", 1, b"b")], "out_of_order"),
+        ([("b", 0, b"x")], "out_of_order"),
+        ([("w", 0, b"abcd")], "overflow"),
+    ],
+)
+def test_chunks_out_of_order_or_oversized_are_refused(chunks, reason):
+    store = VersionStore(keep_versions=1)
+    writer = UploadWriter(store.begin(manifest(1, {"w": b"abc", "b": b"x"})))
+    with pytest.raises(StoreError) as err:
+        for name, offset, data in chunks:
+            writer.accept(name, offset, data)
+    assert err.value.reason == reason
+
+
+def test_missing_bytes_fail_the_upload():
+    store = VersionStore(keep_versions=1)
+    writer = UploadWriter(store.begin(manifest(1, {"w": b"abc", "b": b"x"})))
+    writer.accept("w", 0, b"abc")
+    with pytest.raises(StoreError, match="after 3 of 4 bytes") as err:
+        writer.finish()
+    assert err.value.code == grpc.StatusCode.DATA_LOSS
+
+
+def test_a_new_upload_supersedes_an_unfinished_one_of_the_same_version():
+    store = VersionStore(keep_versions=1)
+    first = store.begin(manifest(2, {"w": b"abc"}))
+    second = store.begin(manifest(2, {"w": b"abc"}))
+    assert first.state is VersionState.FAILED and "superseded" in first.error
+    assert store.uploading is second
+    with pytest.raises(StoreError, match="older than version 2 being uploaded"):
+        store.begin(manifest(1, {"w": b"abc"}))
