@@ -1,0 +1,152 @@
+"""From trajectory groups to per-rank micro-batches of padded tensors.
+
+Every rank receives the whole batch (rank 0 pulled it and broadcast it); each rank then takes
+its shard, and packs the shard into micro-batches under a token budget. Sequences are padded
+to the longest one in their micro-batch (right padding), so the budget counts padded tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from relayrl.schema import Group
+
+
+@dataclass(slots=True)
+class TrainSample:
+    """One response as the trainer needs it; ``group`` indexes the batch's groups."""
+
+    group: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behav_logp: list[float]
+    token_rewards: list[float]
+    reward: float
+    min_version: int
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def samples_from_groups(groups: list[Group]) -> list[TrainSample]:
+    """Flattens groups into samples; the sequence reward sits on the last token when no token rewards came."""
+    samples = []
+    for gi, group in enumerate(groups):
+        for s in group.samples:
+            n = len(s.response_token_ids)
+            if s.token_rewards:
+                token_rewards = list(s.token_rewards)
+            else:
+                token_rewards = [0.0] * n
+                if n:
+                    token_rewards[-1] = s.reward
+            samples.append(
+                TrainSample(
+                    group=gi,
+                    prompt_ids=list(s.prompt_token_ids),
+                    response_ids=list(s.response_token_ids),
+                    behav_logp=list(s.behavior_logprobs),
+                    token_rewards=token_rewards,
+                    reward=sum(token_rewards) if s.token_rewards else s.reward,
+                    min_version=min(s.policy_versions) if s.policy_versions else -1,
+                )
+            )
+    return samples
+
+
+def shard(num_samples: int, lengths: list[int], rank: int, world_size: int) -> list[int]:
+    """Indices of this rank's samples: longest first, dealt round-robin, so token counts balance."""
+    order = sorted(range(num_samples), key=lambda i: (-lengths[i], i))
+    return sorted(order[rank::world_size])
+
+
+def pack(lengths: list[int], budget: int) -> list[list[int]]:
+    """Groups indices into micro-batches whose padded size (count × longest) fits ``budget``.
+
+    First-fit by decreasing length; a sequence longer than the budget gets a micro-batch of its own.
+    """
+    bins: list[list[int]] = []
+    longest: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for b, members in enumerate(bins):
+            if (len(members) + 1) * max(longest[b], lengths[i]) <= budget:
+                members.append(i)
+                longest[b] = max(longest[b], lengths[i])
+                break
+        else:
+            bins.append([i])
+            longest.append(lengths[i])
+    return [sorted(b) for b in bins]
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Padded tensors of a few sequences. ``L`` is prompt+response length, ``T`` the response part.
+
+    ``response_start_B`` is where each response begins in ``input_ids_BL``; the log-prob of
+    response token t comes from the logits at position response_start + t − 1.
+    """
+
+    input_ids_BL: torch.Tensor
+    attention_mask_BL: torch.Tensor
+    response_start_B: torch.Tensor
+    mask_BT: torch.Tensor
+    behav_logp_BT: torch.Tensor
+    token_rewards_BT: torch.Tensor
+    index: list[int] = field(default_factory=list)  # positions of these samples in the batch
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask_BL.sum())
+
+
+def collate(samples: list[TrainSample], index: list[int], pad_id: int) -> MicroBatch:
+    chosen = [samples[i] for i in index]
+    L = max(s.length for s in chosen)
+    T = max(max(len(s.response_ids) for s in chosen), 1)
+    B = len(chosen)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, T))
+    behav = torch.zeros((B, T))
+    rewards = torch.zeros((B, T))
+    starts = torch.zeros(B, dtype=torch.long)
+    for b, s in enumerate(chosen):
+        ids = s.prompt_ids + s.response_ids
+        n = len(s.response_ids)
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention[b, : len(ids)] = 1
+        starts[b] = len(s.prompt_ids)
+        mask[b, :n] = 1
+        behav[b, :n] = torch.tensor(s.behav_logp, dtype=torch.float32)
+        rewards[b, :n] = torch.tensor(s.token_rewards, dtype=torch.float32)
+    return MicroBatch(input_ids, attention, starts, mask, behav, rewards, list(index))
+
+
+def dummy_micro_batch(pad_id: int) -> MicroBatch:
+    """A one-token micro-batch with an empty response mask.
+
+    FSDP runs collectives inside forward and backward, so every rank must run the same number
+    of micro-batches; a rank with fewer runs these, which contribute exactly zero loss.
+    """
+    return MicroBatch(
+        input_ids_BL=torch.full((1, 2), pad_id, dtype=torch.long),
+        attention_mask_BL=torch.ones((1, 2), dtype=torch.long),
+        response_start_B=torch.ones(1, dtype=torch.long),
+        mask_BT=torch.zeros((1, 1)),
+        behav_logp_BT=torch.zeros((1, 1)),
+        token_rewards_BT=torch.zeros((1, 1)),
+    )
+
+
+def gather_response(values_BL: torch.Tensor, response_start_B: torch.Tensor, T: int) -> torch.Tensor:
+    """Picks, for each response token t, the entry at position response_start + t − 1 (the one predicting it)."""
+    B, L = values_BL.shape[:2]
+    pos_BT = (response_start_B[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1)
+    pos_BT = pos_BT.to(values_BL.device)
+    if values_BL.dim() == 2:
+        return values_BL.gather(1, pos_BT)
+    return values_BL.gather(1, pos_BT[..., None].expand(B, T, values_BL.shape[-1]))

@@ -1,0 +1,118 @@
+"""Checkpoints with ``torch.distributed.checkpoint``: sharded model and optimizer state from
+every rank, plus the schedulers, each rank's RNG and the trainer's own state (step, version,
+dataset position, counters).
+
+A checkpoint counts only once ``latest`` names it: that file is written (atomically, fsynced)
+after every rank finished writing its shards, so a trainer killed mid-save resumes from the
+previous one. The trainer acknowledges queue entries only after this point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from services.trainer import distributed as D
+from services.trainer.step import Models
+
+LATEST = "latest"
+
+
+def _stateful(models: Models) -> dict[str, Any]:
+    state = {
+        "actor": get_model_state_dict(models.actor),
+        "actor_optim": get_optimizer_state_dict(models.actor, models.actor_opt),
+    }
+    if models.critic is not None and models.critic_opt is not None:
+        state["critic"] = get_model_state_dict(models.critic)
+        state["critic_optim"] = get_optimizer_state_dict(models.critic, models.critic_opt)
+    return state
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save(root: Path, step: int, models: Models, trainer_state: dict[str, Any], keep: int) -> Path:
+    """Writes checkpoint ``step`` (collective: every rank calls it) and marks it latest."""
+    path = root / f"step_{step:08d}"
+    dcp.save(_stateful(models), checkpoint_id=str(path))
+    torch.save(
+        {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        path / f"rng_rank{D.get_rank()}.pt",
+    )
+    if D.get_rank() == 0:
+        schedulers = {"actor": models.actor_sched.state_dict()}
+        if models.critic_sched is not None:
+            schedulers["critic"] = models.critic_sched.state_dict()
+        torch.save(schedulers, path / "schedulers.pt")
+        _write_atomic(path / "trainer_state.json", json.dumps(trainer_state, indent=1))
+    D.barrier()
+    if D.get_rank() == 0:
+        _write_atomic(root / LATEST, path.name)
+        _prune(root, keep)
+    D.barrier()
+    return path
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("step_*") if p.is_dir())
+    latest = (root / LATEST).read_text().strip()
+    for old in done[:-keep]:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest(root: Path) -> Path | None:
+    marker = root / LATEST
+    if not marker.is_file():
+        return None
+    path = root / marker.read_text().strip()
+    return path if (path / "trainer_state.json").is_file() else None
+
+
+def load(root: Path, models: Models) -> dict[str, Any] | None:
+    """Restores the latest checkpoint into ``models`` and returns the trainer state, or None."""
+    path = latest(root)
+    if path is None:
+        return None
+    state = _stateful(models)
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(models.actor, state["actor"])
+    set_optimizer_state_dict(models.actor, models.actor_opt, state["actor_optim"])
+    if models.critic is not None and models.critic_opt is not None:
+        set_model_state_dict(models.critic, state["critic"])
+        set_optimizer_state_dict(models.critic, models.critic_opt, state["critic_optim"])
+    schedulers = torch.load(path / "schedulers.pt", weights_only=False)
+    models.actor_sched.load_state_dict(schedulers["actor"])
+    if models.critic_sched is not None and "critic" in schedulers:
+        models.critic_sched.load_state_dict(schedulers["critic"])
+    rng_file = path / f"rng_rank{D.get_rank()}.pt"
+    if rng_file.is_file():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["cpu"])
+        if rng["cuda"]:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((path / "trainer_state.json").read_text())

@@ -1,0 +1,71 @@
+"""``relayrl trainer``: run a trainer rank, and ``relayrl bench trainer``.
+
+Launch a job with ``torchrun --nproc-per-node N -m services.trainer`` (each rank reads
+``RELAYRL_TRAINER_*``); ``relayrl trainer run`` without torchrun is a one-rank job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The trainer: FSDP2 PPO/GRPO training, checkpoints, publishing versions.", no_args_is_help=True)
+
+
+@app.callback()
+def _group() -> None:
+    """Keeps `run` a sub-command even while it is the only one."""
+
+
+@app.command("run")
+def run_command(
+    model_dir: Annotated[Path | None, typer.Option(help="Overrides RELAYRL_TRAINER_MODEL_DIR.")] = None,
+    total_steps: Annotated[int | None, typer.Option(help="Overrides RELAYRL_TRAINER_TOTAL_STEPS.")] = None,
+) -> None:
+    """Run one trainer rank with settings from RELAYRL_TRAINER_* (launch under torchrun for N ranks)."""
+    from relayrl.config import SettingsError, load_settings
+    from relayrl.logs import setup_logging
+    from services.trainer.config import TrainerSettings
+
+    overrides = {k: v for k, v in {"model_dir": model_dir, "total_steps": total_steps}.items() if v is not None}
+    try:
+        settings = load_settings(TrainerSettings, **overrides)
+    except SettingsError as err:
+        raise typer.BadParameter(str(err)) from None
+    setup_logging("trainer", settings.log_level, settings.log_format)
+    from services.trainer.service import run_service
+
+    state = run_service(settings)
+    typer.echo(json.dumps({"step": state.step, "version": state.version}))
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    model_config: Annotated[
+        str, typer.Option(help="tiny (the built-in tiny model) or qwen2.5-0.5b (random init).")
+    ] = "tiny",
+    world_size: Annotated[int, typer.Option(help="FSDP processes (gloo on cpu, NCCL on cuda).")] = 2,
+    steps: Annotated[int, typer.Option(help="Measured steps per configuration.")] = 4,
+    batch_groups: Annotated[int, typer.Option(help="Groups per step.")] = 4,
+    n_samples: Annotated[int, typer.Option(help="Samples per group.")] = 4,
+    response_len: Annotated[int, typer.Option(help="Response tokens per sample.")] = 64,
+) -> None:
+    """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run."""
+    from services.trainer.bench import BenchConfig, run_bench
+
+    result = run_bench(
+        BenchConfig(
+            device=device,
+            model_config=model_config,
+            world_size=world_size,
+            steps=steps,
+            batch_groups=batch_groups,
+            n_samples=n_samples,
+            response_len=response_len,
+        )
+    )
+    typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))

@@ -1,0 +1,144 @@
+"""Trainer settings, read from ``RELAYRL_TRAINER_<FIELD>`` (and ``RELAYRL_MAX_STALENESS``).
+
+Names follow verl where verl has one (``adv_estimator``, ``clip_ratio_c``,
+``loss_agg_mode``, ``kl_loss_type``, ``entropy_coeff``, ``cliprange_value``); the
+off-policy variant is ROLL's ``pg_variant``. No torch import here, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from relayrl.config import ServiceSettings, shared_field
+
+AdvEstimator = Literal["grpo", "rloo", "reinforce_plus_plus", "gae"]
+PgVariant = Literal["vanilla", "decoupled", "tis", "cispo"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KlType = Literal["k1", "k2", "k3"]
+
+
+class TrainerSettings(ServiceSettings):
+    """Everything one training run needs; every rank of a torchrun job reads the same values."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYRL_TRAINER_", populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+    # --- run and links ---------------------------------------------------------------
+    model_dir: Path = Field(Path("model"), description="Hugging Face causal LM directory: version 0 of the policy.")
+    run_dir: Path | None = Field(
+        None, description="Where checkpoints and metrics.jsonl go; default runs/<run_id> in the working directory."
+    )
+    queue_address: str = Field("127.0.0.1:50051", description="host:port of the queue service (gRPC).")
+    paramsync_address: str = Field(
+        "", description="host:port of paramsync (gRPC); empty gathers weights but publishes nowhere (benchmarks)."
+    )
+    consumer: str = Field(
+        "trainer-0", description="Consumer name in the queue; a restarted trainer gets its own un-acked entries back."
+    )
+    max_staleness: int = shared_field(
+        "max_staleness",
+        1,
+        "η: a group trained at version v was started by a policy of version >= v − η (0 = on-policy).",
+        ge=0,
+    )
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo, fp32) or cuda (NCCL, bf16 compute).")
+    seed: int = Field(0, description="Seed of data shuffling and of torch.")
+
+    # --- data ----------------------------------------------------------------------------
+    dataset: str = Field(
+        "builtin:copy",
+        description="Training prompts: a verl parquet/jsonl file, or builtin:<task> (copy, reverse, add).",
+    )
+    dataset_size: int = Field(256, ge=1, description="Rows generated for a builtin dataset.")
+    dataset_difficulty: int = Field(2, ge=1, description="Difficulty (digits) of a builtin dataset.")
+    val_dataset: str = Field(
+        "", description="Held-out prompts (same formats); empty uses the builtin task's val split, or none for files."
+    )
+    val_size: int = Field(16, ge=0, description="Rows of the held-out split used per validation.")
+    max_prompt_tokens: int = Field(512, ge=1, description="Prompts longer than this are skipped (counted).")
+
+    # --- generation requests (stamped on released prompts) ------------------------------
+    n_samples: int = Field(4, ge=1, description="Samples per prompt (verl rollout.n); GRPO's group size.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; log-probs are recomputed from logits / temperature."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training prompts.")
+    max_new_tokens: int = Field(16, ge=1, description="Response length limit per sample.")
+
+    # --- schedule --------------------------------------------------------------------------
+    total_steps: int = Field(100, ge=1, description="Training steps (batches) of the run.")
+    batch_size: int = Field(4, ge=1, description="Prompt groups per training step (verl train_batch_size).")
+    ppo_mini_batches: int = Field(
+        1, ge=1, description="Optimizer updates per batch (verl ppo_mini_batch_size = batch/this)."
+    )
+    micro_batch_tokens: int = Field(4096, ge=16, description="Token budget (prompt+response, padded) per micro-batch.")
+    sync_every: int = Field(1, ge=1, description="Publish a new policy version every this many steps.")
+    checkpoint_every: int = Field(
+        5, ge=1, description="Checkpoint every this many steps; must be a multiple of sync_every (see resume)."
+    )
+    eval_every: int = Field(0, ge=0, description="Validate every this many steps; 0 disables validation.")
+    eval_timeout_s: float = Field(300.0, gt=0, description="Longest wait for validation groups.")
+    pull_timeout_s: float = Field(1.0, gt=0, description="Longest block of one queue pull.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (the newest ones).")
+
+    # --- optimisation ----------------------------------------------------------------------
+    lr: float = Field(1e-5, gt=0, description="Actor learning rate (AdamW).")
+    critic_lr: float = Field(1e-5, gt=0, description="Critic learning rate (PPO with gae).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+
+    # --- algorithm -------------------------------------------------------------------------
+    adv_estimator: AdvEstimator = Field(
+        "grpo", description="grpo, rloo, reinforce_plus_plus, or gae (PPO, adds a critic)."
+    )
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group's std (False = Dr. GRPO).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce_plus_plus).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
+    pg_variant: PgVariant = Field(
+        "decoupled",
+        description="vanilla: PPO clip vs the proximal (recomputed) policy; decoupled: the same times the behaviour→"
+        "proximal weight truncated at is_cap; tis: truncated-IS policy gradient vs the behaviour policy; cispo: "
+        "clipped-IS-weight policy gradient vs the behaviour policy.",
+    )
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO ε below 1 (verl clip_ratio_low).")
+    clip_ratio_high: float = Field(0.2, ge=0, description="PPO ε above 1 (verl clip_ratio_high).")
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (verl clip_ratio_c).")
+    is_cap: float = Field(2.0, gt=0, description="Truncation of importance weights (decoupled and tis).")
+    cispo_eps_low: float = Field(1.0, ge=0, description="CISPO: weights clipped below at 1 − this.")
+    cispo_eps_high: float = Field(0.28, ge=0, description="CISPO: weights clipped above at 1 + this.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses become one number.")
+    entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    use_kl_loss: bool = Field(False, description="Add a KL(actor‖reference) loss term (needs the reference model).")
+    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss.")
+    kl_loss_type: KlType = Field("k3", description="KL estimator of the loss: k1, k2 or k3 (low-variance).")
+    use_kl_in_reward: bool = Field(False, description="Subtract kl_coef × KL(actor‖reference) from token rewards.")
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the in-reward KL penalty.")
+    kl_penalty: KlType = Field("k1", description="KL estimator of the in-reward penalty.")
+    cliprange_value: float = Field(0.5, gt=0, description="Critic value clipping around the old values.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerSettings:
+        if self.checkpoint_every % self.sync_every:
+            # A checkpoint must hold exactly the weights of a published version, so a resumed
+            # trainer can re-publish that version with identical content.
+            raise ValueError(
+                f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})"
+            )
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.use_kl_loss or self.use_kl_in_reward
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.adv_estimator == "gae"
+
+    def resolved_run_dir(self) -> Path:
+        return self.run_dir if self.run_dir is not None else Path("runs") / self.run_id

@@ -1,0 +1,102 @@
+"""torch.distributed set-up and the few collectives the trainer uses.
+
+Under torchrun the environment names rank and world size; started without it the trainer
+forms a one-process group, so the same FSDP2 code path runs either way. Every helper is a
+no-op when no process group exists (the single-process benchmark baseline).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relayrl.net import free_port
+
+# Rank 0 may wait a long time for data (a paused trainer, slow rollouts) while the other
+# ranks sit in a broadcast; gloo's default 30 minutes would kill the job.
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class DistContext:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistContext:
+    """Joins (or forms) the process group: NCCL on CUDA, gloo on CPU."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        dev = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT, device_id=dev if device == "cuda" else None)
+    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=dev)
+
+
+def local_context(device: str = "cpu") -> DistContext:
+    """A context with no process group at all (plain single-process training)."""
+    return DistContext(rank=0, world_size=1, device=torch.device(device))
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s object on every rank."""
+    if not active() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    if not active() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Sum or max of ``t`` over ranks (in place, also returned)."""
+    if active() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    if active() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if active():
+        dist.destroy_process_group()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if active() else 0

@@ -1,0 +1,174 @@
+"""Rank 0's side of the queue: releasing prompts ahead (within the staleness bound), pulling
+and routing delivered groups, validation rounds, and acknowledgements after checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from relayrl.schema import Group
+from relayrl.staleness import check_staleness, min_start_version
+from services.trainer.config import TrainerSettings
+from services.trainer.control import Control
+from services.trainer.data import PromptDataset, PromptRow, to_spec
+from services.trainer.links import Delivered, IoThread, TrajectoryQueue
+from services.trainer.state import TrainerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    groups: list[Group]
+    entry_ids: list[str]
+    wait_s: float
+
+
+@dataclass
+class Feed:
+    settings: TrainerSettings
+    queue: TrajectoryQueue
+    io: IoThread
+    dataset: PromptDataset
+    control: Control
+    state: TrainerState
+    buffer: list[Delivered] = field(default_factory=list)
+    unacked: list[str] = field(default_factory=list)  # trained on, waiting for a durable checkpoint
+    seen: set[str] = field(default_factory=set)
+    eval_groups: dict[str, Group] = field(default_factory=dict)
+    queue_dropped: int = 0
+
+    # --- releasing ----------------------------------------------------------------------
+
+    def release_ahead(self) -> int:
+        """Releases training prompts for every step that will train at a version <= v + η.
+
+        Step k trains at version k // sync_every, so the horizon is (v + η + 1) · sync_every
+        steps; groups the queue dropped (stale, malformed) are replaced. Each prompt carries the
+        lowest version allowed to start it, so no replica begins work that would be dropped.
+        """
+        s = self.settings
+        horizon = min((self.state.version + s.max_staleness + 1) * s.sync_every, s.total_steps)
+        replaced = self.queue_dropped + self.state.dropped_stale
+        count = s.batch_size * horizon + replaced - self.state.released
+        if count <= 0:
+            return 0
+        now = time.time()
+        specs = []
+        for row in self.dataset.take(count):
+            planned_step = (self.state.released - replaced) // s.batch_size
+            train_version = max(self.state.version, planned_step // s.sync_every)
+            specs.append(
+                to_spec(
+                    row,
+                    s.n_samples,
+                    min_start_version(train_version, s.max_staleness),
+                    self.state.version,
+                    now,
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    max_new_tokens=s.max_new_tokens,
+                )
+            )
+            self.state.released += 1
+        self.io.call(self.queue.release(specs))
+        return len(specs)
+
+    def refresh_dropped(self) -> None:
+        stats = self.io.call(self.queue.stats())
+        self.queue_dropped = int(sum(stats.dropped_by_reason.values()))
+
+    # --- pulling ------------------------------------------------------------------------
+
+    def _pull(self, max_groups: int) -> None:
+        s = self.settings
+        got = self.io.call(
+            self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
+        )
+        for delivered in got:
+            self._route(delivered)
+
+    def _route(self, d: Delivered) -> None:
+        if d.entry_id in self.seen:
+            return  # re-delivered while we still hold it (acks wait for checkpoints)
+        self.seen.add(d.entry_id)
+        if d.group.is_eval:
+            self.eval_groups[d.group.prompt_id] = d.group
+            self.ack_now([d.entry_id])
+            return
+        self.buffer.append(d)
+
+    def _drop_stale(self) -> None:
+        fresh = []
+        for d in self.buffer:
+            if check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness).ok:
+                fresh.append(d)
+            else:
+                self.state.dropped_stale += 1
+                self.ack_now([d.entry_id])
+        self.buffer = fresh
+
+    def next_batch(self) -> Batch | None:
+        """Blocks until ``batch_size`` fresh groups are in hand; None when asked to stop."""
+        started = time.perf_counter()
+        size = self.settings.batch_size
+        self._drop_stale()
+        while len(self.buffer) < size:
+            if self.control.stop_requested.is_set():
+                return None
+            if not self.control.consuming.is_set():
+                time.sleep(0.1)
+                continue
+            self.refresh_dropped()
+            self.release_ahead()
+            self._pull(size - len(self.buffer))
+            self._drop_stale()
+        taken, self.buffer = self.buffer[:size], self.buffer[size:]
+        for d in taken:
+            verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)
+            assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {self.state.version}"
+        return Batch([d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started)
+
+    # --- validation ---------------------------------------------------------------------
+
+    def validate(self, rows: list[PromptRow]) -> dict[str, float]:
+        """Greedy generation of ``rows`` at the current version; ``val/score/<data_source>``.
+
+        No training prompts are released meanwhile; training groups that arrive are kept.
+        """
+        s, v = self.settings, self.state.version
+        tag = f"eval/{self.state.step}/"
+        specs = [to_spec(r, 1, v, v, time.time(), temperature=0.0, max_new_tokens=s.max_new_tokens) for r in rows]
+        for spec in specs:
+            spec.prompt_id = tag + spec.prompt_id
+            spec.is_eval = True
+        self.io.call(self.queue.release(specs))
+        wanted = {spec.prompt_id for spec in specs}
+        deadline = time.monotonic() + s.eval_timeout_s
+        while not wanted <= self.eval_groups.keys() and time.monotonic() < deadline:
+            if self.control.stop_requested.is_set():
+                break
+            self._pull(max(1, len(wanted - self.eval_groups.keys())))
+        scores: dict[str, list[float]] = defaultdict(list)
+        returned = wanted & self.eval_groups.keys()
+        for pid in returned:
+            group = self.eval_groups.pop(pid)
+            scores[group.data_source].extend(x.reward for x in group.samples)
+        metrics = {f"val/score/{ds}": sum(v_) / len(v_) for ds, v_ in scores.items()}
+        # Below 1 when the eval timeout struck before every prompt came back.
+        metrics["val/returned_ratio"] = len(returned) / max(len(wanted), 1)
+        return metrics
+
+    # --- acknowledging ------------------------------------------------------------------
+
+    def ack_now(self, entry_ids: list[str]) -> None:
+        if entry_ids:
+            self.io.call(self.queue.ack(self.settings.consumer, entry_ids))
+            self.seen.difference_update(entry_ids)
+
+    def ack_trained(self) -> None:
+        """After a durable checkpoint: every group trained on before it is acknowledged."""
+        self.ack_now(self.unacked)
+        self.unacked = []

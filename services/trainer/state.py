@@ -1,0 +1,27 @@
+"""The trainer's own counters, saved in every checkpoint as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainerState:
+    step: int = 0  # training steps completed
+    version: int = 0  # latest policy version published (0 = the model directory)
+    param_sync_count: int = 0  # versions published by this run (re-publishes after restarts included)
+    processed_samples: int = 0
+    released: int = 0  # training prompts released over the run
+    skipped_empty_batches: int = 0
+    # Groups the trainer refused itself (the queue filters stale groups first, so this stays 0
+    # unless a group aged while it waited in the trainer's buffer).
+    dropped_stale: int = 0
+    data: dict[str, int] = field(default_factory=dict)  # PromptDataset.state_dict()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TrainerState:
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})

@@ -1,0 +1,285 @@
+"""One training step on one batch: recompute proximal/reference log-probs and values,
+compute advantages over the whole batch, then update actor (and critic) mini-batch by
+mini-batch. Runs identically on every rank; each rank forwards only its shard."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from services.trainer import advantages as adv_lib
+from services.trainer import distributed as D
+from services.trainer.batching import MicroBatch, TrainSample, collate, dummy_micro_batch, pack, shard
+from services.trainer.config import TrainerSettings
+from services.trainer.losses import (
+    Normaliser,
+    PolicyLossConfig,
+    aggregate,
+    explained_variance,
+    kl_estimate,
+    policy_loss,
+    value_loss,
+)
+from services.trainer.model import policy_forward, value_forward
+
+
+@dataclass
+class Models:
+    actor: nn.Module
+    actor_opt: torch.optim.Optimizer
+    actor_sched: torch.optim.lr_scheduler.LRScheduler
+    critic: nn.Module | None = None
+    critic_opt: torch.optim.Optimizer | None = None
+    critic_sched: torch.optim.lr_scheduler.LRScheduler | None = None
+    ref: nn.Module | None = None
+
+
+@dataclass(slots=True)
+class Plan:
+    """This rank's micro-batches for one mini-batch, and the global normaliser of that mini-batch."""
+
+    micro: list[MicroBatch]
+    norm: Normaliser
+
+
+def loss_config(s: TrainerSettings) -> PolicyLossConfig:
+    return PolicyLossConfig(
+        variant=s.pg_variant,
+        clip_ratio_low=s.clip_ratio_low,
+        clip_ratio_high=s.clip_ratio_high,
+        clip_ratio_c=s.clip_ratio_c,
+        is_cap=s.is_cap,
+        cispo_eps_low=s.cispo_eps_low,
+        cispo_eps_high=s.cispo_eps_high,
+    )
+
+
+def mini_batches(samples: list[TrainSample], count: int) -> list[list[int]]:
+    """Splits samples into ``count`` mini-batches along group boundaries (whole groups stay together)."""
+    groups = sorted({s.group for s in samples})
+    per = max(1, math.ceil(len(groups) / count))
+    chunks = [set(groups[i : i + per]) for i in range(0, len(groups), per)]
+    return [[i for i, s in enumerate(samples) if s.group in chunk] for chunk in chunks]
+
+
+def plan_mini_batch(samples: list[TrainSample], index: list[int], budget: int, pad_id: int) -> Plan:
+    lengths = [samples[i].length for i in index]
+    mine = [index[j] for j in shard(len(index), lengths, D.get_rank(), D.world_size())]
+    bins = pack([samples[i].length for i in mine], budget)
+    micro = [collate(samples, [mine[j] for j in b], pad_id) for b in bins]
+    # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
+    most = int(D.all_reduce(torch.tensor([len(micro)]), op="max").item())
+    micro += [dummy_micro_batch(pad_id) for _ in range(most - len(micro))]
+    chosen = [samples[i] for i in index]
+    return Plan(
+        micro=micro,
+        norm=Normaliser(
+            tokens=float(sum(len(s.response_ids) for s in chosen)),
+            sequences=float(sum(1 for s in chosen if s.response_ids)),
+        ),
+    )
+
+
+def _rows(full_NT: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    T = mb.mask_BT.shape[1]
+    if not mb.index:
+        return torch.zeros_like(mb.mask_BT)
+    return full_NT[mb.index, :T]
+
+
+@torch.no_grad()
+def recompute(models: Models, plans: list[Plan], n: int, T: int, settings: TrainerSettings) -> dict[str, torch.Tensor]:
+    """Proximal log-probs (the actor before this step's update), reference log-probs and old values,
+    each as a full [N, T] tensor on every rank (each rank computed its shard; all-gathered)."""
+    mine: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    for plan in plans:
+        for mb in plan.micro:
+            parts = {"prox": policy_forward(models.actor, mb, settings.temperature, False).logp_BT}
+            if models.ref is not None:
+                parts["ref"] = policy_forward(models.ref, mb, settings.temperature, False).logp_BT
+            if models.critic is not None:
+                parts["values"] = value_forward(models.critic, mb)
+            for name, t_BT in parts.items():
+                for b, i in enumerate(mb.index):
+                    mine[name][i] = t_BT[b][mb.mask_BT[b] > 0].float().cpu().tolist()
+    full: dict[str, torch.Tensor] = {}
+    for part in D.all_gather_objects(dict(mine)):
+        for name, rows in part.items():
+            full.setdefault(name, torch.zeros(n, T))
+            for i, row in rows.items():
+                full[name][i, : len(row)] = torch.tensor(row)
+    return full
+
+
+def compute_advantages(
+    batch: MicroBatch, samples: list[TrainSample], extras: dict[str, torch.Tensor], s: TrainerSettings
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(advantages [N, T], returns [N, T] for the critic or None, token rewards after the KL penalty)."""
+    mask = batch.mask_BT
+    rewards = batch.token_rewards_BT
+    if s.use_kl_in_reward:
+        rewards = rewards - s.kl_coef * kl_estimate(extras["prox"], extras["ref"], s.kl_penalty) * mask
+    groups = [x.group for x in samples]
+    if s.adv_estimator == "grpo":
+        return adv_lib.grpo((rewards * mask).sum(-1), mask, groups, s.norm_adv_by_std), None, rewards
+    if s.adv_estimator == "rloo":
+        return adv_lib.rloo((rewards * mask).sum(-1), mask, groups), None, rewards
+    if s.adv_estimator == "reinforce_plus_plus":
+        return adv_lib.reinforce_plus_plus(rewards, mask, s.gamma), None, rewards
+    advantages, returns = adv_lib.gae(rewards, extras["values"], mask, s.gamma, s.lam)
+    return advantages, returns, rewards
+
+
+class _Sums:
+    """Token- or loss-weighted sums of statistics, reduced over ranks at the end."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = defaultdict(float)
+
+    def add(self, key: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+        self.values[key] += float(value) * weight
+
+    def reduced(self) -> dict[str, float]:
+        keys = sorted(self.values)
+        t = D.all_reduce(torch.tensor([self.values[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, t.tolist(), strict=True))
+
+
+def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:
+    """Clips gradients; steps only when the norm is finite (a NaN never reaches the weights)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    norm_f = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    ok = math.isfinite(norm_f)
+    if ok:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm_f, ok
+
+
+def update_actor(
+    models: Models, plan: Plan, adv: torch.Tensor, extras: dict[str, torch.Tensor], s: TrainerSettings, sums: _Sums
+) -> None:
+    cfg = loss_config(s)
+    world = D.world_size()
+    for mb in plan.micro:
+        out = policy_forward(models.actor, mb, s.temperature, with_entropy=True)
+        dev = out.logp_BT.device
+        mask = mb.mask_BT.to(dev)
+        prox = _rows(extras["prox"], mb).to(dev)
+        pl = policy_loss(out.logp_BT, prox, mb.behav_logp_BT.to(dev), _rows(adv, mb).to(dev), mask, cfg)
+        pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
+        entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
+        loss = pg_loss - s.entropy_coeff * entropy
+        if s.use_kl_loss:
+            kl = aggregate(
+                kl_estimate(out.logp_BT, _rows(extras["ref"], mb).to(dev), s.kl_loss_type),
+                mask,
+                s.loss_agg_mode,
+                plan.norm,
+            )
+            loss = loss + s.kl_loss_coef * kl
+            sums.add("actor/kl_loss", kl.detach())
+        # FSDP averages gradients over ranks; the loss is already a share of the global mean.
+        (loss * world).backward()
+        ntok = float(mask.sum())
+        sums.add("actor/pg_loss", pg_loss.detach())
+        sums.add("actor/entropy", entropy.detach())
+        sums.add("actor/pg_clipfrac", pl.clipfrac, ntok)
+        sums.add("actor/pg_clipfrac_lower", pl.clipfrac_lower, ntok)
+        sums.add("actor/ppo_kl", pl.ppo_kl, ntok)
+        sums.add("actor/approx_kl", (kl_estimate(out.logp_BT.detach(), prox, "k3") * mask).sum())
+        sums.add("_tokens", ntok)
+    norm, ok = _clip_and_step(models.actor, models.actor_opt, s.grad_clip)
+    sums.values["actor/grad_norm"] += norm / world if ok else 0.0
+    sums.values["actor/nonfinite_grad_steps"] += 0.0 if ok else 1.0 / world
+
+
+def update_critic(
+    models: Models, plan: Plan, returns: torch.Tensor, extras: dict[str, torch.Tensor], s: TrainerSettings, sums: _Sums
+) -> None:
+    assert models.critic is not None and models.critic_opt is not None
+    world = D.world_size()
+    for mb in plan.micro:
+        values = value_forward(models.critic, mb)
+        dev = values.device
+        mask = mb.mask_BT.to(dev)
+        vl = value_loss(
+            values, _rows(extras["values"], mb).to(dev), _rows(returns, mb).to(dev), mask, s.cliprange_value
+        )
+        loss = aggregate(vl.loss_BT, mask, s.loss_agg_mode, plan.norm)
+        (loss * world).backward()
+        sums.add("critic/vf_loss", loss.detach())
+        sums.add("critic/vf_clipfrac", vl.clipfrac, float(mask.sum()))
+    norm, ok = _clip_and_step(models.critic, models.critic_opt, s.grad_clip)
+    sums.values["critic/grad_norm"] += norm / world if ok else 0.0
+
+
+def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, pad_id: int) -> dict[str, float]:
+    """Trains on ``samples`` (the whole batch, identical on every rank); returns verl-named metrics.
+
+    A batch without a single response token is skipped (``trainer/skipped_empty_batch`` = 1):
+    there is nothing to learn from and every mean would divide by zero.
+    """
+    n_tokens = sum(len(x.response_ids) for x in samples)
+    if n_tokens == 0:
+        return {"trainer/skipped_empty_batch": 1.0}
+    full = collate(samples, list(range(len(samples))), pad_id)
+    plans = [
+        plan_mini_batch(samples, idx, s.micro_batch_tokens, pad_id) for idx in mini_batches(samples, s.ppo_mini_batches)
+    ]
+    extras = recompute(models, plans, len(samples), full.mask_BT.shape[1], s)
+    adv, returns, rewards = compute_advantages(full, samples, extras, s)
+    sums = _Sums()
+    for plan in plans:
+        models.actor.train()
+        update_actor(models, plan, adv, extras, s, sums)
+        if models.critic is not None and returns is not None:
+            update_critic(models, plan, returns, extras, s, sums)
+    models.actor_sched.step()
+    if models.critic_sched is not None:
+        models.critic_sched.step()
+    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models)
+
+
+def _summarise(
+    r: dict[str, float],
+    n_plans: int,
+    full: MicroBatch,
+    samples: list[TrainSample],
+    extras: dict[str, torch.Tensor],
+    adv: torch.Tensor,
+    returns: torch.Tensor | None,
+    rewards: torch.Tensor,
+    models: Models,
+) -> dict[str, float]:
+    mask = full.mask_BT
+    tokens = max(r.pop("_tokens"), 1.0)
+    out = {
+        k: v / n_plans
+        for k, v in r.items()
+        if k
+        in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm")
+    }
+    for k in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/approx_kl", "critic/vf_clipfrac"):
+        if k in r:
+            out[k] = r[k] / tokens
+    out["actor/nonfinite_grad_steps"] = r["actor/nonfinite_grad_steps"]
+    out["actor/lr"] = models.actor_sched.get_last_lr()[0]
+    behav, prox = full.behav_logp_BT, extras["prox"]
+    out["training/rollout_probs_diff_mean"] = float(adv_lib.masked_mean((behav.exp() - prox.exp()).abs(), mask))
+    out["training/rollout_logprob_diff_mean"] = float(adv_lib.masked_mean(prox - behav, mask))
+    out["critic/score/mean"] = sum(x.reward for x in samples) / len(samples)
+    out["critic/rewards/mean"] = float((rewards * mask).sum(-1).mean())
+    out["critic/advantages/mean"] = float(adv_lib.masked_mean(adv, mask))
+    out["response_length/mean"] = float(mask.sum(-1).mean())
+    out["trainer/batch_tokens"] = float(full.attention_mask_BL.sum())
+    if returns is not None:
+        out["critic/vf_explained_var"] = float(explained_variance(extras["values"], returns, mask))
+        out["critic/returns/mean"] = float(adv_lib.masked_mean(returns, mask))
+    return out

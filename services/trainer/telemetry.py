@@ -1,0 +1,39 @@
+"""Training metrics under verl's keys, written to ``metrics.jsonl`` and exported to Prometheus
+as ``relayrl_trainer_<key>`` gauges (``actor/pg_loss`` → ``relayrl_trainer_actor_pg_loss``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from prometheus_client import Gauge
+
+from relayrl.metrics import ServiceMetrics, key_to_metric_name
+
+SERVICE = "trainer"
+
+
+class Telemetry:
+    def __init__(self, run_dir: Path) -> None:
+        self.metrics = ServiceMetrics(SERVICE)
+        self._gauges: dict[str, Gauge] = {}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self.latest: dict[str, float] = {}
+
+    def _gauge(self, key: str) -> Gauge:
+        if key not in self._gauges:
+            what = key_to_metric_name(SERVICE, key).removeprefix(f"relayrl_{SERVICE}_")
+            self._gauges[key] = self.metrics.gauge(what, f"verl metric {key}")
+        return self._gauges[key]
+
+    def record(self, step: int, values: dict[str, float]) -> None:
+        """One line per step in metrics.jsonl and the latest value of each key in Prometheus."""
+        finite = {k: float(v) for k, v in values.items() if math.isfinite(float(v))}
+        for key, value in finite.items():
+            self._gauge(key).set(value)
+        self.latest = finite
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), **finite}, sort_keys=True) + "\n")

@@ -1,0 +1,269 @@
+"""The trainer process: build everything, then the main loop.
+
+Rank 0 talks to the queue and paramsync and broadcasts each step's plan (the batch, whether to
+checkpoint, whether to stop) to every rank; all ranks then train, gather and checkpoint together.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from services.trainer import checkpoint as ckpt
+from services.trainer import distributed as D
+from services.trainer.batching import TrainSample, samples_from_groups
+from services.trainer.config import TrainerSettings
+from services.trainer.control import Control
+from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
+from services.trainer.feed import Batch, Feed
+from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
+from services.trainer.model import build_optimizer, load_actor, load_critic, shard_model
+from services.trainer.state import TrainerState
+from services.trainer.step import Models, train_step
+from services.trainer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepPlan:
+    """What rank 0 decided for the next step; identical on every rank after the broadcast."""
+
+    samples: list[TrainSample] = field(default_factory=list)
+    checkpoint_after: bool = False
+    stop: bool = False
+    wait_s: float = 0.0
+    ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
+
+
+def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
+    torch.manual_seed(s.seed)
+
+    def wrap(m: torch.nn.Module) -> torch.nn.Module:
+        return shard_model(m, ctx.device.type) if fsdp else m
+
+    actor = wrap(load_actor(s.model_dir, ctx.device))
+    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, s.warmup_steps)
+    models = Models(actor, opt, sched)
+    if s.needs_critic:
+        models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed))
+        models.critic_opt, models.critic_sched = build_optimizer(
+            models.critic, s.critic_lr, s.weight_decay, s.warmup_steps
+        )
+    if s.needs_reference:
+        ref = load_actor(s.model_dir, ctx.device).eval()
+        ref.requires_grad_(False)
+        models.ref = wrap(ref)
+    return models
+
+
+def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | None:
+    """The full state dict on rank 0 (collective), as private CPU copies the upload may read later."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if D.active():
+        full = get_model_state_dict(actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        full = actor.state_dict()
+    if D.get_rank() != 0:
+        return None
+    # With one rank the "gathered" tensors can alias the live parameters; the upload runs
+    # while training continues, so it must read a snapshot.
+    return [(k, v.detach().to("cpu", copy=True)) for k, v in full.items()]
+
+
+class Trainer:
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        ctx: D.DistContext,
+        queue: TrajectoryQueue | None,
+        sink: WeightSink | None,
+        io: IoThread | None,
+        control: Control,
+    ) -> None:
+        self.s = settings
+        self.ctx = ctx
+        self.control = control
+        self.state = TrainerState()
+        self.models = build_models(settings, ctx)
+        from relayrl.models.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(settings.model_dir)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.ckpt_dir = settings.resolved_run_dir() / "checkpoints"
+        self.feed: Feed | None = None
+        self.val_rows: list[PromptRow] = []
+        if ctx.is_main:
+            assert queue is not None and io is not None
+            name = settings.dataset.removeprefix("builtin:")
+            rows = tokenize_rows(
+                read_rows(settings.dataset, settings.dataset_size, settings.dataset_difficulty, settings.seed, "train"),
+                tokenizer,
+                name,
+                settings.max_prompt_tokens,
+            )
+            self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state)
+            self.val_rows = self._val_rows(tokenizer)
+            self.publisher = Publisher(io, sink)
+            self.telemetry = Telemetry(settings.resolved_run_dir())
+
+    def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
+        s = self.s
+        if s.eval_every == 0 or s.val_size == 0:
+            return []
+        source = s.val_dataset or (s.dataset if s.dataset.startswith("builtin:") else "")
+        if not source:
+            return []
+        raw = read_rows(source, s.val_size, s.dataset_difficulty, s.seed, "val")[: s.val_size]
+        return tokenize_rows(raw, tokenizer, "val", s.max_prompt_tokens)
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> TrainerState:
+        self.resume()
+        if self.state.version > 0:
+            # Replicas must hold the version we train from; paramsync accepts the identical
+            # re-publish of its latest version. Version 0 is the model directory itself.
+            self.publish()
+        self.control.ready.set()
+        while self.state.step < self.s.total_steps:
+            plan = self.plan_step()
+            if plan.stop:
+                break
+            started = time.perf_counter()
+            metrics = self.train(plan)
+            if self.state.step % self.s.sync_every == 0:
+                self.state.version += 1
+                metrics.update(self.publish())
+            if self.s.eval_every and self.state.step % self.s.eval_every == 0:
+                metrics.update(self.validate())
+            if plan.checkpoint_after:
+                self.checkpoint()
+            self.record(plan, metrics, time.perf_counter() - started)
+        self.finish()
+        return self.state
+
+    # --- phases -------------------------------------------------------------------------
+
+    def plan_step(self) -> StepPlan:
+        plan = StepPlan()
+        if self.ctx.is_main:
+            assert self.feed is not None
+            batch: Batch | None = self.feed.next_batch()
+            if batch is None:
+                plan.stop = True
+            else:
+                self.feed.unacked.extend(batch.entry_ids)
+                plan.samples = samples_from_groups(batch.groups)
+                plan.wait_s = batch.wait_s
+                plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
+                after = self.state.step + 1
+                at_boundary = after % self.s.sync_every == 0
+                wanted = after % self.s.checkpoint_every == 0 or self.control.checkpoint_requested.is_set()
+                plan.checkpoint_after = at_boundary and (wanted or after == self.s.total_steps)
+        return D.broadcast_object(plan)
+
+    def train(self, plan: StepPlan) -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = train_step(self.models, plan.samples, self.s, self.pad_id)
+        metrics["timing/forward_backward_s"] = time.perf_counter() - started
+        self.state.step += 1
+        self.state.processed_samples += len(plan.samples)
+        self.state.skipped_empty_batches += int(metrics.get("trainer/skipped_empty_batch", 0.0))
+        return metrics
+
+    def publish(self) -> dict[str, float]:
+        """Gathers the weights (collective) and hands them to the background uploader."""
+        started = time.perf_counter()
+        weights = gather_weights(self.models.actor)
+        if weights is not None:
+            self.publisher.publish(self.state.version, weights, self.state.step)
+            self.state.param_sync_count += 1
+        return {"timing/publish_s": time.perf_counter() - started}
+
+    def validate(self) -> dict[str, float]:
+        if not self.ctx.is_main or not self.val_rows:
+            return {}
+        assert self.feed is not None
+        started = time.perf_counter()
+        metrics = self.feed.validate(self.val_rows)
+        metrics["timing/validate_s"] = time.perf_counter() - started
+        return metrics
+
+    def checkpoint(self) -> None:
+        if self.feed is not None:
+            self.state.data = self.feed.dataset.state_dict()
+        ckpt.save(self.ckpt_dir, self.state.step, self.models, self.state.to_json(), self.s.keep_checkpoints)
+        if self.feed is not None:
+            self.feed.ack_trained()
+            self.control.checkpoint_requested.clear()
+        log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
+
+    def resume(self) -> None:
+        raw = ckpt.load(self.ckpt_dir, self.models)
+        if raw is None:
+            return
+        self.state = TrainerState.from_json(raw)
+        if self.feed is not None:
+            self.feed.state = self.state
+            if self.state.data:
+                self.feed.dataset.load_state_dict(self.state.data)
+        log.info("resumed at step %d, version %d", self.state.step, self.state.version)
+
+    def record(self, plan: StepPlan, metrics: dict[str, float], step_s: float) -> None:
+        if not self.ctx.is_main:
+            return
+        total_s = step_s + plan.wait_s
+        tokens = sum(x.length for x in plan.samples)
+        metrics.update(
+            {
+                "trainer/global_steps": self.state.step,
+                "trainer/processed_samples": self.state.processed_samples,
+                "trainer/current_param_version": self.state.version,
+                "trainer/param_sync_count": self.state.param_sync_count,
+                "trainer/idle_ratio": plan.wait_s / total_s if total_s > 0 else 0.0,
+                "trainer/skipped_empty_batches": self.state.skipped_empty_batches,
+                "trainer/dropped_stale_groups": self.state.dropped_stale,
+                "trainer/param_sync_failures": sum(1 for r in self.publisher.records if not r.ok),
+                "timing/wait_s": plan.wait_s,
+                "timing/step_s": total_s,
+                "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+                "staleness/avg_sample_age": sum(plan.ages) / max(len(plan.ages), 1),
+                "staleness/max_sample_age": max(plan.ages, default=0),
+            }
+        )
+        self.telemetry.record(self.state.step, metrics)
+
+    def finish(self) -> None:
+        at_boundary = self.state.step > 0 and self.state.step % self.s.sync_every == 0
+        if at_boundary and ckpt.latest(self.ckpt_dir) != self.ckpt_dir / f"step_{self.state.step:08d}":
+            self.checkpoint()
+        if self.ctx.is_main:
+            self.publisher.drain()
+
+    def status(self) -> dict[str, Any]:
+        feed = self.feed
+        return {
+            "step": self.state.step,
+            "version": self.state.version,
+            "total_steps": self.s.total_steps,
+            "consuming": self.control.consuming.is_set(),
+            "checkpoint_requested": self.control.checkpoint_requested.is_set(),
+            "buffered_groups": len(feed.buffer) if feed else 0,
+            "unacked_groups": len(feed.unacked) if feed else 0,
+            "released_prompts": self.state.released,
+            "param_sync_count": self.state.param_sync_count,
+            "world_size": self.ctx.world_size,
+        }
+
+
+def install_stop_handlers(control: Control) -> None:
+    """SIGTERM/SIGINT finish the current step, checkpoint when possible, and exit cleanly."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: control.stop_requested.set())

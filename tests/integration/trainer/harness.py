@@ -1,0 +1,171 @@
+"""The services around a trainer under test, all real except the rollout.
+
+- the queue service (``start_queue_server``) on a real redis-server, in-process on a real gRPC port;
+- paramsync (``build_service``), in-process on a real gRPC port;
+- :class:`SyntheticRollout`, which stands in for the rollout service and its engine (a real
+  engine would make these tests minutes long): it leases prompts through the real PromptQueue
+  at the latest version paramsync holds, makes ``n`` random responses per prompt with fixed
+  behaviour log-probs, scores them (share of the digit "1" in the response) and pushes the groups
+  through the real TrajectoryQueue, exactly as the rollout service does over gRPC.
+
+Everything runs on one asyncio loop in a background thread, so the test body (and the trainer
+subprocesses it starts) stay synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relayrl.schema import Group, Sample
+from relayrl.serving import start_grpc_server
+from relayrl.v1 import paramsync_pb2_grpc as ps_grpc
+from services.paramsync.client import ParamSyncClient
+from services.paramsync.config import ParamSyncSettings
+from services.paramsync.server import SERVICE_NAME, build_service
+from services.queue.client import QueueClient
+from services.queue.config import QueueSettings
+from services.queue.server import start_queue_server
+
+REPO = Path(__file__).resolve().parents[3]
+DIGIT_ONE = ord("1") + 3  # byte tokenizer: 3 special tokens, then bytes in order (see relayrl.models.tokenizer)
+
+
+@dataclass
+class SyntheticRollout:
+    queue_address: str
+    paramsync_address: str
+    max_new_tokens: int = 6
+    seed: int = 0
+    pushed: list[Group] = field(default_factory=list)
+
+    async def run(self) -> None:
+        rng = random.Random(self.seed)
+        async with QueueClient(self.queue_address) as queue, ParamSyncClient(self.paramsync_address) as ps:
+            while True:
+                held = (await ps.list_replicas()).latest_version
+                leases = await queue.lease("synthetic-0", 8, held, block_timeout_s=0.2)
+                if not leases:
+                    continue
+                groups = [self._group(lease.prompt, lease.lease_id, held, rng) for lease in leases]
+                await queue.push(groups)
+                await queue.complete("synthetic-0", [lease.lease_id for lease in leases])
+                self.pushed.extend(groups)
+
+    def _group(self, prompt: Any, lease_id: str, version: int, rng: random.Random) -> Group:
+        samples = []
+        for _ in range(prompt.n_samples):
+            length = rng.randint(1, prompt.max_new_tokens or self.max_new_tokens)
+            response = [rng.choice((DIGIT_ONE, DIGIT_ONE + 1, DIGIT_ONE + 2)) for _ in range(length)]
+            samples.append(
+                Sample(
+                    prompt_token_ids=list(prompt.prompt_token_ids),
+                    response_token_ids=response,
+                    behavior_logprobs=[-1.1] * length,
+                    policy_versions=[version] * length,
+                    reward=response.count(DIGIT_ONE) / length,
+                )
+            )
+        return Group(
+            group_id=uuid.uuid4().hex,
+            prompt_id=prompt.prompt_id,
+            samples=samples,
+            data_source=prompt.data_source,
+            ground_truth=prompt.ground_truth,
+            lease_id=lease_id,
+            created_at_unix_s=time.time(),
+            is_eval=prompt.is_eval,
+        )
+
+
+class Stack:
+    """Queue + paramsync + synthetic rollout on a background loop; use as a context manager."""
+
+    def __init__(self, redis_url: str, run_id: str) -> None:
+        self.redis_url = redis_url
+        self.run_id = run_id
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def __enter__(self) -> Stack:
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        self.queue = await start_queue_server(
+            QueueSettings(
+                redis_url=self.redis_url, run_id=self.run_id, consumer_idle_timeout_s=1.0, poll_interval_s=0.02
+            )
+        )
+        self.paramsync = build_service(ParamSyncSettings())
+        self.paramsync_server = await start_grpc_server(
+            "127.0.0.1", 0, [lambda s: ps_grpc.add_ParamSyncServicer_to_server(self.paramsync, s)], [SERVICE_NAME]
+        )
+        self.paramsync_address = f"127.0.0.1:{self.paramsync_server.port}"
+        self.rollout = SyntheticRollout(self.queue.grpc_address, self.paramsync_address)
+        self.rollout_task = asyncio.create_task(self.rollout.run())
+
+    def __exit__(self, *exc: object) -> None:
+        self.call(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    async def _stop(self) -> None:
+        self.rollout_task.cancel()
+        await asyncio.gather(self.rollout_task, return_exceptions=True)
+        await self.paramsync_server.stop(0)
+        await self.queue.stop()
+
+    def latest_version(self) -> int:
+        return self.paramsync.store.latest_version
+
+    def trainer_env(self, model_dir: Path, run_dir: Path, **settings: Any) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+            "RELAYRL_RUN_ID": self.run_id,
+            "RELAYRL_TRAINER_MODEL_DIR": str(model_dir),
+            "RELAYRL_TRAINER_RUN_DIR": str(run_dir),
+            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.queue.grpc_address,
+            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.paramsync_address,
+        }
+        for key, value in settings.items():
+            name = "RELAYRL_MAX_STALENESS" if key == "max_staleness" else f"RELAYRL_TRAINER_{key.upper()}"
+            env[name] = str(value)
+        return env
+
+
+def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> subprocess.Popen[bytes]:
+    """A trainer job: one plain process, or ``torchrun`` with ``nproc`` ranks."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "services.trainer"]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            "--master-port=0",
+            "-m",
+            "services.trainer",
+        ]
+    log = log_path.open("ab")
+    try:
+        return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
