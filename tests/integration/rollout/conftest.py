@@ -1,0 +1,132 @@
+"""Fixtures of the rollout and engine integration tests: real engine processes, a real queue service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relayrl.net import free_port
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.rollout)
+
+
+@dataclass
+class EngineProcess:
+    """``relayrl engine serve`` in a subprocess on a free port."""
+
+    model_dir: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> EngineProcess:
+        env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "relayrl.cli",
+                "engine",
+                "serve",
+                "--model",
+                str(self.model_dir),
+                "--port",
+                str(self.port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"engine exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("engine did not come up")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[EngineProcess]:
+    """One engine process shared by the tests of a module (tests must leave it unpaused)."""
+    proc = EngineProcess(tiny_model_dir, free_port()).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def start_engine(tiny_model_dir: Path) -> Iterator[Callable[..., EngineProcess]]:
+    """Starts private engine processes (for tests that kill one); stops them afterwards."""
+    started: list[EngineProcess] = []
+
+    def start(port: int | None = None) -> EngineProcess:
+        proc = EngineProcess(tiny_model_dir, port or free_port()).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def perturbed_weights(model_dir: Path, out_dir: Path, scale: float = 1.5) -> Path:
+    """A copy of the model's safetensors with every floating tensor scaled: a visibly different policy."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: (v * scale if v.is_floating_point() else v) for k, v in tensors.items()}, str(out_dir / "model.safetensors")
+    )
+    return out_dir
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def queue_overrides(redis_url: str, run_id: str, **extra: Any) -> dict[str, Any]:
+    return {"redis_url": redis_url, "run_id": run_id, "poll_interval_s": 0.02, "stats_refresh_s": 0.2, **extra}

@@ -1,0 +1,227 @@
+"""The built-in engine, as a real process, against SGLang's native API contract."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from services.rollout.engine_client import EngineClient, SamplingParams
+from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
+
+torch.set_num_threads(1)
+
+
+def reference_logprobs(model_dir: Path, prompt: list[int], output: list[int], temperature: float) -> list[float]:
+    """Log-probs of ``output`` from one plain forward pass over prompt + output, at the sampling temperature."""
+    from relayrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_dir)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
+    return [float(logprobs[i, t]) for i, t in enumerate(output)]
+
+
+async def _info(engine: EngineProcess) -> dict:
+    async with EngineClient(engine.url) as client:
+        return await client.model_info()
+
+
+async def test_generate_response_has_sglang_fields_and_types(engine: EngineProcess) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as http:
+        reply = await http.post(
+            "/generate",
+            json={
+                "input_ids": [5, 6, 7],
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0.8},
+                "return_logprob": True,
+            },
+        )
+    assert reply.status_code == 200
+    body = reply.json()
+    assert isinstance(body, dict)
+    assert isinstance(body["text"], str)
+    assert all(isinstance(t, int) for t in body["output_ids"]) and 1 <= len(body["output_ids"]) <= 4
+    meta = body["meta_info"]
+    assert isinstance(meta["id"], str) and meta["id"]
+    assert meta["finish_reason"]["type"] in ("stop", "length")
+    if meta["finish_reason"]["type"] == "length":
+        assert meta["finish_reason"]["length"] == 4
+    assert meta["prompt_tokens"] == 3
+    assert meta["completion_tokens"] == len(body["output_ids"])
+    assert isinstance(meta["weight_version"], str)
+    rows = meta["output_token_logprobs"]
+    assert len(rows) == len(body["output_ids"])
+    for (logprob, token_id, text), out_id in zip(rows, body["output_ids"], strict=True):
+        assert isinstance(logprob, float) and logprob <= 0
+        assert token_id == out_id
+        assert text is None
+
+
+async def test_logprobs_equal_a_plain_forward_pass_under_batching(engine: EngineProcess, tiny_model_dir: Path) -> None:
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19]]
+    temperature = 0.7
+    async with EngineClient(engine.url) as client:
+        params = SamplingParams(max_new_tokens=12, temperature=temperature, ignore_eos=True)
+        results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+    for prompt, (out,) in zip(prompts, results, strict=True):
+        expected = reference_logprobs(tiny_model_dir, prompt, out.output_ids, temperature)
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+async def test_concurrent_requests_share_forward_passes(engine: EngineProcess) -> None:
+    before = await _info(engine)
+    requests, tokens = 6, 12
+    async with EngineClient(engine.url) as client:
+        params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+        await asyncio.gather(*(client.generate([20 + i, 21, 22], params) for i in range(requests)))
+    after = await _info(engine)
+    decode_passes = after["num_decode_forward_passes"] - before["num_decode_forward_passes"]
+    # One request at a time would need requests × (tokens − 1) decode passes.
+    assert decode_passes < requests * (tokens - 1) / 2
+    assert after["max_decode_batch_size"] >= 3
+
+
+async def test_n_greater_than_one_returns_n_samples(engine: EngineProcess) -> None:
+    async with EngineClient(engine.url) as client:
+        outs = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=6, n=4, ignore_eos=True))
+    assert len(outs) == 4
+    assert len({o.rid for o in outs}) == 4
+    assert all(len(o.output_ids) == 6 and len(o.logprobs) == 6 for o in outs)
+    # Four independent samples of a random model are not all the same.
+    assert len({tuple(o.output_ids) for o in outs}) > 1
+
+
+async def _wait_generating(client: EngineClient, at_least: int) -> None:
+    start = (await client.model_info())["generated_tokens"]
+    while (await client.model_info())["generated_tokens"] < start + at_least:
+        await asyncio.sleep(0.01)
+
+
+async def test_pause_abort_returns_partial_output_and_holds_new_requests(engine: EngineProcess) -> None:
+    async with EngineClient(engine.url) as client:
+        long = SamplingParams(max_new_tokens=400, ignore_eos=True)
+        running = asyncio.create_task(client.generate([5, 6], long))
+        await _wait_generating(client, 5)
+        await client.pause_generation("abort")
+        (aborted,) = await asyncio.wait_for(running, 10)
+        assert aborted.finish_reason == "abort"
+        assert 0 < len(aborted.output_ids) < 400
+        assert len(aborted.logprobs) == len(aborted.output_ids)
+        held = asyncio.create_task(client.generate([5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True)))
+        await asyncio.sleep(0.3)
+        assert not held.done()
+        await client.continue_generation()
+        (out,) = await asyncio.wait_for(held, 10)
+        assert out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+async def test_pause_retract_and_in_place_resume_where_they_stopped(engine: EngineProcess, mode: str) -> None:
+    async with EngineClient(engine.url) as client:
+        running = asyncio.create_task(client.generate([5, 6], SamplingParams(max_new_tokens=150, ignore_eos=True)))
+        await _wait_generating(client, 5)
+        await client.pause_generation(mode)  # type: ignore[arg-type]
+        frozen = (await client.model_info())["generated_tokens"]
+        await asyncio.sleep(0.3)
+        assert (await client.model_info())["generated_tokens"] == frozen
+        assert not running.done()
+        await client.continue_generation()
+        (out,) = await asyncio.wait_for(running, 20)
+    assert out.finish_reason == "length"
+    assert len(out.output_ids) == 150
+
+
+async def test_update_weights_from_disk_sets_version_and_changes_logprobs(
+    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    new_dir = perturbed_weights(tiny_model_dir, tmp_path / "v7")
+    async with EngineClient(engine.url) as client:
+        bad = await client.update_weights_from_disk(str(tmp_path / "missing"), weight_version=99)
+        assert not bad.success
+        assert (await client.model_info())["weight_version"] != "99"
+        result = await client.update_weights_from_disk(str(new_dir), weight_version=7)
+        assert result.success, result.message
+        assert (await client.model_info())["weight_version"] == "7"
+        (out,) = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True))
+        assert out.weight_version == "7"
+        assert out.token_versions() == ["7"] * 5
+        # Restore the original weights for the other tests of this module.
+        assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=8)).success
+    from safetensors.torch import load_file
+
+    from relayrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    model.load_state_dict(load_file(str(new_dir / "model.safetensors")), strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([[5, 6, 7, *out.output_ids]])).logits[0, 2:-1]
+    expected = [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(out.output_ids)]
+    assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+async def test_update_weights_from_distributed_over_gloo(engine: EngineProcess, tiny_model_dir: Path) -> None:
+    import torch.distributed as dist
+
+    from relayrl.models.loading import load_causal_lm
+    from relayrl.net import free_port
+
+    state = {k: v * 0.5 for k, v in load_causal_lm(tiny_model_dir).state_dict().items() if k != "lm_head.weight"}
+    port = free_port()
+    joined = threading.Thread(
+        target=dist.init_process_group,
+        kwargs={"backend": "gloo", "init_method": f"tcp://127.0.0.1:{port}", "world_size": 2, "rank": 0},
+    )
+    async with EngineClient(engine.url) as client:
+        joined.start()
+        init = await client.init_weights_update_group("127.0.0.1", port, 1, 2, "wug", backend="gloo")
+        await asyncio.to_thread(joined.join)
+        assert init.success, init.message
+        try:
+            names = list(state)
+            update = asyncio.create_task(
+                client.update_weights_from_distributed(
+                    names,
+                    [str(state[n].dtype).removeprefix("torch.") for n in names],
+                    [list(state[n].shape) for n in names],
+                    group_name="wug",
+                    weight_version=11,
+                )
+            )
+
+            def send() -> None:
+                for name in names:
+                    dist.broadcast(state[name].contiguous(), src=0)
+
+            await asyncio.to_thread(send)
+            result = await update
+            assert result.success, result.message
+            assert (await client.model_info())["weight_version"] == "11"
+            assert (await client.destroy_weights_update_group("wug")).success
+        finally:
+            dist.destroy_process_group()
+        assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=12)).success
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input_ids": [5, 999999], "sampling_params": {"max_new_tokens": 2}},
+        {"sampling_params": {"max_new_tokens": 2}},
+        {"input_ids": [5], "sampling_params": {"top_p": 0}},
+        {"input_ids": [5], "sampling_params": {"max_new_tokens": "many"}},
+        {"input_ids": "not tokens"},
+    ],
+)
+async def test_bad_generate_requests_get_4xx(engine: EngineProcess, body: dict) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as http:
+        reply = await http.post("/generate", json=body)
+        assert 400 <= reply.status_code < 500
+        assert (await http.get("/health")).status_code == 200
+        bad_mode = await http.post("/pause_generation", json={"mode": "sideways"})
+        assert 400 <= bad_mode.status_code < 500
