@@ -1,0 +1,44 @@
+"""A trainer that uploads half of a version and then hangs, so a test can SIGKILL it mid-upload.
+
+``python stalled_trainer.py ADDRESS VERSION``: prints ``HALF`` once half of the chunks are sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import torch
+
+from relayrl.serving import grpc_channel
+from relayrl.v1 import paramsync_pb2 as pb
+from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+
+CHUNK = 1024
+
+
+async def main(address: str, version: int) -> None:
+    pairs = as_pairs({"w": torch.full((4096,), float(version))})
+    manifest = build_manifest(version, pairs, 0, "sha256")
+    data = raw_bytes(pairs[0][1])
+    half_sent = asyncio.Event()
+
+    async def messages():
+        yield pb.WeightStreamMessage(manifest=manifest.to_proto())
+        for offset in range(0, data.nbytes // 2, CHUNK):
+            yield pb.WeightStreamMessage(
+                chunk=pb.WeightChunk(tensor_name="w", offset=offset, data=bytes(data[offset : offset + CHUNK]))
+            )
+        half_sent.set()
+        await asyncio.Event().wait()
+
+    async with grpc_channel(address) as channel:
+        call = asyncio.ensure_future(pb_grpc.ParamSyncStub(channel).Publish(messages()))
+        await half_sent.wait()
+        print("HALF", flush=True)
+        await call
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,191 @@
+"""Publishing and fetching against a real gRPC server: checks, refusals, forwarding and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import torch
+
+from relayrl.serving import grpc_channel
+from relayrl.v1 import paramsync_pb2 as pb
+from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.client import ParamSyncClient
+from services.paramsync.errors import ChecksumMismatch, VersionConflict, VersionUnavailable
+from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+from tests.integration.paramsync.harness import running_service
+
+pytestmark = pytest.mark.paramsync
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(64, 16, generator=g),
+        "norm.weight": torch.randn(16, generator=g).to(torch.bfloat16),
+        "step": torch.tensor(seed),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def upload_messages(version: int, state: dict[str, torch.Tensor], chunk: int = 1000, corrupt: bool = False):
+    pairs = as_pairs(state)
+    manifest = build_manifest(version, pairs, 0, "sha256")
+    messages = [pb.WeightStreamMessage(manifest=manifest.to_proto())]
+    for name, tensor in pairs:
+        data = bytearray(raw_bytes(tensor))
+        if corrupt and name == "embed.weight":
+            data[100] ^= 0x01
+        for offset in range(0, len(data), chunk):
+            piece = bytes(data[offset : offset + chunk])
+            messages.append(pb.WeightStreamMessage(chunk=pb.WeightChunk(tensor_name=name, offset=offset, data=piece)))
+    return messages
+
+
+async def stream(messages):
+    for m in messages:
+        yield m
+
+
+async def test_published_version_is_fetched_exactly_and_versions_only_move_forward():
+    async with running_service(chunk_bytes=4096) as (address, _), ParamSyncClient(address, chunk_bytes=3000) as ps:
+        v1 = weights(1)
+        result = await ps.publish(1, v1, trainer_step=10)
+        assert result.version == 1 and result.bytes_received == result.total_bytes > 0
+        fetched = await ps.fetch_version(0)
+        assert fetched.manifest.version == 1 and fetched.manifest.trainer_step == 10
+        assert same(fetched.tensors, v1)
+
+        # The trainer re-publishes its current version after a restart: a no-op success.
+        again = await ps.publish(1, v1)
+        assert again.version == 1 and again.bytes_received == 0
+
+        with pytest.raises(VersionConflict, match="content differs"):
+            await ps.publish(1, weights(2))
+        await ps.publish(2, weights(2))
+        with pytest.raises(VersionConflict, match="not newer than the latest version 2"):
+            await ps.publish(1, v1)
+        assert same(await ps.fetch(1), v1) and same(await ps.fetch(), weights(2))
+        assert (await ps.list_replicas()).latest_version == 2
+
+
+async def test_a_corrupted_chunk_is_rejected_and_the_previous_version_stays_served():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        await ps.publish(1, weights(1))
+        async with grpc_channel(address) as channel:
+            stub = pb_grpc.ParamSyncStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Publish(stream(upload_messages(2, weights(2), corrupt=True)))
+            assert err.value.code() == grpc.StatusCode.DATA_LOSS
+            assert "embed.weight" in err.value.details()
+
+            # Missing bytes: the stream ends early.
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Publish(stream(upload_messages(2, weights(2))[:-3]))
+            assert err.value.code() == grpc.StatusCode.DATA_LOSS and "upload ended after" in err.value.details()
+
+        assert same(await ps.fetch(), weights(1))
+        with pytest.raises(VersionUnavailable):
+            await ps.fetch(2)
+        metrics = service.metrics.service.render()[0].decode()
+        assert 'relayrl_paramsync_publish_failures_total{reason="checksum"} 1.0' in metrics
+        assert 'relayrl_paramsync_publish_failures_total{reason="incomplete"} 1.0' in metrics
+        # The trainer can still publish version 2 afterwards.
+        await ps.publish(2, weights(2))
+        assert same(await ps.fetch(2), weights(2))
+
+
+async def test_replicas_receive_chunks_before_the_upload_finishes():
+    async with running_service(chunk_bytes=4096) as (address, _), grpc_channel(address) as channel:
+        stub = pb_grpc.ParamSyncStub(channel)
+        messages = upload_messages(1, weights(1), chunk=1000)
+        gate = asyncio.Event()
+
+        async def trainer():
+            yield messages[0]
+            yield messages[1]
+            await gate.wait()  # the trainer is slow: the rest comes only when the test allows it
+            for m in messages[2:]:
+                yield m
+
+        publish = asyncio.ensure_future(stub.Publish(trainer()))
+        replica = pb_grpc.ParamSyncStub(channel)
+        subscription = replica.Subscribe(pb.SubscribeRequest(replica_id="r0"))
+        announcement = await asyncio.wait_for(anext(aiter(subscription)), 5)
+        assert announcement.version == 1 and announcement.transport == "grpc"
+
+        fetch = replica.Fetch(pb.FetchRequest(replica_id="r0", version=1)).__aiter__()
+        first = await asyncio.wait_for(anext(fetch), 5)
+        second = await asyncio.wait_for(anext(fetch), 5)
+        assert first.HasField("manifest") and second.chunk.data == messages[1].chunk.data
+        assert not publish.done()
+
+        gate.set()
+        rest = [m async for m in fetch]
+        assert sum(len(m.chunk.data) for m in rest) + len(second.chunk.data) == first.manifest.total_bytes
+        assert (await publish).version == 1
+        subscription.cancel()
+
+
+async def test_a_fetch_that_sees_corrupt_bytes_raises_and_returns_nothing():
+    async with running_service(chunk_bytes=4096) as (address, _), grpc_channel(address) as channel:
+        stub = pb_grpc.ParamSyncStub(channel)
+        gate = asyncio.Event()
+        corrupt = upload_messages(1, weights(1), corrupt=True)
+
+        async def trainer():
+            for m in corrupt[:-1]:
+                yield m
+            await gate.wait()
+
+        publish = asyncio.ensure_future(stub.Publish(trainer()))
+        await asyncio.sleep(0.2)
+        async with ParamSyncClient(address, max_sync_retries=0) as ps:
+            # The corrupt tensor was forwarded before paramsync finished checking it; the client
+            # verifies on its own and refuses the version.
+            with pytest.raises((ChecksumMismatch, VersionUnavailable)):
+                await ps.fetch(1)
+        gate.set()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await publish
+
+
+async def test_bad_requests_get_clear_grpc_statuses():
+    async with running_service() as (address, _), grpc_channel(address) as channel:
+        stub = pb_grpc.ParamSyncStub(channel)
+        chunk_first = [pb.WeightStreamMessage(chunk=pb.WeightChunk(tensor_name="w", data=b"x"))]
+        bad_manifest = [pb.WeightStreamMessage(manifest=pb.WeightManifest(version=1))]
+        wrong_total = upload_messages(1, weights(1))
+        wrong_total[0].manifest.total_bytes += 1
+        cases = [
+            (stub.Publish(stream([])), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+            (stub.Publish(stream(chunk_first)), grpc.StatusCode.INVALID_ARGUMENT, "must be a manifest"),
+            (stub.Publish(stream(bad_manifest)), grpc.StatusCode.INVALID_ARGUMENT, "checksum_algorithm"),
+            (stub.Publish(stream(wrong_total)), grpc.StatusCode.INVALID_ARGUMENT, "total_bytes"),
+            (stub.ReportVersion(pb.ReportVersionRequest()), grpc.StatusCode.INVALID_ARGUMENT, "replica_id"),
+            (
+                stub.ReportVersion(pb.ReportVersionRequest(replica_id="r", version=-1)),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ">= 0",
+            ),
+        ]
+        for call, code, text in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == code and text in err.value.details()
+        for request, code in [
+            (pb.FetchRequest(version=-1), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.FetchRequest(version=0), grpc.StatusCode.NOT_FOUND),
+            (pb.FetchRequest(version=5), grpc.StatusCode.NOT_FOUND),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                [m async for m in stub.Fetch(request)]
+            assert err.value.code() == code
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [m async for m in stub.Subscribe(pb.SubscribeRequest())]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
