@@ -44,6 +44,11 @@ lint: setup
 proto: setup
 	$(BIN)/python -m relayrl.protogen
 
+# Regenerates the Grafana dashboards and the PrometheusRule in the chart from observability/.
+.PHONY: dashboards
+dashboards: setup
+	$(BIN)/python -m observability.build
+
 bench: setup
 	$(BIN)/relayrl bench queue --json
 	$(BIN)/relayrl bench rollout --json

@@ -1,0 +1,1 @@
+"""Alert rules: ``relayrl-rules.yaml`` is the source, rendered into the chart's PrometheusRule."""
