@@ -18,7 +18,7 @@ EPS = 1e-6
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` where ``mask`` is 1; 0 (never NaN) when the mask is empty."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

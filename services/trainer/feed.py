@@ -19,6 +19,26 @@ from services.trainer.state import TrainerState
 log = logging.getLogger(__name__)
 
 
+def plan_release(
+    version: int, max_staleness: int, sync_every: int, batch_size: int, total_steps: int, released: int, replaced: int
+) -> list[int]:
+    """The training version of each prompt to release now (empty: nothing to release).
+
+    Step k trains at version k // sync_every, so the steps that may use prompts released at
+    version v are those training at <= v + η: (v + η + 1) · sync_every of them (capped by the
+    run's length). Prompts whose groups the queue dropped (``replaced``) are made up for. Each
+    prompt's training version sets its ``min_start_version``, so with η = 0 exactly the current
+    step's prompts are out and a replica can start them only at the current version.
+    """
+    horizon = min((version + max_staleness + 1) * sync_every, total_steps)
+    count = batch_size * horizon + replaced - released
+    out = []
+    for i in range(max(count, 0)):
+        planned_step = (released + i - replaced) // batch_size
+        out.append(max(version, planned_step // sync_every))
+    return out
+
+
 @dataclass
 class Batch:
     groups: list[Group]
@@ -43,37 +63,35 @@ class Feed:
     # --- releasing ----------------------------------------------------------------------
 
     def release_ahead(self) -> int:
-        """Releases training prompts for every step that will train at a version <= v + η.
-
-        Step k trains at version k // sync_every, so the horizon is (v + η + 1) · sync_every
-        steps; groups the queue dropped (stale, malformed) are replaced. Each prompt carries the
-        lowest version allowed to start it, so no replica begins work that would be dropped.
-        """
+        """Releases the training prompts :func:`plan_release` asks for; returns how many."""
         s = self.settings
-        horizon = min((self.state.version + s.max_staleness + 1) * s.sync_every, s.total_steps)
-        replaced = self.queue_dropped + self.state.dropped_stale
-        count = s.batch_size * horizon + replaced - self.state.released
-        if count <= 0:
+        versions = plan_release(
+            self.state.version,
+            s.max_staleness,
+            s.sync_every,
+            s.batch_size,
+            s.total_steps,
+            self.state.released,
+            self.queue_dropped + self.state.dropped_stale,
+        )
+        if not versions:
             return 0
         now = time.time()
-        specs = []
-        for row in self.dataset.take(count):
-            planned_step = (self.state.released - replaced) // s.batch_size
-            train_version = max(self.state.version, planned_step // s.sync_every)
-            specs.append(
-                to_spec(
-                    row,
-                    s.n_samples,
-                    min_start_version(train_version, s.max_staleness),
-                    self.state.version,
-                    now,
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    max_new_tokens=s.max_new_tokens,
-                )
+        specs = [
+            to_spec(
+                row,
+                s.n_samples,
+                min_start_version(train_version, s.max_staleness),
+                self.state.version,
+                now,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_new_tokens=s.max_new_tokens,
             )
-            self.state.released += 1
+            for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
+        ]
         self.io.call(self.queue.release(specs))
+        self.state.released += len(specs)
         return len(specs)
 
     def refresh_dropped(self) -> None:

@@ -167,7 +167,8 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str, norm: Nor
     sequences; seq-mean-token-mean: Σ per-sequence means / sequences. Sequences with no response
     token count for nothing, so an empty mask gives exactly 0.
     """
-    masked = loss_BT * mask_BT
+    # where(), not a product: a non-finite value on a padded position must not leak in as NaN.
+    masked = torch.where(mask_BT > 0, loss_BT, torch.zeros_like(loss_BT))
     if mode == "token-mean":
         return masked.sum() / max(norm.tokens, 1.0)
     if mode == "seq-mean-token-sum":
