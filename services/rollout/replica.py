@@ -187,7 +187,7 @@ class Replica:
         prompt = lease.prompt
         try:
             await self._wait_for_version(prompt.min_start_version, lease.expires_at)
-            results = await asyncio.gather(*(self._generate(prompt, i) for i in range(prompt.n_samples)))
+            results = await self._generate_all(prompt)
             group = await self._build_group(lease, results)
             if not self._fresh(group):
                 return
@@ -223,6 +223,16 @@ class Replica:
                 await asyncio.wait_for(waiter.wait(), remaining)
             except TimeoutError:
                 continue
+
+    async def _generate_all(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
+        """The n samples of one prompt as concurrent engine requests; one failure cancels the rest."""
+        tasks = [asyncio.create_task(self._generate(prompt, i)) for i in range(prompt.n_samples)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
 
     def _sampling(self, prompt: PromptSpec) -> SamplingParams:
         s = self.settings
