@@ -23,8 +23,7 @@ from pathlib import Path
 
 from relayrl.metrics import key_to_metric_name, metric_name
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SERVICES_DIR = REPO_ROOT / "services"
+SERVICES_DIR = Path(__file__).resolve().parent.parent / "services"
 
 # ServiceMetrics' factories and the unit each uses when none is given.
 _FACTORY_DEFAULT_UNIT = {"counter": "", "gauge": "", "histogram": "seconds"}
@@ -75,14 +74,14 @@ def _call_name(call: ast.Call) -> str | None:
     return getattr(call.func, "id", getattr(call.func, "attr", None))
 
 
-def _service_of(tree: ast.AST, path: Path, constants: dict[str, object]) -> str:
+def _service_of(tree: ast.AST, package: str, constants: dict[str, object]) -> str:
     """The service a file's metrics belong to: its ``ServiceMetrics("<name>")``, else its package."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _call_name(node) == "ServiceMetrics" and node.args:
             name = _literal(node.args[0], constants)
             if isinstance(name, str):
                 return name
-    return path.relative_to(SERVICES_DIR).parts[0]
+    return package
 
 
 def _factory_metric(call: ast.Call, service: str, source: str) -> DefinedMetric | None:
@@ -110,11 +109,11 @@ class _FileScan:
     verl_keys: set[str]
 
 
-def _scan(path: Path) -> _FileScan:
+def _scan(path: Path, services_dir: Path) -> _FileScan:
     tree = ast.parse(path.read_text(), filename=str(path))
     constants = _module_constants(tree)
-    service = _service_of(tree, path, constants)
-    source = str(path.relative_to(REPO_ROOT))
+    service = _service_of(tree, path.relative_to(services_dir).parts[0], constants)
+    source = str(path.relative_to(services_dir.parent))
     scan = _FileScan([], set(), set())
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _VERL_KEY.match(node.value):
@@ -136,7 +135,7 @@ def _scan(path: Path) -> _FileScan:
 
 def defined_metrics(services_dir: Path = SERVICES_DIR) -> list[DefinedMetric]:
     """Every metric family the services define, sorted by name."""
-    scans = {path: _scan(path) for path in sorted(services_dir.rglob("*.py"))}
+    scans = {path: _scan(path, services_dir) for path in sorted(services_dir.rglob("*.py"))}
     found = {m.name: m for scan in scans.values() for m in scan.metrics}
     for service in {s for scan in scans.values() for s in scan.dynamic_key_services}:
         for path, scan in scans.items():
@@ -144,7 +143,7 @@ def defined_metrics(services_dir: Path = SERVICES_DIR) -> list[DefinedMetric]:
                 continue
             for key in scan.verl_keys:
                 name = key_to_metric_name(service, key)
-                found.setdefault(name, DefinedMetric(name, "gauge", str(path.relative_to(REPO_ROOT))))
+                found.setdefault(name, DefinedMetric(name, "gauge", str(path.relative_to(services_dir.parent))))
     return sorted(found.values(), key=lambda m: m.name)
 
 

@@ -21,8 +21,8 @@ def build() -> Board:
         stat_panel(
             "Policy version", "Latest version held by paramsync.", [Query("max(relayrl_paramsync_latest_version)")]
         ),
-        stat_panel("Mean reward", "Mean sequence score of the last training batch.", [verl("critic/score/mean")]),
-        stat_panel("Queue depth", "Groups queued for the trainer.", [Query("sum(relayrl_queue_queue_size_groups)")]),
+        stat_panel("Last batch reward", "Mean sequence score of the last training batch.", [verl("critic/score/mean")]),
+        stat_panel("Queued groups", "Groups queued for the trainer.", [Query("sum(relayrl_queue_queue_size_groups)")]),
         stat_panel(
             "Max staleness",
             "Largest sample age at delivery (versions), recent window; bounded by η.",

@@ -20,7 +20,7 @@ def build() -> Board:
             unit="percentunit",
         ),
         stat_panel("Capacity", "Most groups held (queued + pending).", [Query("sum(relayrl_queue_capacity_groups)")]),
-        stat_panel("Consumer lag", "Entries the trainer has not read yet.", [Query(_LAG)]),
+        stat_panel("Unread entries", "Entries the trainer has not read yet.", [Query(_LAG)]),
         stat_panel("Stale ratio", "Stale drops / (deliveries + stale drops).", [Query(_STALE)], unit="percentunit"),
     )
     board.add(
