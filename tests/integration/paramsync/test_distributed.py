@@ -1,0 +1,117 @@
+"""The distributed transport: weights go from a trainer process, through paramsync, into the built-in
+engine over a gloo process group, and the engine's greedy outputs become those of the new weights."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from relayrl.models.loading import load_causal_lm
+from relayrl.net import free_port
+from services.paramsync.client import ParamSyncClient
+from services.rollout.engine_client import EngineClient, SamplingParams
+from tests.integration.paramsync.harness import REPO, python_env, serve_process, stop
+
+pytestmark = pytest.mark.paramsync
+
+HERE = Path(__file__).parent
+PROMPT = [5, 17, 42, 99, 7]
+NEW_TOKENS = 6
+
+
+def reference_logprobs(model_dir: Path, output_ids: list[int]) -> list[float]:
+    """Log-probs the model in ``model_dir`` gives ``output_ids`` after PROMPT, computed with transformers."""
+    model = load_causal_lm(model_dir)
+    ids = torch.tensor([PROMPT + output_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    return [float(logprobs[len(PROMPT) - 1 + i, tok]) for i, tok in enumerate(output_ids)]
+
+
+async def engine_greedy(url: str) -> tuple[list[int], list[float]]:
+    async with EngineClient(url, timeout=60) as engine:
+        params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        out = (await engine.generate(PROMPT, params))[0]
+        return out.output_ids, out.logprobs
+
+
+def start_engine(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port)],
+        env=python_env(RELAYRL_ENGINE_TORCH_THREADS="1"),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),
+    )
+
+
+def wait_healthy(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"engine at {url} never became healthy")
+
+
+def test_distributed_transport_moves_trainer_weights_into_the_engine_over_gloo(tiny_model_dir, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    engine = start_engine(tiny_model_dir, port, tmp_path / "engine.log")
+    try:
+        wait_healthy(url)
+        before = asyncio.run(engine_greedy(url))
+        env = {
+            "RELAYRL_PARAMSYNC_TRANSPORT": "distributed",
+            "RELAYRL_PARAMSYNC_STATIC_REPLICAS": f"engine-0={url}",
+            "RELAYRL_PARAMSYNC_DIST_BUCKET_BYTES": str(256 * 1024),  # several buckets for a tiny model
+            "RELAYRL_PARAMSYNC_SYNC_TIMEOUT": "60",
+        }
+        with serve_process(tmp_path, **env) as (address, _, _):
+            new_model = tmp_path / "trainer-model"
+            trainer = subprocess.run(
+                [sys.executable, str(HERE / "trainer_proc.py"), address, "1", str(new_model), "1234"],
+                env=python_env(),
+                cwd=REPO,
+                capture_output=True,
+                timeout=120,
+            )
+            assert trainer.returncode == 0, trainer.stderr.decode()[-2000:]
+            assert trainer.stdout.startswith(b"PUBLISHED 1")
+
+            async def wait_synced() -> object:
+                async with ParamSyncClient(address) as ps:
+                    deadline = time.monotonic() + 60
+                    while time.monotonic() < deadline:
+                        table = await ps.list_replicas()
+                        if table.replicas and table.replicas[0].version == 1:
+                            return table.replicas[0]
+                        await asyncio.sleep(0.1)
+                raise AssertionError(f"engine never reached version 1: {table}")
+
+            row = asyncio.run(wait_synced())
+            assert row.replica_id == "engine-0" and row.state == "in_sync"
+
+        async def engine_version() -> str:
+            async with EngineClient(url) as client:
+                return await client.weight_version()
+
+        assert asyncio.run(engine_version()) == "1"
+        after_ids, after_logprobs = asyncio.run(engine_greedy(url))
+        expected = reference_logprobs(new_model, after_ids)
+        assert after_logprobs == pytest.approx(expected, abs=1e-4)
+        before_ids, before_logprobs = before
+        assert (after_ids, after_logprobs) != (before_ids, before_logprobs)
+        assert after_logprobs != pytest.approx(reference_logprobs(tiny_model_dir, after_ids), abs=1e-3)
+    finally:
+        stop(engine)
