@@ -1,0 +1,115 @@
+"""Weight updates mid-generation, end to end: a real paramsync service announces a new version,
+the replica's WeightSync fetches it over gRPC and switches the real engine while a sample is
+being generated; each partial-rollout mode must record the right per-token versions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.serving import start_grpc_server
+from relayrl.v1 import paramsync_pb2_grpc
+from services.paramsync.client import ParamSyncClient
+from services.paramsync.config import ParamSyncSettings
+from services.paramsync.discovery import create_discovery
+from services.paramsync.server import SERVICE_NAME, build_service
+from services.rollout.engine_client import EngineClient, SamplingParams
+from services.rollout.generation import generate_sample
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.weight_sync import WeightSync
+from tests.integration.rollout.conftest import EngineProcess
+from tests.integration.rollout.replica_harness import wait_until
+
+
+@contextlib.asynccontextmanager
+async def paramsync_service() -> AsyncIterator[str]:
+    settings = ParamSyncSettings(transport="grpc")
+    service = build_service(settings)
+    tasks = [
+        asyncio.create_task(service.run_deliveries()),
+        asyncio.create_task(service.watch_discovery(create_discovery(settings))),
+    ]
+    server = await start_grpc_server(
+        "127.0.0.1", 0, [lambda s: paramsync_pb2_grpc.add_ParamSyncServicer_to_server(service, s)], [SERVICE_NAME]
+    )
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        await server.stop(0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v * scale for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+
+
+@pytest.mark.parametrize("mode", ["abort_resume", "in_place", "restart"])
+async def test_partial_rollout_records_per_token_versions(
+    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    budget = 400
+    async with (
+        paramsync_service() as address,
+        ParamSyncClient(address) as paramsync,
+        EngineClient(engine.url) as client,
+    ):
+        old = int(await client.weight_version())
+        held = {"version": old}
+
+        async def on_version(version: int, _: float) -> None:
+            held["version"] = version
+
+        sync = WeightSync(
+            source=paramsync,
+            engine=client,
+            replica_id="r-partial",
+            engine_url=engine.url,
+            mode=mode,
+            weights_dir=tmp_path / "weights",
+            control_lock=asyncio.Lock(),
+            is_paused=lambda: False,
+            held_version=lambda: held["version"],
+            on_version=on_version,
+            on_latest=lambda _: None,
+            metrics=RolloutMetrics(),
+        )
+        syncing = asyncio.create_task(sync.run())
+        sample = asyncio.create_task(
+            generate_sample(client, [5, 6, 7], SamplingParams(max_new_tokens=budget, ignore_eos=True), mode, old, "s")
+        )
+        start = (await client.model_info())["generated_tokens"]
+        await wait_until(lambda: _generated_since(client, start, 20), what="generation under way")
+        await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))
+        result = await asyncio.wait_for(sample, 60)
+        await wait_until(lambda: held["version"] == old + 1, what="version switch")
+        syncing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await syncing
+        table = await paramsync.list_replicas()
+
+    new = old + 1
+    assert len(result.output_ids) == budget == len(result.logprobs) == len(result.versions)
+    assert result.finish_reason == "length"
+    assert result.versions == sorted(result.versions), "versions only move forward within a sample"
+    assert set(result.versions) <= {old, new}
+    assert result.versions[-1] == new, "the sample finished after the switch"
+    if mode == "restart":
+        assert result.resubmits >= 1
+        assert set(result.versions) == {new}, "a restarted sample keeps nothing from the old policy"
+    else:
+        assert result.versions[0] == old, "tokens generated before the switch keep their version"
+        assert result.resubmits == (1 if mode == "abort_resume" else 0)
+    assert [(r.replica_id, r.version) for r in table.replicas] == [("r-partial", new)]
+
+
+async def _generated_since(client: EngineClient, start: int, count: int) -> bool:
+    return (await client.model_info())["generated_tokens"] >= start + count
