@@ -1,0 +1,104 @@
+"""One call to one component, turned into a value or a :class:`CallError` that names the
+endpoint and the cause in words (never a traceback)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import httpx
+from pydantic import SecretStr
+
+from relayrl.serving import GRPC_CHANNEL_OPTIONS
+
+T = TypeVar("T")
+
+
+class CallError(Exception):
+    """A failed call: ``endpoint`` is what was called, ``cause`` says why in plain words."""
+
+    def __init__(self, endpoint: str, cause: str) -> None:
+        super().__init__(f"{endpoint}: {cause}")
+        self.endpoint = endpoint
+        self.cause = cause
+
+
+_TOKEN_HINT = "set RELAYRL_API_TOKEN to the deployment's API token"
+
+
+class HttpControl:
+    """REST calls with the bearer token to one service's HTTP port."""
+
+    def __init__(self, base_url: str, token: SecretStr, timeout_s: float) -> None:
+        self.base_url = base_url
+        self._token = token.get_secret_value()
+        self._timeout_s = timeout_s
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        endpoint = f"{method} {self.base_url}{path}"
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=self._timeout_s) as client:
+                response = client.request(method, path, json=body, headers=headers)
+        except httpx.ConnectError as exc:
+            raise CallError(endpoint, f"unreachable ({_reason(exc)}); is the service running there?") from None
+        except httpx.TimeoutException:
+            raise CallError(endpoint, f"no answer within {self._timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise CallError(endpoint, f"request failed: {_reason(exc)}") from None
+        if response.status_code == httpx.codes.UNAUTHORIZED:
+            cause = "missing API token" if not self._token else "the API token was refused"
+            raise CallError(endpoint, f"401 Unauthorized: {cause} ({_detail(response)}); {_TOKEN_HINT}")
+        if response.status_code == httpx.codes.FORBIDDEN:
+            raise CallError(endpoint, f"403 Forbidden: {_detail(response)}")
+        if response.status_code == httpx.codes.NOT_FOUND:
+            raise CallError(endpoint, "404 Not Found: no such route; is this the right service's HTTP port?")
+        if response.is_error:
+            raise CallError(endpoint, f"{response.status_code} {response.reason_phrase}: {_detail(response)}")
+        try:
+            payload = response.json()
+        except ValueError:
+            raise CallError(endpoint, "the answer is not JSON; is this a RelayRL service?") from None
+        if not isinstance(payload, dict):
+            raise CallError(endpoint, "the answer is not a JSON object; is this a RelayRL service?")
+        return payload
+
+
+def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel], T], timeout_s: float) -> T:
+    """Runs ``invoke`` on a fresh channel to ``address``, mapping gRPC failures to :class:`CallError`."""
+    endpoint = f"gRPC {address} {method}"
+    with grpc.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise CallError(endpoint, f"unreachable (no connection within {timeout_s:g} s)") from None
+        try:
+            return invoke(channel)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise CallError(endpoint, f"unavailable ({details})") from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise CallError(endpoint, f"no answer within {timeout_s:g} s") from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise CallError(endpoint, "not served there; is this the right service's gRPC port?") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise CallError(endpoint, f"unauthenticated ({details}); {_TOKEN_HINT}") from None
+            raise CallError(endpoint, f"{code.name if code else 'error'}: {details}") from None
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    if "Connection refused" in text or "Errno 111" in text:
+        return "connection refused"
+    return text or type(exc).__name__
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else (response.text.strip()[:200] or "no details")

@@ -1,0 +1,73 @@
+"""Where ``relayrl ctl`` finds each component, read from ``RELAYRL_CTL_*`` (and the shared token).
+
+Example for a local stack::
+
+    export RELAYRL_CTL_ROLLOUT_URLS=http://127.0.0.1:8101,http://127.0.0.1:8102
+    export RELAYRL_CTL_TRAINER_URL=http://127.0.0.1:8200
+    export RELAYRL_CTL_QUEUE_ADDRESS=127.0.0.1:50051
+    export RELAYRL_CTL_PARAMSYNC_ADDRESS=127.0.0.1:50052
+    export RELAYRL_API_TOKEN=...
+
+The same variables may sit in a dotenv file passed with ``relayrl ctl --env-file FILE``.
+A component left empty is reported as "not configured" rather than guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from relayrl.config import shared_field
+
+
+class CtlSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYRL_CTL_", populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+    api_token: SecretStr = shared_field(
+        "api_token",
+        SecretStr(""),
+        "Bearer token sent to control routes (RELAYRL_API_TOKEN, the same variable the services read).",
+    )
+    rollout_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="HTTP base URLs of the rollout replicas (their http_port), comma-separated. Default: none.",
+    )
+    trainer_url: str = Field("", description="HTTP base URL of the trainer (global rank 0). Default: none.")
+    queue_address: str = Field("", description="gRPC host:port of the queue service. Default: none.")
+    paramsync_address: str = Field("", description="gRPC host:port of paramsync. Default: none.")
+    timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for each call before calling it failed.")
+
+    @field_validator("rollout_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("rollout_urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        return [_http_url(url) for url in urls]
+
+    @field_validator("trainer_url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        return _http_url(url) if url else url
+
+    @field_validator("queue_address", "paramsync_address")
+    @classmethod
+    def _check_address(cls, address: str) -> str:
+        host, sep, port = address.rpartition(":")
+        if address and not (sep and host and port.isdigit()):
+            raise ValueError(f"expected host:port, got {address!r}")
+        return address
+
+
+def _http_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    return url.rstrip("/")
