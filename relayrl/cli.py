@@ -20,6 +20,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "rollout": "services.rollout.cli",
     "queue": "services.queue.cli",
     "paramsync": "services.paramsync.cli",
+    "ctl": "relayrl.ctl.cli",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.
