@@ -17,7 +17,9 @@ RELEASE = "rl"
 NAMESPACE = "relayrl"
 FULLNAME = "rl-relayrl"
 # The Prometheus Operator CRDs, as `helm install` sees them on a cluster that has them.
-MONITORING_APIS = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor")
+MONITORING_APIS = tuple(
+    f"monitoring.coreos.com/v1/{kind}" for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+)
 
 
 class HelmError(RuntimeError):

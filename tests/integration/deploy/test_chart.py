@@ -32,6 +32,7 @@ KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
 CRD_SCHEMAS = {
     "ServiceMonitor": Path(__file__).parent / "crd_schemas" / "servicemonitor.json",
     "PodMonitor": Path(__file__).parent / "crd_schemas" / "podmonitor.json",
+    "PrometheusRule": Path(__file__).parent / "crd_schemas" / "prometheusrule.json",
 }
 DEFAULT_PROFILE = CHART / "ci" / "default-values.yaml"
 CPU_PROFILE = CHART / "ci" / "cpu-values.yaml"
@@ -60,9 +61,9 @@ def test_helm_lint(profile: Path) -> None:
     assert "0 chart(s) failed" in output
 
 
-@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.stem)
-def test_rendered_objects_pass_strict_kubernetes_schemas(profile: Path) -> None:
-    docs = rendered(profile).docs
+@pytest.mark.parametrize("profile", [None, *PROFILES], ids=lambda p: p.stem if p else "chart-defaults")
+def test_rendered_objects_pass_strict_kubernetes_schemas(profile: Path | None) -> None:
+    docs = rendered(profile).docs if profile else render(api_versions=MONITORING_APIS).docs
     assert len(docs) > 10
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -72,7 +73,7 @@ def test_rendered_objects_pass_strict_kubernetes_schemas(profile: Path) -> None:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{profile.stem}: {doc['kind']}/{doc['metadata']['name']} invalid at {version}: {exc}")
+                pytest.fail(f"{profile}: {doc['kind']}/{doc['metadata']['name']} invalid at {version}: {exc}")
 
 
 def test_strict_validation_catches_a_misplaced_field() -> None:
@@ -280,3 +281,18 @@ def test_a_typo_in_values_is_rejected_with_a_clear_message(setting: str, message
         render(sets=(setting,))
     assert message in str(failure.value)
     assert "values don't meet the specifications of the schema" in str(failure.value)
+
+
+def test_dashboards_switch_ships_each_dashboard_file_to_the_grafana_sidecar() -> None:
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    assert not [d for d in render().of_kind("ConfigMap") if "-dashboard-" in d["metadata"]["name"]]
+    shipped = [
+        d
+        for d in render(sets=("dashboards.enabled=true",)).of_kind("ConfigMap")
+        if "-dashboard-" in d["metadata"]["name"]
+    ]
+    assert len(shipped) == len(files)
+    for dashboard in shipped:
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, body),) = dashboard["data"].items()
+        assert json.loads(body) == json.loads((CHART / "dashboards" / name).read_text())
