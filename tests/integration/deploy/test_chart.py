@@ -296,3 +296,10 @@ def test_dashboards_switch_ships_each_dashboard_file_to_the_grafana_sidecar() ->
         assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
         ((name, body),) = dashboard["data"].items()
         assert json.loads(body) == json.loads((CHART / "dashboards" / name).read_text())
+
+
+def test_clusters_older_than_1_28_are_refused() -> None:
+    # The trainer's node rank comes from the pod-index label, which 1.28 introduced.
+    with pytest.raises(HelmError, match=r"chart requires kubeVersion: >=1.28.0-0"):
+        helm("template", "rl", str(CHART), "--kube-version", "1.27.0")
+    assert helm("template", "rl", str(CHART), "--kube-version", "1.28.0")
