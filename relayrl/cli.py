@@ -20,12 +20,16 @@ COMMAND_GROUPS: dict[str, str] = {
     "rollout": "services.rollout.cli",
     "queue": "services.queue.cli",
     "paramsync": "services.paramsync.cli",
+    "trainer": "services.trainer.cli",
     "ctl": "relayrl.ctl.cli",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.
 BENCHMARKS: dict[str, str] = {
     "queue": "services.queue.cli:bench",
+    "rollout": "services.rollout.cli:bench",
+    "paramsync": "services.paramsync.cli:bench",
+    "trainer": "services.trainer.cli:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
