@@ -15,8 +15,10 @@ subprocesses it starts) stay synchronous.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -135,9 +137,7 @@ class Stack:
 
     def trainer_env(self, model_dir: Path, run_dir: Path, **settings: Any) -> dict[str, str]:
         env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(REPO),
+            **python_env(),
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_TRAINER_MODEL_DIR": str(model_dir),
             "RELAYRL_TRAINER_RUN_DIR": str(run_dir),
@@ -148,6 +148,39 @@ class Stack:
             name = "RELAYRL_MAX_STALENESS" if key == "max_staleness" else f"RELAYRL_TRAINER_{key.upper()}"
             env[name] = str(value)
         return env
+
+
+def torchrun(nproc: int, module: str, *args: str) -> list[str]:
+    """torchrun in standalone mode (it picks a free rendezvous port itself)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
+
+
+def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+    """Stops a job started in its own session, all its processes (torchrun's workers too)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout_s)
+    # Workers may outlive torchrun's own exit by a moment; none may be left behind.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def python_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> subprocess.Popen[bytes]:
