@@ -45,3 +45,20 @@ def serve_command(
     from services.rollout.server import serve
 
     asyncio.run(serve(settings))
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line (the default format).")] = True,
+    prompts: Annotated[int, typer.Option(help="Prompts generated through each path.")] = 32,
+    n: Annotated[int, typer.Option(help="Samples per prompt.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Response budget per sample, tokens.")] = 64,
+    inflight: Annotated[int, typer.Option(help="Prompts in flight (requests in flight = inflight × n).")] = 8,
+    rounds: Annotated[int, typer.Option(help="Alternating direct/service rounds; medians are reported.")] = 3,
+) -> None:
+    """Tokens/s through the rollout service vs. the same requests sent straight to the engine, same run."""
+    import json
+
+    from services.rollout.bench import run_bench
+
+    result = run_bench(prompts, n, max_new_tokens, inflight, rounds)
+    typer.echo(json.dumps(result.to_dict()))

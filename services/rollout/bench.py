@@ -1,0 +1,187 @@
+"""``relayrl bench rollout``: generation throughput through the rollout service vs. straight to the engine.
+
+Both paths run in one process against the same built-in engine process (tiny model, CPU), with
+the same prompts, sample count, token budget and concurrency: ``direct`` (the requests sent
+straight to the engine's ``/generate``) and ``service`` (prompts released to a real queue
+service backed by a private redis-server, leased, generated, scored and pushed by a replica,
+pulled back). The two alternate for ``rounds`` rounds and each figure is the median over the
+rounds, so load from other processes on a shared machine hits both alike.
+``overhead_ratio = direct_tokens_per_s / tokens_per_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from relayrl.net import free_port
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    tokens_per_s: float
+    direct_tokens_per_s: float
+    overhead_ratio: float
+    prompts: int
+    n_samples: int
+    max_new_tokens: int
+    concurrency: int
+    rounds: int
+    service_tokens: int
+    direct_tokens: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def _start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RELAYRL_ENGINE_TORCH_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("engine process exited during start-up")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("engine did not start")
+
+
+async def _direct(engine_url: str, prompts: list[list[int]], n: int, max_new_tokens: int, concurrency: int) -> int:
+    from services.rollout.engine_client import EngineClient, SamplingParams
+
+    gate = asyncio.Semaphore(concurrency)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+
+    async def one(client: EngineClient, prompt: list[int]) -> int:
+        async with gate:
+            (out,) = await client.generate(prompt, params)
+            return len(out.output_ids)
+
+    async with EngineClient(engine_url) as client:
+        counts = await asyncio.gather(*(one(client, p) for p in prompts for _ in range(n)))
+    return sum(counts)
+
+
+async def _through_service(
+    engine_url: str, redis_url: str, prompts: list[list[int]], n: int, max_new_tokens: int, inflight: int
+) -> tuple[int, float]:
+    """Tokens generated and seconds from releasing the prompts to pulling the last group."""
+    from relayrl.schema import PromptSpec
+    from services.queue.client import QueueClient
+    from services.queue.config import QueueSettings
+    from services.queue.server import start_queue_server
+    from services.rollout.config import RolloutSettings
+    from services.rollout.engine_client import EngineClient
+    from services.rollout.replica import Replica
+    from services.rollout.rewards import RewardRunner, resolve_reward
+
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    queue = await start_queue_server(QueueSettings(redis_url=redis_url, run_id=run_id, poll_interval_s=0.005))
+    settings = RolloutSettings(
+        engine_url=engine_url,
+        queue_address=queue.grpc_address,
+        max_new_tokens=max_new_tokens,
+        max_inflight_prompts=inflight,
+        lease_block_timeout_s=0.05,
+        engine_check_interval_s=0.2,
+    )
+    rewards = RewardRunner(resolve_reward("builtin"), settings.reward_timeout_s)
+    engine = EngineClient(engine_url)
+    async with QueueClient(queue.grpc_address) as client:
+        replica = Replica(settings, engine, client, rewards)
+        probe = asyncio.create_task(replica.watch_engine())
+        while not replica.ready():
+            await asyncio.sleep(0.05)
+        specs = [
+            PromptSpec(prompt_id=f"bench/{i}", prompt_token_ids=p, n_samples=n, data_source="relayrl/copy")
+            for i, p in enumerate(prompts)
+        ]
+        # Timed like the direct path: from the first request to the last answer, servers already up.
+        started = time.perf_counter()
+        await client.release(specs)
+        loop = asyncio.create_task(replica.run())
+        tokens, received = 0, 0
+        while received < len(specs):
+            delivered = await client.pull("bench", 0, 1_000_000, len(specs) - received, block_timeout_s=0.2)
+            received += len(delivered)
+            tokens += sum(len(s.response_token_ids) for d in delivered for s in d.group.samples)
+        seconds = time.perf_counter() - started
+        for task in (loop, probe):
+            task.cancel()
+        await asyncio.gather(loop, probe, return_exceptions=True)
+    await engine.aclose()
+    rewards.close()
+    await queue.stop()
+    return tokens, seconds
+
+
+async def _measure(
+    engine_url: str, redis_url: str, prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int
+) -> BenchResult:
+    token_lists = [[5 + (i % 50), 6, 7, 8, 9] for i in range(prompts)]
+    await _direct(engine_url, token_lists[:inflight], n, 4, inflight * n)  # warm-up
+    direct_rates, service_rates, direct_tokens, service_tokens = [], [], 0, 0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        tokens = await _direct(engine_url, token_lists, n, max_new_tokens, inflight * n)
+        direct_rates.append(tokens / (time.perf_counter() - started))
+        direct_tokens += tokens
+        tokens, seconds = await _through_service(engine_url, redis_url, token_lists, n, max_new_tokens, inflight)
+        service_rates.append(tokens / seconds)
+        service_tokens += tokens
+    direct_rate, service_rate = statistics.median(direct_rates), statistics.median(service_rates)
+    return BenchResult(
+        tokens_per_s=round(service_rate, 1),
+        direct_tokens_per_s=round(direct_rate, 1),
+        overhead_ratio=round(direct_rate / service_rate, 3),
+        prompts=prompts,
+        n_samples=n,
+        max_new_tokens=max_new_tokens,
+        concurrency=inflight * n,
+        rounds=rounds,
+        service_tokens=service_tokens,
+        direct_tokens=direct_tokens,
+    )
+
+
+def run_bench(prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int) -> BenchResult:
+    from relayrl.models.tiny import init_tiny
+    from relayrl.redis_process import RedisProcess
+
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-rollout-") as tmp:
+        model_dir = init_tiny(Path(tmp) / "model")
+        redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
+        port = free_port()
+        engine = _start_engine(model_dir, port)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            return asyncio.run(_measure(url, redis.url, prompts, n, max_new_tokens, inflight, rounds))
+        finally:
+            engine.send_signal(signal.SIGTERM)
+            try:
+                engine.wait(15)
+            except subprocess.TimeoutExpired:
+                engine.kill()
+                engine.wait()
+            redis.stop()
