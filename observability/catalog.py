@@ -35,7 +35,7 @@ _VERL_KEY = re.compile(r"^[a-z][a-z0-9_]*(/[a-z0-9_@.]+)+$")
 @dataclass(frozen=True)
 class DefinedMetric:
     name: str  # the metric family name as prometheus_client registers it
-    kind: str  # counter, gauge or histogram
+    kind: str  # counter, gauge, histogram or histogram_without_sum
     source: str  # file that defines it, relative to the repository
 
     def series(self) -> tuple[str, ...]:
@@ -45,6 +45,8 @@ class DefinedMetric:
             return (f"{base}_total",)
         if self.kind == "histogram":
             return tuple(f"{self.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+        if self.kind == "histogram_without_sum":
+            return (f"{self.name}_bucket", f"{self.name}_count")
         return (self.name,)
 
 
@@ -98,6 +100,10 @@ def _factory_metric(call: ast.Call, service: str, source: str) -> DefinedMetric 
     unit = _FACTORY_DEFAULT_UNIT[kind] if unit_node is None else _literal(unit_node)
     if not isinstance(unit, str):
         return None
+    buckets = next((_literal(k.value) for k in call.keywords if k.arg == "buckets"), None)
+    # prometheus_client drops _sum from a histogram with a negative bucket (the sum could fall).
+    if kind == "histogram" and isinstance(buckets, list | tuple) and any(b < 0 for b in buckets):
+        kind = "histogram_without_sum"
     return DefinedMetric(metric_name(service, what, unit), kind, source)
 
 

@@ -67,13 +67,12 @@ def build() -> Board:
         ),
         timeseries_panel(
             "Reward",
-            "Mean reward of the last pushed group per replica, and the mean over all samples.",
+            "Mean reward of the last pushed group per replica, and the median over recent samples.",
             [
                 Query("avg by (instance) (relayrl_rollout_reward_mean)", "{{instance}}"),
                 Query(
-                    f"sum({counter_rate('relayrl_rollout_reward_sum')})"
-                    f" / clamp_min(sum({counter_rate('relayrl_rollout_reward_count')}), 1e-9)",
-                    "all samples",
+                    f"histogram_quantile(0.5, sum by (le) ({counter_rate('relayrl_rollout_reward_bucket')}))",
+                    "median, all replicas",
                 ),
             ],
         ),

@@ -21,6 +21,7 @@ class M:
         self.d = m.histogram("latency", "doc")
         self.e = m.histogram("length", "doc", unit="tokens")
         self.f = m.counter("errors", "doc")
+        self.g = m.histogram("reward", "doc", unit="", buckets=(-1, 0, 1))
 """
 
 _DYNAMIC_KEYS = """
@@ -56,6 +57,7 @@ def test_factory_calls_expand_like_prometheus_client(tmp_path: Path) -> None:
     m.histogram("latency", "doc").observe(0.1)
     m.histogram("length", "doc", unit="tokens").observe(3)
     m.counter("errors", "doc").inc()
+    m.histogram("reward", "doc", unit="", buckets=(-1, 0, 1)).observe(0.5)
     exposed = {
         line.split("{")[0].split(" ")[0]
         for line in generate_latest(m.registry).decode().splitlines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -104,3 +105,10 @@ def test_required_alerts_exist() -> None:
         "RelayRLNoTrainingProgress",
         "RelayRLDeadLetterGrowth",
     } <= names
+
+
+def test_queries_use_only_the_rate_interval_variable() -> None:
+    # The Prometheus test substitutes $__rate_interval; any other variable would reach Prometheus raw.
+    for board in BOARDS:
+        for q in dashboard_queries(board):
+            assert set(re.findall(r"\$\{?\w+", q.expr)) <= {"$__rate_interval"}, f"{q.dashboard} / {q.panel}"
