@@ -9,18 +9,15 @@ from pathlib import Path
 
 from relayrl.http_app import create_http_app
 from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
-from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
-from services.paramsync.service import ParamSyncService
+from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
 from services.paramsync.store import VersionStore
 from services.paramsync.table import VersionTable, lag_deadline_s
 from services.paramsync.transports import setup_transport
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = "relayrl.v1.ParamSync"
 
 
 def build_service(settings: ParamSyncSettings) -> ParamSyncService:
@@ -49,7 +46,7 @@ async def serve(settings: ParamSyncSettings) -> None:
     grpc_server = await start_grpc_server(
         settings.host,
         settings.grpc_port,
-        [lambda s: pb_grpc.add_ParamSyncServicer_to_server(service, s)],
+        [lambda s: add_to_server(service, s)],
         [SERVICE_NAME],
     )
 

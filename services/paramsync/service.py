@@ -27,6 +27,47 @@ from services.paramsync.transports.base import WeightTransport
 
 log = logging.getLogger(__name__)
 
+SERVICE_NAME = "relayrl.v1.ParamSync"
+
+
+def _serialize_stream_message(message: pb.WeightStreamMessage | bytes) -> bytes:
+    # Fetch yields chunks already serialized (shared between replicas) and the manifest as a message.
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_to_server(service: ParamSyncService, server: grpc.aio.Server) -> None:
+    """Registers ParamSync like the generated ``add_ParamSyncServicer_to_server``, except that
+    Fetch may yield pre-serialized chunks."""
+    handlers = {
+        "Publish": grpc.stream_unary_rpc_method_handler(
+            service.Publish,
+            request_deserializer=pb.WeightStreamMessage.FromString,
+            response_serializer=pb.PublishResponse.SerializeToString,
+        ),
+        "Fetch": grpc.unary_stream_rpc_method_handler(
+            service.Fetch,
+            request_deserializer=pb.FetchRequest.FromString,
+            response_serializer=_serialize_stream_message,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            service.Subscribe,
+            request_deserializer=pb.SubscribeRequest.FromString,
+            response_serializer=pb.VersionAnnouncement.SerializeToString,
+        ),
+        "ReportVersion": grpc.unary_unary_rpc_method_handler(
+            service.ReportVersion,
+            request_deserializer=pb.ReportVersionRequest.FromString,
+            response_serializer=pb.ReportVersionResponse.SerializeToString,
+        ),
+        "ListReplicas": grpc.unary_unary_rpc_method_handler(
+            service.ListReplicas,
+            request_deserializer=pb.ListReplicasRequest.FromString,
+            response_serializer=pb.ListReplicasResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
 
 class Announcer:
     """Fans announcements out to every open Subscribe stream."""
@@ -222,23 +263,21 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
         except StoreError as err:
             await self._abort(context, err)
         yield pb.WeightStreamMessage(manifest=stored.manifest.to_proto())
-        data = memoryview(stored.data)
-        for spec, start in zip(stored.manifest.tensors, stored.manifest.offsets(), strict=True):
-            position, end = start, start + spec.num_bytes
-            while position < end:
+        # Chunks sit on a fixed grid (multiples of chunk_bytes inside each tensor) so replicas
+        # fetching together share one serialized copy of each chunk.
+        for index, (spec, start) in enumerate(zip(stored.manifest.tensors, stored.manifest.offsets(), strict=True)):
+            for offset in range(0, spec.num_bytes, self.chunk_bytes):
+                stop = min(offset + self.chunk_bytes, spec.num_bytes)
                 try:
-                    await stored.wait_past(position, self.upload_idle_timeout_s)
+                    await stored.wait_past(start + stop - 1, self.upload_idle_timeout_s)
                 except TimeoutError:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"version {stored.version} stalled")
                 if stored.state is VersionState.FAILED:
                     await context.abort(
                         grpc.StatusCode.ABORTED, f"upload of version {stored.version} failed: {stored.error}"
                     )
-                stop = min(end, stored.received, position + self.chunk_bytes)
-                chunk = pb.WeightChunk(tensor_name=spec.name, offset=position - start, data=bytes(data[position:stop]))
-                yield pb.WeightStreamMessage(chunk=chunk)
-                self.metrics.bytes_sent.labels("grpc").inc(stop - position)
-                position = stop
+                yield stored.serialized_chunk(index, offset, stop)
+                self.metrics.bytes_sent.labels("grpc").inc(stop - offset)
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext

@@ -11,12 +11,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
 
+from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
+
+# Serialized Fetch chunks kept per version. Replicas fetching together read the same chunks at
+# about the same time, so each chunk is serialized once however many replicas there are.
+SERIALIZED_CHUNKS_KEPT = 8
 
 
 class VersionState(enum.Enum):
@@ -43,6 +49,7 @@ class StoredVersion:
     error: str = ""
     published_at_unix_s: float = field(default_factory=time.time)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    _serialized: OrderedDict[tuple[int, int], bytes] = field(default_factory=OrderedDict)
 
     @classmethod
     def empty(cls, manifest: Manifest) -> StoredVersion:
@@ -62,6 +69,19 @@ class StoredVersion:
         while self.received <= position and self.state is VersionState.UPLOADING:
             event = self._progress
             await asyncio.wait_for(event.wait(), timeout_s)
+
+    def serialized_chunk(self, index: int, offset: int, stop: int) -> bytes:
+        """The Fetch message for bytes ``[offset, stop)`` of tensor ``index``, serialized once and shared."""
+        key = (index, offset)
+        cached = self._serialized.get(key)
+        if cached is None:
+            spec, start = self.manifest.tensors[index], self.manifest.offsets()[index]
+            data = bytes(memoryview(self.data)[start + offset : start + stop])
+            chunk = pb.WeightChunk(tensor_name=spec.name, offset=offset, data=data)
+            cached = self._serialized[key] = pb.WeightStreamMessage(chunk=chunk).SerializeToString()
+            while len(self._serialized) > SERIALIZED_CHUNKS_KEPT:
+                self._serialized.popitem(last=False)
+        return cached
 
 
 class UploadWriter:

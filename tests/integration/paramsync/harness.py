@@ -13,11 +13,10 @@ from pathlib import Path
 
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
-from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.discovery import create_discovery
-from services.paramsync.server import SERVICE_NAME, build_service
-from services.paramsync.service import ParamSyncService
+from services.paramsync.server import build_service
+from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,9 +32,7 @@ async def running_service(**overrides: object) -> AsyncIterator[tuple[str, Param
         asyncio.create_task(service.watch_discovery(create_discovery(settings))),
         asyncio.create_task(service.watch_deadlines(0.1)),
     ]
-    server = await start_grpc_server(
-        "127.0.0.1", 0, [lambda s: pb_grpc.add_ParamSyncServicer_to_server(service, s)], [SERVICE_NAME]
-    )
+    server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
     try:
         yield f"127.0.0.1:{server.port}", service
     finally:
