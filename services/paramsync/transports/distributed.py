@@ -110,6 +110,7 @@ class DistributedTransport(WeightTransport):
                 return
             for replica in healthy:
                 self.table.record_success(replica.replica_id, stored.version, time.perf_counter() - started)
+            self.table.metrics.bytes_sent.labels(self.name).inc(stored.manifest.total_bytes * len(healthy))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients.values()))
 

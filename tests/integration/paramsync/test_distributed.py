@@ -73,7 +73,10 @@ def test_distributed_transport_moves_trainer_weights_into_the_engine_over_gloo(t
         before = asyncio.run(engine_greedy(url))
         env = {
             "RELAYRL_PARAMSYNC_TRANSPORT": "distributed",
-            "RELAYRL_PARAMSYNC_STATIC_REPLICAS": f"engine-0={url}",
+            # ghost's engine never answers: it must end up lagging without holding engine-0 back.
+            "RELAYRL_PARAMSYNC_STATIC_REPLICAS": f"engine-0={url},ghost=http://127.0.0.1:{free_port()}",
+            "RELAYRL_PARAMSYNC_MAX_SYNC_RETRIES": "1",
+            "RELAYRL_PARAMSYNC_SYNC_RETRY_DELAY": "0.1",
             "RELAYRL_PARAMSYNC_DIST_BUCKET_BYTES": str(256 * 1024),  # several buckets for a tiny model
             "RELAYRL_PARAMSYNC_SYNC_TIMEOUT": "60",
         }
@@ -93,14 +96,15 @@ def test_distributed_transport_moves_trainer_weights_into_the_engine_over_gloo(t
                 async with ParamSyncClient(address) as ps:
                     deadline = time.monotonic() + 60
                     while time.monotonic() < deadline:
-                        table = await ps.list_replicas()
-                        if table.replicas and table.replicas[0].version == 1:
-                            return table.replicas[0]
+                        rows = {r.replica_id: r for r in (await ps.list_replicas()).replicas}
+                        if rows["engine-0"].version == 1 and rows["ghost"].state == "lagging":
+                            return rows
                         await asyncio.sleep(0.1)
-                raise AssertionError(f"engine never reached version 1: {table}")
+                raise AssertionError(f"engine-0 never reached version 1 with ghost lagging: {rows}")
 
-            row = asyncio.run(wait_synced())
-            assert row.replica_id == "engine-0" and row.state == "in_sync"
+            rows = asyncio.run(wait_synced())
+            assert rows["engine-0"].state == "in_sync" and rows["ghost"].version == 0
+            assert "health" in rows["ghost"].last_error or "not delivered" in rows["ghost"].last_error
 
         async def engine_version() -> str:
             async with EngineClient(url) as client:
