@@ -8,12 +8,14 @@ Example for a local stack::
     export RELAYRL_CTL_PARAMSYNC_ADDRESS=127.0.0.1:50052
     export RELAYRL_API_TOKEN=...
 
-The same variables may sit in a dotenv file passed with ``relayrl ctl --env-file FILE``.
+The same variables may sit in a dotenv file passed with ``relayrl ctl --env-file FILE``
+(:func:`env_file_text` writes one).
 A component left empty is reported as "not configured" rather than guessed.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
@@ -44,6 +46,9 @@ class CtlSettings(BaseSettings):
     @field_validator("rollout_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:
+        # Accept both spellings users reach for: a JSON list, or URLs separated by commas.
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            return json.loads(value)
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -71,3 +76,17 @@ def _http_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
     return url.rstrip("/")
+
+
+def env_file_text(
+    api_token: str, rollout_urls: list[str], trainer_url: str, queue_address: str, paramsync_address: str
+) -> str:
+    """A dotenv file for ``relayrl ctl --env-file`` pointing at one deployment (what ``relayrl up`` can write)."""
+    lines = {
+        "RELAYRL_API_TOKEN": api_token,
+        "RELAYRL_CTL_ROLLOUT_URLS": ",".join(rollout_urls),
+        "RELAYRL_CTL_TRAINER_URL": trainer_url,
+        "RELAYRL_CTL_QUEUE_ADDRESS": queue_address,
+        "RELAYRL_CTL_PARAMSYNC_ADDRESS": paramsync_address,
+    }
+    return "".join(f"{name}={value}\n" for name, value in lines.items())

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import SecretStr
 
-from relayrl.ctl.config import CtlSettings
+from relayrl.ctl.config import CtlSettings, env_file_text
 from relayrl.ctl.deployment import act, gather_status
 from relayrl.http_app import create_http_app
 from relayrl.net import free_port
@@ -224,3 +224,16 @@ def test_bad_arguments_and_settings_get_a_message_not_a_traceback(deployment: De
     assert bad_url.returncode == 2 and "RELAYRL_CTL_TRAINER_URL" in bad_url.stderr
     for done in (both, wrong, bad_url):
         assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_cli_reads_endpoints_and_token_from_an_env_file(deployment: Deployment, tmp_path: Path) -> None:
+    env_file = tmp_path / "ctl.env"
+    env_file.write_text(
+        env_file_text(TOKEN, [], deployment.trainer_url, deployment.queue_address, deployment.paramsync_address)
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}
+    done = _ctl("--env-file", str(env_file), "status", "--service", "trainer", env=clean)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trainer step 7/20" in done.stdout
+    missing = _ctl("--env-file", str(tmp_path / "nope.env"), "status", env=clean)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

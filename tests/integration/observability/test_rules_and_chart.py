@@ -1,7 +1,8 @@
-"""The alert rules pass promtool, fire on the situations they name, and ship in the chart unchanged."""
+"""The alert rules pass promtool and fire on what they name; the chart ships the rules and the dashboards."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,3 +70,15 @@ def test_no_prometheus_rule_without_monitoring_or_without_the_crd() -> None:
     off = _helm_template("--api-versions", PROMETHEUS_RULE_API)
     no_crd = _helm_template("--set", "monitoring.enabled=true")
     assert not [d for d in off + no_crd if d["kind"] == "PrometheusRule"]
+
+
+def test_chart_ships_every_dashboard_in_a_configmap_for_the_grafana_sidecar() -> None:
+    docs = _helm_template("--set", "dashboards.enabled=true")
+    shipped = {}
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["labels"].get("grafana_dashboard") == "1":
+            shipped.update(doc["data"])
+    committed = {path.name: path.read_text() for path in (CHART_DIR / "dashboards").glob("*.json")}
+    assert set(shipped) == set(committed)
+    for name, text in committed.items():
+        assert json.loads(shipped[name]) == json.loads(text), name
