@@ -215,6 +215,8 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
         started = time.perf_counter()
         try:
             await self._receive(stored, messages)
+            if stored.state is VersionState.FAILED:  # superseded while its last bytes arrived
+                raise StoreError(grpc.StatusCode.ABORTED, "superseded", stored.error)
         except StoreError as err:
             self.store.fail(stored, str(err))
             self.metrics.publish_failures.labels(err.reason).inc()
