@@ -88,9 +88,13 @@ class EngineProcess:
             self.process.stderr.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine(tiny_model_dir: Path) -> Iterator[EngineProcess]:
-    """One engine process shared by the tests of a module (tests must leave it unpaused)."""
+    """One engine process shared by the rollout tests (starting one costs seconds on a busy CPU).
+
+    Tests must leave it unpaused and serving the original weights of ``tiny_model_dir``: a test
+    that loads other weights loads the original ones back (under a newer version) when done.
+    """
     proc = EngineProcess(tiny_model_dir, free_port()).start()
     yield proc
     proc.stop()

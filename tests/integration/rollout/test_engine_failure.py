@@ -21,7 +21,7 @@ async def test_engine_killed_mid_generation_loses_no_prompt(
     try:
         async with (
             QueueClient(queue.grpc_address) as q,
-            running_replica(engine.url, queue.grpc_address, max_new_tokens=300) as replica,
+            running_replica(engine.url, queue.grpc_address, max_new_tokens=150) as replica,
         ):
             await wait_until(replica.ready, what="engine ready")
             await q.release([prompt(i, n=2) for i in range(2)])

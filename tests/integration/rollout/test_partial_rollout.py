@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from relayrl.serving import start_grpc_server
-from relayrl.v1 import paramsync_pb2_grpc
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.discovery import create_discovery
 from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.service import add_to_server
 from services.rollout.engine_client import EngineClient, SamplingParams
 from services.rollout.generation import generate_sample
 from services.rollout.metrics import RolloutMetrics
@@ -34,9 +34,7 @@ async def paramsync_service() -> AsyncIterator[str]:
         asyncio.create_task(service.run_deliveries()),
         asyncio.create_task(service.watch_discovery(create_discovery(settings))),
     ]
-    server = await start_grpc_server(
-        "127.0.0.1", 0, [lambda s: paramsync_pb2_grpc.add_ParamSyncServicer_to_server(service, s)], [SERVICE_NAME]
-    )
+    server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
     try:
         yield f"127.0.0.1:{server.port}"
     finally:
@@ -95,6 +93,7 @@ async def test_partial_rollout_records_per_token_versions(
         with contextlib.suppress(asyncio.CancelledError):
             await syncing
         table = await paramsync.list_replicas()
+        assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=old + 2)).success
 
     new = old + 1
     assert len(result.output_ids) == budget == len(result.logprobs) == len(result.versions)
