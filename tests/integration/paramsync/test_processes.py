@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -189,6 +190,15 @@ def test_serve_command_serves_http_probes_and_restores_versions_from_its_volume(
         metrics = httpx.get(f"{base}/metrics").text
         assert "relayrl_paramsync_versions_published_total 1.0" in metrics
         assert "relayrl_paramsync_sync_duration_seconds_count 1.0" in metrics
+        listed = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", "paramsync", "replicas", "--address", address],
+            env=python_env(),
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+        )
+        table = json.loads(listed.stdout)
+        assert table["latest_version"] == 1 and table["replicas"][0]["replica_id"] == "rollout-0"
         # The write to the volume happens right after the upload is committed.
         deadline = time.monotonic() + 10
         while not list(store.glob("v*/model.safetensors")) and time.monotonic() < deadline:
