@@ -12,7 +12,6 @@ and pause/resume reach every rollout replica and the trainer.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from observability.alerts.chart import RULES_FILE
 from observability.build import DASHBOARDS_DIR
 from observability.dashboards.rollout import SGLANG_ONLY_PANELS
 from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
+from relayrl.ctl.config import CtlSettings, env_file_text
+from relayrl.ctl.deployment import act, gather_status
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.supervisor import supervised
@@ -125,46 +127,57 @@ def test_every_alert_expression_evaluates(observed: Observed) -> None:
     assert [r["name"] for r in loaded if r["state"] == "firing"] == []
 
 
-def _ctl(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
-    endpoints = stack.endpoints
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}
-    env |= {
-        "RELAYRL_API_TOKEN": stack.api_token,
-        "RELAYRL_CTL_ROLLOUT_URLS": ",".join(endpoints.rollouts_http),
-        "RELAYRL_CTL_TRAINER_URL": endpoints.trainer_http,
-        "RELAYRL_CTL_QUEUE_ADDRESS": endpoints.queue_grpc,
-        "RELAYRL_CTL_PARAMSYNC_ADDRESS": endpoints.paramsync_grpc,
-        "COLUMNS": "200",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "ctl", *args],
+def _ctl_settings(stack: LocalStack) -> CtlSettings:
+    e = stack.endpoints
+    return CtlSettings(
+        api_token=SecretStr(stack.api_token),
+        rollout_urls=e.rollouts_http,
+        trainer_url=e.trainer_http,
+        queue_address=e.queue_grpc,
+        paramsync_address=e.paramsync_grpc,
+    )
+
+
+def test_ctl_status_all_prints_every_component(observed: Observed, tmp_path: Path) -> None:
+    settings = _ctl_settings(observed.stack)
+    env_file = tmp_path / "ctl.env"
+    env_file.write_text(
+        env_file_text(
+            observed.stack.api_token,
+            settings.rollout_urls,
+            settings.trainer_url,
+            settings.queue_address,
+            settings.paramsync_address,
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")} | {"COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(env_file), "status", "--all"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-
-
-def test_ctl_status_all_prints_every_component(observed: Observed) -> None:
-    done = _ctl(observed.stack, "status", "--all")
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("rollout rollout-0", "trainer", "queue", "paramsync"):
+    for name in ("rollout rollout-0", "trainer", "queue", "paramsync", "Rollout replicas", "samples/s"):
         assert name in done.stdout
-    assert "Rollout replicas" in done.stdout and "samples/s" in done.stdout
-    status = json.loads(_ctl(observed.stack, "status", "--json").stdout)
-    assert status["trainer"]["step"] >= STEPS_BEFORE_CHECKING
-    assert status["paramsync"]["latest_version"] >= 1
-    assert [r["replica_id"] for r in status["rollout"]] == ["rollout-0"]
+    status = gather_status(settings)
+    assert status.failures == [] and status.not_configured == []
+    assert status.trainer is not None and status.trainer.step >= STEPS_BEFORE_CHECKING
+    assert status.paramsync is not None and status.paramsync.latest_version >= 1
+    assert [r.replica_id for r in status.rollout] == ["rollout-0"]
 
 
 def test_ctl_pause_and_resume_reach_every_replica_and_the_trainer(observed: Observed) -> None:
-    paused = _ctl(observed.stack, "pause", "--all", "--mode", "retract")
-    assert paused.returncode == 0, paused.stdout + paused.stderr
-    status = json.loads(_ctl(observed.stack, "status", "--json").stdout)
-    assert all(r["paused"] and r["pause_mode"] == "retract" for r in status["rollout"])
-    assert status["trainer"]["consuming"] is False
-    resumed = _ctl(observed.stack, "resume", "--all")
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    status = json.loads(_ctl(observed.stack, "status", "--json").stdout)
-    assert not any(r["paused"] for r in status["rollout"]) and status["trainer"]["consuming"] is True
+    settings = _ctl_settings(observed.stack)
+    paused = act(settings, "pause", ["rollout", "trainer"], mode="retract")
+    assert [o.component for o in paused] == ["rollout", "trainer"] and all(o.ok for o in paused), paused
+    status = gather_status(settings, ["rollout", "trainer"])
+    assert all(r.paused and r.pause_mode == "retract" for r in status.rollout)
+    assert status.trainer is not None and status.trainer.consuming is False
+    resumed = act(settings, "resume", ["rollout", "trainer"])
+    assert all(o.ok for o in resumed), resumed
+    status = gather_status(settings, ["rollout", "trainer"])
+    assert not any(r.paused for r in status.rollout)
+    assert status.trainer is not None and status.trainer.consuming is True
