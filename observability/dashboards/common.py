@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import GraphDrawStyle, LegendDisplayMode, LegendPlacement, StackingMode
+from grafana_foundation_sdk.models.common import (
+    BigValueColorMode,
+    BigValueGraphMode,
+    GraphDrawStyle,
+    LegendDisplayMode,
+    LegendPlacement,
+    StackingMode,
+)
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 
 DATASOURCE_VARIABLE = "datasource"
@@ -92,6 +99,10 @@ def stat_panel(
         .unit(unit)
         .span(width)
         .height(height)
+        # The latest value, big, with a sparkline of the time range behind it.
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .graph_mode(BigValueGraphMode.AREA)
+        .color_mode(BigValueColorMode.VALUE)
     )
 
 
