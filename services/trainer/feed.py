@@ -20,22 +20,31 @@ log = logging.getLogger(__name__)
 
 
 def plan_release(
-    version: int, max_staleness: int, sync_every: int, batch_size: int, total_steps: int, released: int, replaced: int
+    step: int,
+    version: int,
+    max_staleness: int,
+    sync_every: int,
+    batch_size: int,
+    total_steps: int,
+    released: int,
+    replaced: int,
 ) -> list[int]:
     """The training version of each prompt to release now (empty: nothing to release).
 
-    Step k trains at version k // sync_every, so the steps that may use prompts released at
-    version v are those training at <= v + η: (v + η + 1) · sync_every of them (capped by the
-    run's length). Prompts whose groups the queue dropped (``replaced``) are made up for. Each
-    prompt's training version sets its ``min_start_version``, so with η = 0 exactly the current
-    step's prompts are out and a replica can start them only at the current version.
+    The version moves up by one every ``sync_every`` steps, so the steps that may still use a
+    prompt started now, at version v, are those that will train at <= v + η: up to step
+    (step // sync_every + η + 1) · sync_every (capped by the run's length). Prompts whose groups
+    were dropped (``replaced``) are made up for. Each prompt's training version sets its
+    ``min_start_version``, so with η = 0 exactly the current step's prompts are out and a
+    replica can start them only at the current version.
     """
-    horizon = min((version + max_staleness + 1) * sync_every, total_steps)
+    period = step // sync_every
+    horizon = min((period + max_staleness + 1) * sync_every, total_steps)
     count = batch_size * horizon + replaced - released
     out = []
     for i in range(max(count, 0)):
         planned_step = (released + i - replaced) // batch_size
-        out.append(max(version, planned_step // sync_every))
+        out.append(version + max(0, planned_step // sync_every - period))
     return out
 
 
@@ -66,6 +75,7 @@ class Feed:
         """Releases the training prompts :func:`plan_release` asks for; returns how many."""
         s = self.settings
         versions = plan_release(
+            self.state.step,
             self.state.version,
             s.max_staleness,
             s.sync_every,

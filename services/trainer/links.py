@@ -50,6 +50,10 @@ class TrajectoryQueue(Protocol):
 class WeightSink(Protocol):
     async def publish(self, version: int, tensors: Iterable[tuple[str, Any]], trainer_step: int = 0) -> Any: ...
 
+    async def list_replicas(self) -> Any:
+        """Anything with ``latest_version``: the newest version the weight service holds."""
+        ...
+
 
 class IoThread:
     """An asyncio loop in a daemon thread; the training thread runs coroutines on it."""
@@ -111,6 +115,12 @@ class Publisher:
                     record = PublishRecord(version, time.perf_counter() - started, False, str(exc))
             self.records.append(record)
             return record
+
+    def latest_version(self) -> int:
+        """The newest version the sink holds (0 without a sink)."""
+        if self._sink is None:
+            return 0
+        return int(self._io.call(self._sink.list_replicas()).latest_version)
 
     def drain(self, timeout_s: float = 300.0) -> None:
         """Waits for every upload in flight (at shutdown)."""

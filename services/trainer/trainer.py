@@ -128,9 +128,7 @@ class Trainer:
     def run(self) -> TrainerState:
         self.resume()
         if self.state.version > 0:
-            # Replicas must hold the version we train from; paramsync accepts the identical
-            # re-publish of its latest version. Version 0 is the model directory itself.
-            self.publish()
+            self.publish()  # replicas must hold the version we train from (v0 is the model directory)
         self.control.ready.set()
         while self.state.step < self.s.total_steps:
             plan = self.plan_step()
@@ -140,11 +138,13 @@ class Trainer:
             metrics = self.train(plan)
             if self.state.step % self.s.sync_every == 0:
                 self.state.version += 1
+                if plan.checkpoint_after:
+                    # Before publishing: a version paramsync holds is then always in a durable
+                    # checkpoint, so a restart never re-publishes that number with other weights.
+                    self.checkpoint()
                 metrics.update(self.publish())
             if self.s.eval_every and self.state.step % self.s.eval_every == 0:
                 metrics.update(self.validate())
-            if plan.checkpoint_after:
-                self.checkpoint()
             self.record(plan, metrics, time.perf_counter() - started)
         self.finish()
         return self.state
@@ -203,18 +203,36 @@ class Trainer:
         if self.feed is not None:
             self.feed.ack_trained()
             self.control.checkpoint_requested.clear()
-        log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
+        if self.ctx.is_main:
+            log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
 
     def resume(self) -> None:
+        """Restores the latest checkpoint, and settles which version its weights are.
+
+        They are the checkpoint's version K, re-published as is (paramsync accepts an identical
+        re-publish). Only when versions were published after the checkpoint (possible when
+        checkpoint_every > sync_every) does paramsync hold a newer L > K made from weights the
+        crash lost; the restored weights then become version L + 1 so versions stay monotonic.
+        """
         raw = ckpt.load(self.ckpt_dir, self.models)
-        if raw is None:
-            return
-        self.state = TrainerState.from_json(raw)
+        if raw is not None:
+            self.state = TrainerState.from_json(raw)
+        latest = self.publisher.latest_version() if self.ctx.is_main else 0
+        latest = D.broadcast_object(latest)
+        if latest > self.state.version:
+            log.warning(
+                "paramsync holds version %d beyond checkpoint version %d; continuing as %d",
+                latest,
+                self.state.version,
+                latest + 1,
+            )
+            self.state.version = latest + 1
         if self.feed is not None:
             self.feed.state = self.state
             if self.state.data:
                 self.feed.dataset.load_state_dict(self.state.data)
-        log.info("resumed at step %d, version %d", self.state.step, self.state.version)
+        if self.ctx.is_main:
+            log.info("starting at step %d, version %d", self.state.step, self.state.version)
 
     def record(self, plan: StepPlan, metrics: dict[str, float], step_s: float) -> None:
         if not self.ctx.is_main:

@@ -164,9 +164,43 @@ def torchrun(nproc: int, module: str, *args: str) -> list[str]:
     ]
 
 
+def _stat(pid: int) -> list[str]:
+    # Fields after the command name: [0] state, [1] ppid, ..., [19] start time.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every process below ``pid``; torchrun starts its workers in
+    sessions of their own, so signalling torchrun's process group does not reach them."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = _stat(int(entry.name))
+                children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _kill_if_same(pid: int, started: str, sig: int) -> None:
+    """Signals ``pid`` only while it is still the process we saw (never a reused pid)."""
+    with contextlib.suppress(OSError, IndexError):
+        if _stat(pid)[19] == started:
+            os.kill(pid, sig)
+
+
 def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
-    """Stops a job started in its own session, all its processes (torchrun's workers too)."""
+    """Stops a job and every process it started; none is left behind."""
+    family = descendants(proc.pid) if proc.poll() is None else []
     if proc.poll() is None:
+        if sig == signal.SIGKILL:
+            # A crash: every rank dies at once, not an orderly torchrun shutdown.
+            for pid, started in family:
+                _kill_if_same(pid, started, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -174,9 +208,8 @@ def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout_s)
-    # Workers may outlive torchrun's own exit by a moment; none may be left behind.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    for pid, started in family:
+        _kill_if_same(pid, started, signal.SIGKILL)
 
 
 def python_env() -> dict[str, str]:
@@ -185,18 +218,7 @@ def python_env() -> dict[str, str]:
 
 def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> subprocess.Popen[bytes]:
     """A trainer job: one plain process, or ``torchrun`` with ``nproc`` ranks."""
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "services.trainer"]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={nproc}",
-            "--master-port=0",
-            "-m",
-            "services.trainer",
-        ]
+    cmd = [sys.executable, "-m", "services.trainer"] if nproc == 1 else torchrun(nproc, "services.trainer")
     log = log_path.open("ab")
     try:
         return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
