@@ -288,7 +288,7 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "replica_id must be non-empty")
         queue = self.announcer.open()
         try:
-            self.table.ensure(request.replica_id, request.engine_url)
+            self.table.record_subscribed(request.replica_id, request.engine_url, request.held_version)
             if self.transport.pushes and request.engine_url:
                 self._delivery_wanted.set()
             current = self.current_announcement()

@@ -83,6 +83,14 @@ class VersionTable:
             self.metrics.sync_duration.observe(sync_s)
         self._refresh(row)
 
+    def record_subscribed(self, replica_id: str, engine_url: str, held_version: int) -> None:
+        """A (re)subscribing replica states what it holds; a restarted one may hold less than before."""
+        self.ensure(replica_id, engine_url)
+        row = self._rows[replica_id]
+        if held_version < row.version:
+            row.version, row.updated_at_unix_s, row.behind_since = held_version, time.time(), None
+            self._refresh(row)
+
     def record_failure(self, replica_id: str, reason: str, error: str) -> None:
         self.ensure(replica_id)
         row = self._rows[replica_id]

@@ -83,6 +83,17 @@ def test_table_states_follow_reports_failures_and_deadlines():
     assert 'replica="b"' not in metrics.service.render()[0].decode()
 
 
+def test_a_resubscribing_replica_that_holds_less_is_shown_behind():
+    table = VersionTable(ParamSyncMetrics(), max_sync_retries=1, deadline_s=5.0)
+    table.set_latest(4)
+    table.record_success("r", 4, sync_s=0.1)
+    table.record_subscribed("r", "http://r:1", held_version=0)  # restarted from the base checkpoint
+    row = table.snapshot()[0]
+    assert (row.version, row.lag_versions, row.state, row.engine_url) == (0, 4, SYNCING, "http://r:1")
+    table.record_subscribed("r", "", held_version=9)  # never moves a replica forward by itself
+    assert table.snapshot()[0].version == 0
+
+
 def test_lag_deadline_covers_every_attempt_and_the_backoff():
     assert lag_deadline_s(sync_timeout=10, max_sync_retries=2, sync_retry_delay=1) == 30 + 3
 
