@@ -70,7 +70,7 @@ def configured(settings: CtlSettings, component: Component) -> bool:
     )
 
 
-def _attempt(component: Component, endpoint: str, call: Callable[[], T], failures: list[Failure]) -> T | None:
+def _attempt(component: Component, call: Callable[[], T], failures: list[Failure]) -> T | None:
     try:
         return call()
     except CallError as exc:
@@ -86,23 +86,24 @@ def gather_status(settings: CtlSettings, components: Sequence[Component] = COMPO
             status.not_configured.append(component)
     if "rollout" in components:
         for url in settings.rollout_urls:
-            replica = _attempt("rollout", url, RolloutControl(url, token, timeout).status, status.failures)
+            replica = _attempt("rollout", RolloutControl(url, token, timeout).status, status.failures)
             if replica is not None:
                 status.rollout.append(replica)
     if "trainer" in components and settings.trainer_url:
         url = settings.trainer_url
-        status.trainer = _attempt("trainer", url, TrainerControl(url, token, timeout).status, status.failures)
+        status.trainer = _attempt("trainer", TrainerControl(url, token, timeout).status, status.failures)
     if "queue" in components and settings.queue_address:
         address = settings.queue_address
-        status.queue = _attempt("queue", address, lambda: queue_status(address, timeout), status.failures)
+        status.queue = _attempt("queue", lambda: queue_status(address, timeout), status.failures)
     if "paramsync" in components and settings.paramsync_address:
         address = settings.paramsync_address
-        status.paramsync = _attempt("paramsync", address, lambda: paramsync_status(address, timeout), status.failures)
+        status.paramsync = _attempt("paramsync", lambda: paramsync_status(address, timeout), status.failures)
     return status
 
 
 Action = Literal["pause", "resume", "checkpoint"]
-# Which components each action applies to.
+# Which components each action applies to, in order: generation stops before the trainer stops
+# consuming (so nothing new piles up behind a paused trainer), and the trainer resumes first.
 ACTS_ON: dict[Action, tuple[Component, ...]] = {
     "pause": ("rollout", "trainer"),
     "resume": ("trainer", "rollout"),
