@@ -57,7 +57,7 @@ async def serve(settings: RolloutSettings, queue: PromptQueue | None = None) -> 
     tasks.append(asyncio.create_task(replica.run(), name="replica-loop"))
     if settings.paramsync_address:
         sync = weight_sync_for(replica, settings, weights_dir)
-        tasks.append(asyncio.create_task(_sync_forever(sync, replica), name="weight-sync"))
+        tasks.append(asyncio.create_task(sync_forever(sync), name="weight-sync"))
 
     grpc_server = await start_grpc_server(
         settings.host,
@@ -86,7 +86,7 @@ async def serve(settings: RolloutSettings, queue: PromptQueue | None = None) -> 
             weights_tmp.cleanup()
 
 
-async def _sync_forever(sync: WeightSync, replica: Replica) -> None:
+async def sync_forever(sync: WeightSync) -> None:
     """Runs the subscription, counting each attempt; a broken subscription is re-opened."""
     while True:
         try:

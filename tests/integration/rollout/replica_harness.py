@@ -1,4 +1,4 @@
-"""Running a rollout replica in-process against a real engine process and a real queue service."""
+"""Running a rollout replica in-process against a real engine process, a real queue service and a real paramsync."""
 
 from __future__ import annotations
 
@@ -6,14 +6,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from relayrl.schema import Group, PromptSpec
+from relayrl.serving import start_grpc_server
+from services.paramsync.config import ParamSyncSettings
+from services.paramsync.discovery import create_discovery
+from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.service import add_to_server
 from services.queue.client import QueueClient
 from services.rollout.config import RolloutSettings
 from services.rollout.engine_client import EngineClient
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
+from services.rollout.server import sync_forever, weight_sync_for
 
 
 @contextlib.asynccontextmanager
@@ -36,6 +45,9 @@ async def running_replica(engine_url: str, queue_address: str, **overrides: Any)
     queue = QueueClient(queue_address)
     replica = Replica(settings, engine, queue, rewards)
     tasks = [asyncio.create_task(replica.watch_engine()), asyncio.create_task(replica.run())]
+    if settings.paramsync_address:
+        sync = weight_sync_for(replica, settings, Path(settings.weights_dir))
+        tasks.append(asyncio.create_task(sync_forever(sync)))
     try:
         yield replica
     finally:
@@ -84,3 +96,27 @@ async def wait_until(predicate: Any, timeout_s: float = 10.0, what: str = "condi
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def paramsync_service() -> AsyncIterator[str]:
+    settings = ParamSyncSettings(transport="grpc")
+    service = build_service(settings)
+    tasks = [
+        asyncio.create_task(service.run_deliveries()),
+        asyncio.create_task(service.watch_discovery(create_discovery(settings))),
+    ]
+    server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        await server.stop(0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v * scale for k, v in load_file(str(model_dir / "model.safetensors")).items()}

@@ -6,48 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import torch
 
-from relayrl.serving import start_grpc_server
 from services.paramsync.client import ParamSyncClient
-from services.paramsync.config import ParamSyncSettings
-from services.paramsync.discovery import create_discovery
-from services.paramsync.server import SERVICE_NAME, build_service
-from services.paramsync.service import add_to_server
 from services.rollout.engine_client import EngineClient, SamplingParams
 from services.rollout.generation import generate_sample
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.weight_sync import WeightSync
 from tests.integration.rollout.conftest import EngineProcess
-from tests.integration.rollout.replica_harness import wait_until
-
-
-@contextlib.asynccontextmanager
-async def paramsync_service() -> AsyncIterator[str]:
-    settings = ParamSyncSettings(transport="grpc")
-    service = build_service(settings)
-    tasks = [
-        asyncio.create_task(service.run_deliveries()),
-        asyncio.create_task(service.watch_discovery(create_discovery(settings))),
-    ]
-    server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
-    try:
-        yield f"127.0.0.1:{server.port}"
-    finally:
-        await server.stop(0)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {k: v * scale for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+from tests.integration.rollout.replica_harness import new_policy, paramsync_service, wait_until
 
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_place", "restart"])

@@ -1,0 +1,62 @@
+"""A replica with a real paramsync and a real queue: it waits for the version a prompt needs,
+fetches it over gRPC, loads it into the engine, reports it, and only then starts the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from relayrl.redis_process import RedisProcess
+from services.paramsync.client import ParamSyncClient
+from services.queue.client import QueueClient
+from services.queue.config import QueueSettings
+from services.queue.server import start_queue_server
+from services.rollout.engine_client import EngineClient
+from tests.integration.rollout.conftest import EngineProcess, queue_overrides
+from tests.integration.rollout.replica_harness import (
+    new_policy,
+    paramsync_service,
+    prompt,
+    pull_groups,
+    running_replica,
+    wait_until,
+)
+
+
+async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
+    try:
+        async with (
+            EngineClient(engine.url) as client,
+            paramsync_service() as paramsync_address,
+            ParamSyncClient(paramsync_address) as paramsync,
+            QueueClient(queue.grpc_address) as q,
+        ):
+            old = int(await client.weight_version())
+            new = old + 1
+            async with running_replica(
+                engine.url,
+                queue.grpc_address,
+                replica_id="r-sync",
+                paramsync_address=paramsync_address,
+                weights_dir=str(tmp_path / "weights"),
+            ) as replica:
+                await wait_until(replica.ready, what="engine ready")
+                await q.release([prompt(40, min_start_version=new)])
+                await asyncio.sleep(1.0)
+                assert (await q.prompt_stats()).waiting == 1, "a prompt needing a newer policy must not start"
+                await paramsync.publish(new, new_policy(tiny_model_dir, 1.1))
+                (group,) = await pull_groups(queue.grpc_address, 1, version=new)
+                status = replica.status()
+                syncs = replica.metrics.param_sync_requests._value.get()
+            table = await paramsync.list_replicas()
+            assert (await client.model_info())["weight_version"] == str(new)
+            assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=new + 1)).success
+    finally:
+        await queue.stop()
+    assert all(s.policy_versions == [new] * len(s.response_token_ids) for s in group.samples)
+    assert status.weight_version == new and status.latest_version == new
+    assert syncs == 1
+    assert [(r.replica_id, r.version) for r in table.replicas] == [("r-sync", new)]
