@@ -24,6 +24,12 @@ COMMAND_GROUPS: dict[str, str] = {
     "ctl": "relayrl.ctl.cli",
 }
 
+# `relayrl <name>` → a single command.
+COMMANDS: dict[str, str] = {
+    "up": "relayrl.stack.cli:up",
+    "demo": "relayrl.stack.cli:demo",
+}
+
 # `relayrl bench <name>` → a function that prints one JSON line of figures.
 BENCHMARKS: dict[str, str] = {
     "queue": "services.queue.cli:bench",
@@ -43,6 +49,8 @@ def _load(path: str) -> object:
 for _name, _module in COMMAND_GROUPS.items():
     _group = _load(_module)
     app.add_typer(_group, name=_name, help=_group.info.help)
+for _name, _function in COMMANDS.items():
+    app.command(_name)(_load(_function))
 for _name, _function in BENCHMARKS.items():
     bench_app.command(_name)(_load(_function))
 if BENCHMARKS:

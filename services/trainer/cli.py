@@ -52,9 +52,15 @@ def bench(
     steps: Annotated[int, typer.Option(help="Measured steps per configuration.")] = 4,
     batch_groups: Annotated[int, typer.Option(help="Groups per step.")] = 4,
     n_samples: Annotated[int, typer.Option(help="Samples per group.")] = 4,
-    response_len: Annotated[int, typer.Option(help="Response tokens per sample.")] = 64,
+    response_len: Annotated[int, typer.Option(help="Longest response per sample (lengths vary from half of it).")] = 64,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per sample.")] = 32,
+    micro_batch_tokens: Annotated[int, typer.Option(help="Padded tokens per micro-batch.")] = 4096,
 ) -> None:
-    """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run."""
+    """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
+
+    Prints tokens_per_s, single_process_tokens_per_s, world_size and the step-time breakdown
+    (wait_s, forward_backward_s, optimizer_s, publish_s); with --device cuda also mfu.
+    """
     from services.trainer.bench import BenchConfig, run_bench
 
     result = run_bench(
@@ -66,6 +72,8 @@ def bench(
             batch_groups=batch_groups,
             n_samples=n_samples,
             response_len=response_len,
+            prompt_len=prompt_len,
+            micro_batch_tokens=micro_batch_tokens,
         )
     )
     typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))

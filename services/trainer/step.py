@@ -5,6 +5,7 @@ mini-batch. Runs identically on every rank; each rank forwards only its shard.""
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ def recompute(models: Models, plans: list[Plan], n: int, T: int, settings: Train
                 parts["values"] = value_forward(models.critic, mb)
             for name, t_BT in parts.items():
                 for b, i in enumerate(mb.index):
-                    mine[name][i] = t_BT[b][mb.mask_BT[b] > 0].float().cpu().tolist()
+                    mine[name][i] = t_BT[b].float().cpu()[mb.mask_BT[b] > 0].tolist()
     full: dict[str, torch.Tensor] = {}
     for part in D.all_gather_objects(dict(mine)):
         for name, rows in part.items():
@@ -151,14 +152,17 @@ class _Sums:
         return dict(zip(keys, t.tolist(), strict=True))
 
 
-def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:
+def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, sums: _Sums) -> tuple[float, bool]:
     """Clips gradients; steps only when the norm is finite (a NaN never reaches the weights)."""
+    started = time.perf_counter()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     norm_f = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     ok = math.isfinite(norm_f)
     if ok:
         opt.step()
     opt.zero_grad(set_to_none=True)
+    # Averaged over ranks by the final reduction.
+    sums.values["timing/optimizer_s"] += (time.perf_counter() - started) / D.world_size()
     return norm_f, ok
 
 
@@ -195,7 +199,7 @@ def update_actor(
         sums.add("actor/ppo_kl", pl.ppo_kl, ntok)
         sums.add("actor/approx_kl", (kl_estimate(out.logp_BT.detach(), prox, "k3") * mask).sum())
         sums.add("_tokens", ntok)
-    norm, ok = _clip_and_step(models.actor, models.actor_opt, s.grad_clip)
+    norm, ok = _clip_and_step(models.actor, models.actor_opt, s.grad_clip, sums)
     sums.values["actor/grad_norm"] += norm / world if ok else 0.0
     sums.values["actor/nonfinite_grad_steps"] += 0.0 if ok else 1.0 / world
 
@@ -216,7 +220,7 @@ def update_critic(
         (loss * world).backward()
         sums.add("critic/vf_loss", loss.detach())
         sums.add("critic/vf_clipfrac", vl.clipfrac, float(mask.sum()))
-    norm, ok = _clip_and_step(models.critic, models.critic_opt, s.grad_clip)
+    norm, ok = _clip_and_step(models.critic, models.critic_opt, s.grad_clip, sums)
     sums.values["critic/grad_norm"] += norm / world if ok else 0.0
 
 
@@ -270,6 +274,7 @@ def _summarise(
         if k in r:
             out[k] = r[k] / tokens
     out["actor/nonfinite_grad_steps"] = r["actor/nonfinite_grad_steps"]
+    out["timing/optimizer_s"] = r["timing/optimizer_s"]
     out["actor/lr"] = models.actor_sched.get_last_lr()[0]
     behav, prox = full.behav_logp_BT, extras["prox"]
     out["training/rollout_probs_diff_mean"] = float(adv_lib.masked_mean((behav.exp() - prox.exp()).abs(), mask))

@@ -1,0 +1,209 @@
+"""``relayrl bench trainer``: training throughput with FSDP2 over N processes against the same
+work in one process without FSDP, measured in the same run on the same synthetic batches.
+
+Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer spends
+getting data in hand, here without a queue), ``train_step`` (``forward_backward_s`` with the
+proximal log-prob pass, ``optimizer_s``), then the full-state-dict gather of a publish
+(``publish_s``; the upload itself is off the training path). ``tokens_per_s`` counts real
+(unpadded) prompt+response tokens over forward_backward + optimizer time.
+
+MFU (CUDA only) counts 8 · params FLOPs per token: 6 for forward+backward and 2 for the
+proximal log-prob forward (attention FLOPs are left out, as in the usual 6N estimate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.trainer import distributed as D
+from services.trainer.batching import TrainSample
+from services.trainer.config import TrainerSettings
+from services.trainer.step import train_step
+
+# Dense bf16 peak, FLOP/s, by device name fragment.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str = "cpu"
+    model_config: str = "tiny"
+    world_size: int = 2
+    steps: int = 4
+    batch_groups: int = 4
+    n_samples: int = 4
+    prompt_len: int = 32
+    response_len: int = 64
+    micro_batch_tokens: int = 4096
+    seed: int = 0
+
+
+def write_model(cfg: BenchConfig, directory: Path) -> Path:
+    """A randomly initialised model of the requested size, saved in Hugging Face format."""
+    if cfg.model_config == "tiny":
+        from relayrl.models.tiny import init_tiny
+
+        return init_tiny(directory)
+    if cfg.model_config != "qwen2.5-0.5b":
+        raise ValueError(f"unknown model config {cfg.model_config!r}; choose tiny or qwen2.5-0.5b")
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_05B, torch_dtype="bfloat16"))
+    model.to(torch.bfloat16).save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
+    rng = random.Random(cfg.seed * 1000 + step)
+    samples = []
+    for i in range(cfg.batch_groups * cfg.n_samples):
+        n = rng.randint(cfg.response_len // 2, cfg.response_len)
+        prompt = [rng.randrange(10, vocab) for _ in range(cfg.prompt_len)]
+        rewards = [0.0] * (n - 1) + [rng.random()]
+        samples.append(
+            TrainSample(
+                i // cfg.n_samples,
+                prompt,
+                [rng.randrange(10, vocab) for _ in range(n)],
+                [-rng.uniform(0.5, 3.0) for _ in range(n)],
+                rewards,
+                rewards[-1],
+                0,
+            )
+        )
+    return samples
+
+
+def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
+    """Runs warm-up + ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
+    from services.trainer.trainer import build_models, gather_weights
+
+    ctx = D.init_distributed(cfg.device) if fsdp else D.local_context(cfg.device)
+    settings = TrainerSettings(model_dir=model_dir, device=cfg.device, micro_batch_tokens=cfg.micro_batch_tokens)
+    models = build_models(settings, ctx, fsdp=fsdp)
+    vocab = min(models.actor.config.vocab_size, 50000)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
+    totals = {"wait_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0, "publish_s": 0.0, "tokens": 0.0}
+    for step in range(cfg.steps + 1):
+        started = time.perf_counter()
+        batch = D.broadcast_object(make_batch(cfg, step, vocab) if ctx.is_main else None)
+        waited = time.perf_counter() - started
+        _sync(cfg)
+        started = time.perf_counter()
+        with autocast:
+            metrics = train_step(models, batch, settings, pad_id=0)
+        _sync(cfg)
+        trained = time.perf_counter() - started
+        started = time.perf_counter()
+        gather_weights(models.actor)
+        published = time.perf_counter() - started
+        if step == 0:
+            continue  # warm-up: allocator, kernels, first all-gathers
+        totals["wait_s"] += waited
+        totals["optimizer_s"] += metrics["timing/optimizer_s"]
+        totals["forward_backward_s"] += trained - metrics["timing/optimizer_s"]
+        totals["publish_s"] += published
+        totals["tokens"] += sum(x.length for x in batch)
+    params = sum(p.numel() for p in models.actor.parameters())  # a DTensor's numel is the global one
+    result = {k: v / cfg.steps for k, v in totals.items()}
+    result["params"] = float(params)
+    return result
+
+
+def _sync(cfg: BenchConfig) -> None:
+    if cfg.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mfu(tokens_per_s: float, params: float, world_size: int) -> float | None:
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return None if peak is None else tokens_per_s * 8 * params / (peak * world_size)
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    world = cfg.world_size or (torch.cuda.device_count() if cfg.device == "cuda" else 2)
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-trainer-") as tmp:
+        model_dir = write_model(cfg, Path(tmp) / "model")
+        out = Path(tmp) / "fsdp.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world}",
+            "-m",
+            "services.trainer.bench",
+            json.dumps(asdict(cfg)),
+            str(model_dir),
+            str(out),
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"FSDP benchmark ranks failed:\n{done.stderr[-4000:]}")
+        fsdp = json.loads(out.read_text())
+        single = _measure(cfg, model_dir, fsdp=False)
+
+    def rate(r: dict[str, float]) -> float:
+        return r["tokens"] / (r["forward_backward_s"] + r["optimizer_s"])
+
+    result: dict[str, Any] = {
+        "benchmark": "trainer",
+        "device": cfg.device,
+        "model_config": cfg.model_config,
+        "params": int(fsdp["params"]),
+        "world_size": world,
+        "tokens_per_step": fsdp["tokens"],
+        "tokens_per_s": round(rate(fsdp), 2),
+        "single_process_tokens_per_s": round(rate(single), 2),
+        "wait_s": round(fsdp["wait_s"], 5),
+        "forward_backward_s": round(fsdp["forward_backward_s"], 5),
+        "optimizer_s": round(fsdp["optimizer_s"], 5),
+        "publish_s": round(fsdp["publish_s"], 5),
+        "single_process_forward_backward_s": round(single["forward_backward_s"], 5),
+        "single_process_optimizer_s": round(single["optimizer_s"], 5),
+        "steps": cfg.steps,
+    }
+    if cfg.device == "cuda":
+        result["mfu"] = _mfu(rate(fsdp), fsdp["params"], world)
+        result["single_process_mfu"] = _mfu(rate(single), fsdp["params"], 1)
+    return result
+
+
+def _worker(cfg_json: str, model_dir: str, out: str) -> None:
+    cfg = BenchConfig(**json.loads(cfg_json))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    result = _measure(cfg, Path(model_dir), fsdp=True)
+    if D.get_rank() == 0:
+        Path(out).write_text(json.dumps(result))
+    D.shutdown()
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:4])
