@@ -32,15 +32,17 @@ class QueueServer:
     grpc: GrpcServer
     http: HttpServer
     refresher: asyncio.Task[None]
+    stopping: asyncio.Event
 
     @property
     def grpc_address(self) -> str:
         return f"{self.settings.host}:{self.grpc.port}"
 
     async def stop(self) -> None:
-        self.refresher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.refresher
+        # Not Task.cancel(): redis-py may turn a cancellation inside a command into a
+        # connection error, which the refresh loop would swallow and carry on.
+        self.stopping.set()
+        await self.refresher
         await self.grpc.stop(grace_s=1.0)
         await self.http.stop()
         await self.redis.aclose()
@@ -66,8 +68,9 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
     )
     app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token)
     http = await start_http_server(app, settings.host, settings.http_port)
-    refresher = asyncio.create_task(_keep_fresh(redis, settings, trajectories, prompts, metrics))
-    return QueueServer(settings, redis, grpc_server, http, refresher)
+    stopping = asyncio.Event()
+    refresher = asyncio.create_task(_keep_fresh(redis, settings, trajectories, prompts, metrics, stopping))
+    return QueueServer(settings, redis, grpc_server, http, refresher, stopping)
 
 
 async def _keep_fresh(
@@ -76,10 +79,11 @@ async def _keep_fresh(
     trajectories: TrajectoryQueue,
     prompts: PromptQueue,
     metrics: QueueMetrics,
+    stopping: asyncio.Event,
 ) -> None:
     """Sets Redis up once it is reachable (it may start after us), then refreshes the gauges."""
     ready = False
-    while True:
+    while not stopping.is_set():
         try:
             if not ready:
                 await apply_persistence(redis, settings.redis_appendfsync)
@@ -89,7 +93,8 @@ async def _keep_fresh(
         except Exception as err:
             # Redis down or restarting: readyz reports it; keep trying.
             log.warning("queue metrics refresh failed: %s", err)
-        await asyncio.sleep(settings.stats_refresh_s if ready else 0.2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), settings.stats_refresh_s if ready else 0.2)
 
 
 async def serve(settings: QueueSettings) -> None:

@@ -1,0 +1,133 @@
+"""Bad input never crashes the queue: clear gRPC statuses, garbage goes to the dead-letter stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import httpx
+import pytest
+
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+from relayrl.v1 import trajectory_pb2 as tpb
+from services.queue.client import QueueClient
+from services.queue.keys import Keys
+
+from .helpers import make_group
+
+
+async def test_garbage_written_into_redis_is_dead_lettered_and_serving_goes_on(start_queue, raw_redis):
+    server = await start_queue()
+    keys = Keys(server.settings.run_id)
+    fine = make_group(3, version=1).to_proto()
+    await raw_redis.xadd(keys.trajectories, {"junk": "no header at all"})
+    await raw_redis.xadd(keys.trajectories, {"v_min": 1, "payload": b"\xff\xfe not protobuf"})
+    lying = make_group(4, version=1).to_proto()
+    lying.trajectories[0].behavior_logprobs.append(-1.0)  # one more log-prob than tokens
+    await raw_redis.xadd(keys.trajectories, {"v_min": 1, "payload": lying.SerializeToString()})
+    await raw_redis.xadd(keys.trajectories, {"v_min": 1, "payload": fine.SerializeToString()})
+
+    async with QueueClient(server.grpc_address) as client:
+        got = await client.pull("trainer-0", current_version=1, max_staleness=0, max_groups=10)
+        assert [d.group.group_id for d in got] == ["g3"]
+        stats = await client.stats()
+        assert stats.dropped_by_reason["malformed"] == 3
+        assert stats.queue_size == 0 and stats.pending == 1
+
+    dead = [fields for _, fields in await raw_redis.xrange(keys.dead_letter)]
+    assert [f[b"reason"] for f in dead] == [b"malformed"] * 3
+    details = [f[b"detail"].decode() for f in dead]
+    assert "v_min" in details[0]
+    assert "does not decode" in details[1]
+    assert "behavior_logprobs" in details[2]
+    # The original fields are kept for inspection.
+    assert dead[0][b"field:junk"] == b"no header at all"
+
+
+async def test_malformed_push_is_refused_with_every_problem_and_nothing_is_queued(start_queue, raw_redis):
+    server = await start_queue()
+    bad = make_group(1).to_proto()
+    bad.group_id = ""
+    bad.trajectories[1].policy_versions.append(0)
+    async with QueueClient(server.grpc_address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.push_protos([make_group(0).to_proto(), bad])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "group_id is empty" in err.value.details()
+        assert "trajectory 1: 4 policy_versions for 3 response tokens" in err.value.details()
+        stats = await client.stats()
+        # All or nothing: the good group of the same push was not stored either.
+        assert stats.total_produced == 0 and stats.queue_size == 0
+        assert stats.dropped_by_reason["malformed"] == 1
+    assert await raw_redis.xlen(Keys(server.settings.run_id).dead_letter) == 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (qpb.PullRequest(consumer="", current_version=1, max_groups=1), "consumer"),
+        (qpb.PullRequest(consumer="t", current_version=-1, max_groups=1), "current_version"),
+        (qpb.PullRequest(consumer="t", current_version=1, max_staleness=-2, max_groups=1), "max_staleness"),
+        (qpb.PullRequest(consumer="t", current_version=1, max_groups=0), "max_groups"),
+        (qpb.PullRequest(consumer="t", current_version=1, max_groups=1, block_timeout_s=-1), "block_timeout_s"),
+        (qpb.AckRequest(consumer="t", entry_ids=["not-an-id"]), "not stream entry ids"),
+        (qpb.PushRequest(), "no groups"),
+        (qpb.PushRequest(groups=[make_group(0).to_proto()], timeout_s=-1), "timeout_s"),
+    ],
+)
+async def test_bad_trajectory_arguments_get_invalid_argument(start_queue, request_, needle):
+    server = await start_queue()
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        stub = qgrpc.TrajectoryQueueStub(channel)
+        method = {qpb.PullRequest: stub.Pull, qpb.AckRequest: stub.Ack, qpb.PushRequest: stub.Push}[type(request_)]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await method(request_)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in err.value.details()
+        # The service is still serving.
+        assert (await stub.Stats(qpb.StatsRequest())).capacity == server.settings.capacity
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (qpb.ReleaseRequest(), "no prompts"),
+        (qpb.ReleaseRequest(prompts=[tpb.PromptGroup(prompt_id="p", n_samples=0)]), "n_samples"),
+        (qpb.LeaseRequest(replica_id="", max_prompts=1), "replica_id"),
+        (qpb.LeaseRequest(replica_id="r", max_prompts=0), "max_prompts"),
+        (qpb.LeaseRequest(replica_id="r", max_prompts=1, held_version=-1), "held_version"),
+        (qpb.CompleteRequest(replica_id="r", lease_ids=["bogus"]), "not a lease id"),
+    ],
+)
+async def test_bad_prompt_arguments_get_invalid_argument(start_queue, request_, needle):
+    server = await start_queue()
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        stub = qgrpc.PromptQueueStub(channel)
+        method = {qpb.ReleaseRequest: stub.Release, qpb.LeaseRequest: stub.Lease, qpb.CompleteRequest: stub.Complete}[
+            type(request_)
+        ]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await method(request_)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in err.value.details()
+
+
+async def test_http_probes_and_metrics(start_queue):
+    server = await start_queue(stats_refresh_s=0.05)
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(1, version=0), make_group(2, version=2)])
+        await client.pull("trainer-0", current_version=2, max_staleness=1, max_groups=5)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
+        assert (await http.get("/healthz")).status_code == 200
+        assert (await http.get("/readyz")).status_code == 200
+        for _ in range(50):
+            body = (await http.get("/metrics")).text
+            if "relayrl_queue_total_produced_groups 2.0" in body:
+                break
+            await asyncio.sleep(0.05)
+        assert "relayrl_queue_total_produced_groups 2.0" in body
+        assert 'relayrl_queue_dropped_samples_groups{reason="stale"} 1.0' in body
+        assert "relayrl_queue_stale_samples_ratio 0.5" in body
+        assert "relayrl_queue_pull_latency_seconds_count" in body
+        assert "relayrl_queue_max_sample_age_versions 0.0" in body
