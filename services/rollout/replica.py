@@ -77,6 +77,8 @@ class Replica:
         self.pause_mode = ""
         self.control_lock = asyncio.Lock()
         self._version_changed = asyncio.Event()
+        # Set when the engine came back holding an older version than before (it restarted).
+        self.engine_restarted = asyncio.Event()
         self._leasable = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
@@ -126,9 +128,10 @@ class Replica:
 
     async def resume(self) -> Status:
         async with self.control_lock:
-            await self.engine.continue_generation()
+            # Un-pause locally first: an engine that restarted meanwhile is not paused anyway.
             self.paused, self.pause_mode = False, ""
             self._update_leasable()
+            await self.engine.continue_generation()
         return self.status()
 
     def _update_leasable(self) -> None:
@@ -145,8 +148,7 @@ class Replica:
             healthy = await self.engine.health()
             if healthy and not self.engine_ready:
                 try:
-                    version = parse_version(await self.engine.weight_version(), self.held_version)
-                    await self.set_version(version)
+                    await self._adopt_engine_version(await self.engine.weight_version())
                 except EngineError as exc:
                     log.warning("engine answered /health but not /get_model_info: %r", exc)
                     healthy = False
@@ -156,6 +158,17 @@ class Replica:
             self.metrics.engine_ready.set(int(healthy))
             self._update_leasable()
             await asyncio.sleep(self.settings.engine_check_interval_s)
+
+    async def _adopt_engine_version(self, reported: str) -> None:
+        version = parse_version(reported, self.held_version)
+        if version >= self.held_version:
+            await self.set_version(version)
+            return
+        # The engine restarted from its initial weights: it really holds the older version now.
+        log.warning("engine came back at version %d (held %d); re-syncing weights", version, self.held_version)
+        self.held_version = version
+        self.metrics.weight_version.set(version)
+        self.engine_restarted.set()
 
     async def run(self) -> None:
         """Leases and starts prompts until cancelled."""

@@ -57,7 +57,7 @@ async def serve(settings: RolloutSettings, queue: PromptQueue | None = None) -> 
     tasks.append(asyncio.create_task(replica.run(), name="replica-loop"))
     if settings.paramsync_address:
         sync = weight_sync_for(replica, settings, weights_dir)
-        tasks.append(asyncio.create_task(sync_forever(sync), name="weight-sync"))
+        tasks.append(asyncio.create_task(sync_forever(sync, replica.engine_restarted), name="weight-sync"))
 
     grpc_server = await start_grpc_server(
         settings.host,
@@ -86,13 +86,22 @@ async def serve(settings: RolloutSettings, queue: PromptQueue | None = None) -> 
             weights_tmp.cleanup()
 
 
-async def sync_forever(sync: WeightSync) -> None:
-    """Runs the subscription, counting each attempt; a broken subscription is re-opened."""
+async def sync_forever(sync: WeightSync, engine_restarted: asyncio.Event | None = None) -> None:
+    """Runs the subscription; re-subscribes when it breaks or when the engine restarted (paramsync
+    then sends the latest version at once, so a restarted engine gets the current weights back)."""
+    restarted = engine_restarted or asyncio.Event()
     while True:
+        run = asyncio.create_task(sync.run())
+        restart = asyncio.create_task(restarted.wait())
         try:
-            await sync.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("paramsync subscription failed: %r; re-subscribing", exc)
+            await asyncio.wait({run, restart}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (run, restart):
+                task.cancel()
+            await asyncio.gather(run, restart, return_exceptions=True)
+        if restarted.is_set():
+            restarted.clear()
+            continue
+        if not run.cancelled() and run.exception() is not None:
+            log.warning("paramsync subscription failed: %r; re-subscribing", run.exception())
         await asyncio.sleep(1.0)

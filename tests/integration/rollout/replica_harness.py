@@ -47,7 +47,7 @@ async def running_replica(engine_url: str, queue_address: str, **overrides: Any)
     tasks = [asyncio.create_task(replica.watch_engine()), asyncio.create_task(replica.run())]
     if settings.paramsync_address:
         sync = weight_sync_for(replica, settings, Path(settings.weights_dir))
-        tasks.append(asyncio.create_task(sync_forever(sync)))
+        tasks.append(asyncio.create_task(sync_forever(sync, replica.engine_restarted)))
     try:
         yield replica
     finally:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from relayrl.redis_process import RedisProcess
+from services.paramsync.client import ParamSyncClient
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
+from services.rollout.engine_client import EngineClient
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
-from tests.integration.rollout.replica_harness import prompt, pull_groups, running_replica, wait_until
+from tests.integration.rollout.replica_harness import (
+    new_policy,
+    paramsync_service,
+    prompt,
+    pull_groups,
+    running_replica,
+    wait_until,
+)
 
 
 async def test_engine_killed_mid_generation_loses_no_prompt(
@@ -41,3 +51,39 @@ async def test_engine_killed_mid_generation_loses_no_prompt(
     assert all(len(g.samples) == 2 for g in groups)
     assert stats.total_completed == 2 and stats.total_reissued >= 1
     assert errors >= 1
+
+
+async def test_restarted_engine_gets_the_current_weights_back(
+    start_engine: Callable[..., EngineProcess],
+    redis_server: RedisProcess,
+    run_id: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    engine = start_engine()
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
+    try:
+        async with (
+            paramsync_service() as paramsync_address,
+            ParamSyncClient(paramsync_address) as paramsync,
+            EngineClient(engine.url) as client,
+            running_replica(
+                engine.url, queue.grpc_address, paramsync_address=paramsync_address, weights_dir=str(tmp_path / "w")
+            ) as replica,
+        ):
+            await wait_until(replica.ready, what="engine ready")
+            await paramsync.publish(3, new_policy(tiny_model_dir, 1.1))
+            await wait_until(lambda: replica.held_version == 3, what="version 3 held")
+            engine.kill()
+            await wait_until(lambda: not replica.ready(), what="replica not ready")
+            await asyncio.to_thread(start_engine, engine.port)
+            await wait_until(replica.ready, timeout_s=30, what="replica ready again")
+            await wait_until(client.weight_version, what="engine answers")
+            await wait_until(lambda: _engine_at(client, "3"), timeout_s=20, what="engine back at version 3")
+            await wait_until(lambda: replica.held_version == 3, what="replica holds version 3 again")
+    finally:
+        await queue.stop()
+
+
+async def _engine_at(client: EngineClient, version: str) -> bool:
+    return await client.weight_version() == version
