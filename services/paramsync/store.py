@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
+from services.paramsync.wire import encode_chunk
 
 # Serialized Fetch chunks kept per version. Replicas fetching together read the same chunks at
 # about the same time, so each chunk is serialized once however many replicas there are.
@@ -50,6 +50,10 @@ class StoredVersion:
     published_at_unix_s: float = field(default_factory=time.time)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _serialized: OrderedDict[tuple[int, int], bytes] = field(default_factory=OrderedDict)
+    _offsets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._offsets = self.manifest.offsets()
 
     @classmethod
     def empty(cls, manifest: Manifest) -> StoredVersion:
@@ -75,10 +79,9 @@ class StoredVersion:
         key = (index, offset)
         cached = self._serialized.get(key)
         if cached is None:
-            spec, start = self.manifest.tensors[index], self.manifest.offsets()[index]
-            data = bytes(memoryview(self.data)[start + offset : start + stop])
-            chunk = pb.WeightChunk(tensor_name=spec.name, offset=offset, data=data)
-            cached = self._serialized[key] = pb.WeightStreamMessage(chunk=chunk).SerializeToString()
+            spec, start = self.manifest.tensors[index], self._offsets[index]
+            data = memoryview(self.data)[start + offset : start + stop]
+            cached = self._serialized[key] = encode_chunk(spec.name, offset, data)
             while len(self._serialized) > SERIALIZED_CHUNKS_KEPT:
                 self._serialized.popitem(last=False)
         return cached
@@ -108,7 +111,7 @@ class UploadWriter:
             self._index, self._filled = self._index + 1, 0
             self._hasher = new_hasher(self.stored.manifest.checksum_algorithm)
 
-    def accept(self, tensor_name: str, offset: int, data: bytes) -> None:
+    def accept(self, tensor_name: str, offset: int, data: bytes | memoryview) -> None:
         self._skip_finished()
         tensors = self.stored.manifest.tensors
         expected = tensors[self._index].name if self._index < len(tensors) else None
