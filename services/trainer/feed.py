@@ -6,7 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
 
 from relayrl.schema import Group
 from relayrl.staleness import check_staleness, min_start_version
@@ -17,6 +21,9 @@ from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import TrainerState
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def plan_release(
@@ -69,6 +76,23 @@ class Feed:
     eval_groups: dict[str, Group] = field(default_factory=dict)
     queue_dropped: int = 0
 
+    def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
+
+        Training cannot go on without the queue, and a restarted queue loses nothing (Redis holds
+        the state), so the trainer waits rather than crashing; a stop request ends the wait.
+        """
+        delay = 0.5
+        while True:
+            try:
+                return self.io.call(call())
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in RETRIED or self.control.stop_requested.is_set():
+                    raise
+                log.warning("queue call failed (%s); retrying in %.1fs", err.code().name, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
     # --- releasing ----------------------------------------------------------------------
 
     def release_ahead(self) -> int:
@@ -100,20 +124,20 @@ class Feed:
             )
             for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
         ]
-        self.io.call(self.queue.release(specs))
+        self._rpc(lambda: self.queue.release(specs))
         self.state.released += len(specs)
         return len(specs)
 
     def refresh_dropped(self) -> None:
-        stats = self.io.call(self.queue.stats())
+        stats = self._rpc(self.queue.stats)
         self.queue_dropped = int(sum(stats.dropped_by_reason.values()))
 
     # --- pulling ------------------------------------------------------------------------
 
     def _pull(self, max_groups: int) -> None:
         s = self.settings
-        got = self.io.call(
-            self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
+        got = self._rpc(
+            lambda: self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
         )
         for delivered in got:
             self._route(delivered)
@@ -172,7 +196,7 @@ class Feed:
         for spec in specs:
             spec.prompt_id = tag + spec.prompt_id
             spec.is_eval = True
-        self.io.call(self.queue.release(specs))
+        self._rpc(lambda: self.queue.release(specs))
         wanted = {spec.prompt_id for spec in specs}
         deadline = time.monotonic() + s.eval_timeout_s
         while not wanted <= self.eval_groups.keys() and time.monotonic() < deadline:
@@ -193,7 +217,7 @@ class Feed:
 
     def ack_now(self, entry_ids: list[str]) -> None:
         if entry_ids:
-            self.io.call(self.queue.ack(self.settings.consumer, entry_ids))
+            self._rpc(lambda: self.queue.ack(self.settings.consumer, entry_ids))
             self.seen.difference_update(entry_ids)
 
     def ack_trained(self) -> None:
