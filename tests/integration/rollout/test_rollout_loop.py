@@ -90,3 +90,20 @@ async def test_reward_that_raises_or_hangs_gives_zero_and_is_counted(
         assert all(s.reward == 0.0 and s.reward_error for s in groups[source].samples)
     assert all(s.reward == 1.0 and s.reward_extra == {"acc": 1.0} for s in groups["ok"].samples)
     assert errors == 4
+
+
+async def test_group_already_stale_is_dropped_counted_and_left_to_be_reissued(
+    engine: EngineProcess, queue: QueueServer
+) -> None:
+    async with (
+        QueueClient(queue.grpc_address) as q,
+        running_replica(engine.url, queue.grpc_address, max_staleness=0) as replica,
+    ):
+        await wait_until(replica.ready, what="engine ready")
+        # Paramsync has announced a version newer than the one the engine still serves.
+        replica.note_latest(replica.held_version + 1)
+        await q.release([prompt(50, n=2)])
+        await wait_until(lambda: replica.metrics.dropped_stale_samples._value.get() >= 2, what="stale drop")
+        assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=0.2) == []
+        stats = await q.prompt_stats()
+    assert stats.total_completed == 0 and stats.leased + stats.waiting == 1
