@@ -1,0 +1,72 @@
+"""Backpressure: a full queue blocks pushes, then fails them; nothing is silently dropped or trimmed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.queue.client import QueueClient, QueueFullError
+from services.queue.keys import Keys
+
+from .helpers import make_group
+
+
+async def test_push_beyond_capacity_waits_then_fails_without_losing_data(start_queue):
+    server = await start_queue(capacity=4)
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(i) for i in range(3)])
+        started = time.monotonic()
+        with pytest.raises(QueueFullError, match="capacity of 4"):
+            # All or nothing: two groups do not fit in the one free slot.
+            await client.push([make_group(3), make_group(4)], timeout_s=0.4)
+        assert time.monotonic() - started >= 0.4
+        stats = await client.stats()
+        assert stats.total_produced == 3 and stats.queue_size == 3
+        got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+        assert [d.group.group_id for d in got] == ["g0", "g1", "g2"]
+
+
+async def test_pending_groups_hold_capacity_until_acked_and_a_blocked_push_then_proceeds(start_queue):
+    server = await start_queue(capacity=2)
+    async with QueueClient(server.grpc_address) as producer, QueueClient(server.grpc_address) as trainer:
+        await producer.push([make_group(0), make_group(1)])
+        held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
+        # Delivered but not acked still counts: the trainer may crash before its checkpoint.
+        with pytest.raises(QueueFullError):
+            await producer.push([make_group(2)], timeout_s=0.2)
+
+        blocked = asyncio.create_task(producer.push([make_group(2)], timeout_s=5))
+        await asyncio.sleep(0.3)
+        assert not blocked.done()
+        await trainer.ack("trainer-0", [held[0].entry_id])
+        assert len(await asyncio.wait_for(blocked, 5)) == 1
+        stats = await producer.stats()
+        assert (stats.queue_size, stats.pending, stats.total_produced) == (1, 1, 3)
+
+
+async def test_acked_entries_are_trimmed_and_unacked_ones_survive(start_queue, raw_redis):
+    server = await start_queue()
+    stream = Keys(server.settings.run_id).trajectories
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(i) for i in range(6)])
+        got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=6)
+        acked, kept = got[::2], got[1::2]
+        assert await client.ack("trainer-0", [d.entry_id for d in acked]) == 3
+        # Acking twice counts nothing and trims nothing more.
+        assert await client.ack("trainer-0", [d.entry_id for d in acked]) == 0
+        # An id never delivered is not acked, and so not trimmed either.
+        await client.push([make_group(6)])
+        undelivered = (await raw_redis.xrange(stream))[-1][0].decode()
+        assert await client.ack("trainer-0", [undelivered]) == 0
+
+    remaining = [entry_id.decode() for entry_id, _ in await raw_redis.xrange(stream)]
+    assert remaining == [d.entry_id for d in kept] + [undelivered]
+
+    async with QueueClient(server.grpc_address) as restarted:
+        again = await restarted.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+        assert [d.group.group_id for d in again] == ["g1", "g3", "g5"]
+        assert again[0].group.samples == kept[0].group.samples
+        new = await restarted.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+        assert [d.group.group_id for d in new] == ["g6"]

@@ -1,0 +1,49 @@
+"""Durability: with appendfsync always, a crashed and restarted redis-server keeps every accepted group."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from relayrl.redis_process import RedisProcess
+from services.queue.client import QueueClient
+from services.queue.config import QueueSettings
+from services.queue.server import start_queue_server
+
+from .helpers import make_group
+
+
+async def _pull_when_back(client: QueueClient, want: int) -> list:
+    got: list = []
+    for _ in range(100):
+        try:
+            got += await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=want)
+        except grpc.aio.AioRpcError as err:
+            # While Redis restarts the service answers UNAVAILABLE and keeps serving.
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+        if len(got) >= want:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"got {len(got)} of {want} groups back")
+
+
+async def test_sigkilled_redis_with_appendfsync_always_loses_no_accepted_group(tmp_path):
+    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
+    server = None
+    try:
+        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id="durable"))
+        async with QueueClient(server.grpc_address) as client:
+            accepted = []
+            for i in range(0, 20, 4):
+                accepted += await client.push([make_group(j) for j in range(i, i + 4)])
+            redis.kill()
+            redis.start()
+            got = await _pull_when_back(client, len(accepted))
+            assert [d.entry_id for d in got] == accepted
+            assert [d.group.group_id for d in got] == [f"g{i}" for i in range(20)]
+            assert (await client.stats()).total_produced == 20
+    finally:
+        if server is not None:
+            await server.stop()
+        redis.stop()

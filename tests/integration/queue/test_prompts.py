@@ -1,0 +1,65 @@
+"""The prompt queue: version-gated leases, expiry and re-issue, completion."""
+
+from __future__ import annotations
+
+import asyncio
+
+from relayrl.schema import PromptSpec
+from services.queue.client import QueueClient
+
+
+def prompt(i: int, min_start: int = 0) -> PromptSpec:
+    return PromptSpec(
+        prompt_id=f"ds/{i}", prompt_token_ids=[1, 2, i], n_samples=4, min_start_version=min_start, temperature=0.7
+    )
+
+
+async def test_a_replica_only_leases_prompts_its_weights_may_start(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0, min_start=3), prompt(1, min_start=1), prompt(2, min_start=0)])
+        old = await client.lease("replica-old", max_prompts=10, held_version=1)
+        assert [lease.prompt.prompt_id for lease in old] == ["ds/2", "ds/1"]
+        assert old[0].prompt.temperature == 0.7 and old[0].prompt.n_samples == 4
+        # The version-3 prompt waits for a replica with newer weights; it is not lost.
+        assert await client.lease("replica-old", max_prompts=10, held_version=2) == []
+        new = await client.lease("replica-new", max_prompts=10, held_version=3)
+        assert [lease.prompt.prompt_id for lease in new] == ["ds/0"]
+        assert await client.complete("replica-old", [lease.lease_id for lease in old]) == 2
+        stats = await client.prompt_stats()
+        assert (stats.waiting, stats.leased, stats.total_released, stats.total_completed) == (0, 1, 3, 2)
+
+
+async def test_an_expired_lease_is_reissued_to_another_replica(start_queue):
+    server = await start_queue(lease_timeout_s=0.4)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0), prompt(1)])
+        crashed = await client.lease("replica-a", max_prompts=1, held_version=0)
+        assert [lease.delivery_count for lease in crashed] == [1]
+        # Until it expires, the other replica only gets the other prompt.
+        other = await client.lease("replica-b", max_prompts=5, held_version=0)
+        assert [lease.prompt.prompt_id for lease in other] == ["ds/1"]
+        assert await client.complete("replica-b", [other[0].lease_id]) == 1
+
+        await asyncio.sleep(0.5)
+        reissued = await client.lease("replica-b", max_prompts=5, held_version=0, block_timeout_s=1)
+        assert [lease.prompt.prompt_id for lease in reissued] == ["ds/0"]
+        assert reissued[0].delivery_count == 2 and reissued[0].lease_id != crashed[0].lease_id
+        assert (await client.prompt_stats()).total_reissued == 1
+
+        assert await client.complete("replica-b", [reissued[0].lease_id]) == 1
+        # The crashed replica's late completion finds the prompt already done.
+        assert await client.complete("replica-a", [crashed[0].lease_id]) == 0
+        stats = await client.prompt_stats()
+        assert (stats.waiting, stats.leased, stats.total_completed) == (0, 0, 2)
+
+
+async def test_lease_blocks_until_a_prompt_is_released(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as replica:
+        waiting = asyncio.create_task(replica.lease("replica-a", max_prompts=1, held_version=0, block_timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await trainer.release([prompt(7)])
+        leases = await asyncio.wait_for(waiting, 5)
+        assert [lease.prompt.prompt_id for lease in leases] == ["ds/7"]

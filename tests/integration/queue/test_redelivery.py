@@ -1,0 +1,110 @@
+"""At-least-once delivery: crashed consumers, restarted consumers, live consumers, max_deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from services.queue.client import QueueClient
+from services.queue.keys import Keys
+
+from .helpers import make_group
+
+# A trainer stand-in: pulls, reports what it got, then hangs until killed (never acks).
+_CONSUMER = """
+import asyncio, json, sys
+from services.queue.client import QueueClient
+
+async def main(address, consumer, n):
+    async with QueueClient(address) as client:
+        got = await client.pull(consumer, current_version=0, max_staleness=0, max_groups=n, block_timeout_s=5)
+        print(json.dumps([d.entry_id for d in got]), flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def test_entries_of_a_sigkilled_consumer_are_redelivered_to_another_after_idle_timeout(start_queue):
+    server = await start_queue(consumer_idle_timeout_s=1.0)
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(i) for i in range(5)])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CONSUMER, server.grpc_address, "trainer-a", "3"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=os.getcwd(),
+        )
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+            held = json.loads(line)
+            assert len(held) == 3
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+
+        # Right away only the two never-delivered groups are available; the dead one's are not yet reclaimed.
+        first = await client.pull("trainer-b", current_version=0, max_staleness=0, max_groups=10)
+        assert len(first) == 2 and not set(held) & {d.entry_id for d in first}
+
+        await asyncio.sleep(1.3)
+        again = await client.pull("trainer-b", current_version=0, max_staleness=0, max_groups=10, block_timeout_s=2)
+        assert sorted(d.entry_id for d in again) == sorted(held)
+        assert {d.delivery_count for d in again} == {2}
+        assert await client.ack("trainer-b", [d.entry_id for d in first + again]) == 5
+        stats = await client.stats()
+        assert stats.total_consumed == 5 and stats.pending == 0 and stats.queue_size == 0
+
+
+async def test_a_live_consumer_keeps_its_pending_entries_across_many_pulls(start_queue):
+    server = await start_queue(consumer_idle_timeout_s=0.5)
+    async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as other:
+        await trainer.push([make_group(i) for i in range(2)])
+        held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
+        assert len(held) == 2
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            # The trainer keeps training (pulling) without acking: its checkpoint is not durable yet.
+            assert await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2) == []
+            assert await other.pull("trainer-1", current_version=0, max_staleness=0, max_groups=2) == []
+            await asyncio.sleep(0.2)
+        assert await trainer.ack("trainer-0", [d.entry_id for d in held]) == 2
+
+
+async def test_a_restarted_consumer_gets_its_own_pending_entries_first(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as before:
+        await before.push([make_group(i) for i in range(3)])
+        held = await before.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
+        await before.push([make_group(9)])
+    # A new process (new client session) under the same consumer name.
+    async with QueueClient(server.grpc_address) as after:
+        first = await after.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
+        assert [d.entry_id for d in first] == [d.entry_id for d in held]
+        assert [d.group.group_id for d in first] == ["g0", "g1"]
+        assert {d.delivery_count for d in first} == {2}
+        rest = await after.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+        assert [d.group.group_id for d in rest] == ["g2", "g9"]
+        assert {d.delivery_count for d in rest} == {1}
+
+
+async def test_an_entry_delivered_too_often_is_dead_lettered(start_queue, raw_redis):
+    server = await start_queue(max_deliveries=2)
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(0)])
+    for expected in (1, 2):
+        async with QueueClient(server.grpc_address) as crashing:
+            got = await crashing.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
+            assert [d.delivery_count for d in got] == [expected]
+    async with QueueClient(server.grpc_address) as last:
+        assert await last.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1) == []
+        stats = await last.stats()
+        assert stats.dropped_by_reason["max_deliveries"] == 1 and stats.pending == 0
+    dead = await raw_redis.xrange(Keys(server.settings.run_id).dead_letter)
+    assert dead[0][1][b"reason"] == b"max_deliveries" and dead[0][1][b"field:gid"] == b"g0"
