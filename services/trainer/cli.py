@@ -7,6 +7,7 @@ Launch a job with ``torchrun --nproc-per-node N -m services.trainer`` (each rank
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +40,8 @@ def run_command(
     from services.trainer.service import run_service
 
     state = run_service(settings)
-    typer.echo(json.dumps({"step": state.step, "version": state.version}))
+    if os.environ.get("RANK", "0") == "0":
+        typer.echo(json.dumps({"step": state.step, "version": state.version}))
 
 
 def bench(
