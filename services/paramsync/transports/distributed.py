@@ -108,8 +108,10 @@ class DistributedTransport(WeightTransport):
                 for replica in healthy:
                     self.table.record_failure(replica.replica_id, "broadcast", str(exc)[:500])
                 return
+            elapsed = time.perf_counter() - started
+            log.info("version %d broadcast to %d engine(s) in %.2fs", stored.version, len(healthy), elapsed)
             for replica in healthy:
-                self.table.record_success(replica.replica_id, stored.version, time.perf_counter() - started)
+                self.table.record_success(replica.replica_id, stored.version, elapsed)
             self.table.metrics.bytes_sent.labels(self.name).inc(stored.manifest.total_bytes * len(healthy))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients.values()))
