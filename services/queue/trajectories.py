@@ -4,8 +4,11 @@ Redis layout (keys in :mod:`services.queue.keys`):
 
 - ``trajectories`` stream. Each entry is one group: header fields ``v_min``, ``v_max``
   (policy versions), ``gid``, ``n`` (samples), ``tokens`` (response tokens), ``t`` (push
-  time, unix s), ``eval`` and the serialized ``TrajectoryGroup`` as ``payload``, so the
-  staleness check reads the header without decoding the payload. Eval groups share it.
+  time, unix s), ``eval``, ``crc`` and the serialized ``TrajectoryGroup`` as ``payload``, so
+  the staleness check reads the header without decoding the payload. Eval groups share it.
+  ``crc`` is the CRC-32 of a payload that passed ``validate_group`` at push: a pull re-runs
+  the (per-token, costly) validation only for entries whose CRC does not match, i.e. whatever
+  did not come through Push intact (garbage written straight into Redis).
 - A push is one Lua script: it checks ``XLEN + n <= capacity`` and appends all groups or
   none, so concurrent producers can never overshoot capacity.
 - An ack is one Lua script: ``XACK`` and, only for entries that were pending, ``XDEL``.
@@ -36,6 +39,7 @@ import asyncio
 import logging
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +61,7 @@ ENTRY_ID = re.compile(r"^\d+-\d+$")
 DROP_REASONS = ("stale", "missing_version", "malformed", "max_deliveries")
 MAX_CONSUMER_NAME = 200
 
-# KEYS: stream, stats. ARGV: capacity, count, then 8 header/payload values per group.
+# KEYS: stream, stats. ARGV: capacity, count, then 9 header/payload values per group.
 _PUSH_LUA = """
 local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -66,8 +70,9 @@ local ids = {}
 local i = 3
 for g = 1, n do
   ids[g] = redis.call('XADD', KEYS[1], '*', 'v_min', ARGV[i], 'v_max', ARGV[i + 1], 'gid', ARGV[i + 2],
-    'n', ARGV[i + 3], 'tokens', ARGV[i + 4], 't', ARGV[i + 5], 'eval', ARGV[i + 6], 'payload', ARGV[i + 7])
-  i = i + 8
+    'n', ARGV[i + 3], 'tokens', ARGV[i + 4], 't', ARGV[i + 5], 'eval', ARGV[i + 6], 'crc', ARGV[i + 7],
+    'payload', ARGV[i + 8])
+  i = i + 9
 end
 redis.call('HINCRBY', KEYS[2], 'produced', n)
 return ids
@@ -139,6 +144,7 @@ def group_header(msg: pb.TrajectoryGroup, now: float) -> list[Any]:
     """The header values and payload of one stream entry, in ``_PUSH_LUA``'s order."""
     tokens = sum(len(t.response_token_ids) for t in msg.trajectories)
     created = msg.created_at_unix_s or now
+    payload = msg.SerializeToString()
     return [
         msg.min_policy_version,
         msg.max_policy_version,
@@ -147,7 +153,8 @@ def group_header(msg: pb.TrajectoryGroup, now: float) -> list[Any]:
         tokens,
         repr(created),
         int(msg.is_eval),
-        msg.SerializeToString(),
+        zlib.crc32(payload),
+        payload,
     ]
 
 
@@ -370,11 +377,13 @@ class TrajectoryQueue:
             detail = f"min_policy_version {v_min} at consumer version {current_version}, max_staleness {max_staleness}"
             return await self._drop(consumer, raw, verdict.verdict.value, detail, self._keys.stale)
         msg = pb.TrajectoryGroup()
+        payload = raw.fields.get(b"payload", b"")
         try:
-            msg.ParseFromString(raw.fields[b"payload"])
-        except (KeyError, DecodeError) as err:
+            msg.ParseFromString(payload)
+        except DecodeError as err:
             return await self._drop(consumer, raw, "malformed", f"payload does not decode: {err!r}", None)
-        problems = validate_group(msg)
+        validated_at_push = raw.fields.get(b"crc") == str(zlib.crc32(payload)).encode()
+        problems = [] if validated_at_push else validate_group(msg)
         if not problems and msg.min_policy_version != v_min:
             problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
         if problems:

@@ -1,0 +1,218 @@
+"""``relayrl bench queue``: trajectory throughput through the service against raw Redis, one run.
+
+Both paths move the same serialized groups (``samples`` × ``response_tokens`` tokens with ids,
+log-probs and versions) through one private redis-server on loopback, with ``producers``
+concurrent producers and one consumer, ``batch`` groups per call:
+
+- service: ``relayrl queue serve`` as its own process; producers Push over gRPC, the
+  consumer Pulls (staleness check, decode, validation) and Acks over gRPC. Messages stay
+  protobuf on both ends, so the figure is the queue's cost, not dataclass conversion.
+- raw: the same redis-py client doing ``XADD`` / ``XREADGROUP`` / ``XACK`` directly.
+
+Latency is per group, from the start of its push to the end of its ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis.asyncio as aioredis
+
+from relayrl.net import free_port
+from relayrl.redis_process import RedisProcess
+from relayrl.serving import grpc_channel
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+from relayrl.v1 import trajectory_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSpec:
+    groups: int = 400
+    producers: int = 4
+    batch: int = 8
+    samples: int = 8
+    response_tokens: int = 1024
+    prompt_tokens: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PathResult:
+    seconds: float
+    latencies_s: list[float]
+
+
+def realistic_group(spec: BenchSpec, rng: random.Random, index: int) -> pb.TrajectoryGroup:
+    prompt = [rng.randrange(32_000) for _ in range(spec.prompt_tokens)]
+    trajectories = [
+        pb.Trajectory(
+            prompt_token_ids=prompt,
+            response_token_ids=[rng.randrange(32_000) for _ in range(spec.response_tokens)],
+            behavior_logprobs=[-rng.random() * 5 for _ in range(spec.response_tokens)],
+            policy_versions=[3] * spec.response_tokens,
+            reward=rng.random(),
+            finish_reason=pb.FINISH_REASON_STOP,
+            replica_id="bench",
+        )
+        for _ in range(spec.samples)
+    ]
+    return pb.TrajectoryGroup(
+        group_id=f"bench-{index}",
+        prompt_id=f"bench/{index}",
+        trajectories=trajectories,
+        min_policy_version=3,
+        max_policy_version=3,
+        created_at_unix_s=time.time(),
+    )
+
+
+def _split(items: list, parts: int) -> list[list]:
+    return [items[i::parts] for i in range(parts)]
+
+
+async def _service_path(address: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec) -> PathResult:
+    pushed_at: dict[str, float] = {}
+    latencies: list[float] = []
+    channels = [grpc_channel(address) for _ in range(spec.producers + 1)]
+    try:
+        stubs = [qgrpc.TrajectoryQueueStub(c) for c in channels]
+
+        async def produce(stub: qgrpc.TrajectoryQueueStub, mine: list[pb.TrajectoryGroup]) -> None:
+            for i in range(0, len(mine), spec.batch):
+                chunk = mine[i : i + spec.batch]
+                now = time.perf_counter()
+                for g in chunk:
+                    pushed_at[g.group_id] = now
+                await stub.Push(qpb.PushRequest(groups=chunk, timeout_s=60))
+
+        async def consume(stub: qgrpc.TrajectoryQueueStub) -> None:
+            while len(latencies) < len(groups):
+                reply = await stub.Pull(
+                    qpb.PullRequest(
+                        consumer="bench", current_version=3, max_staleness=0, max_groups=spec.batch, block_timeout_s=1
+                    )
+                )
+                await stub.Ack(qpb.AckRequest(consumer="bench", entry_ids=[d.entry_id for d in reply.groups]))
+                done = time.perf_counter()
+                latencies.extend(done - pushed_at[d.group.group_id] for d in reply.groups)
+
+        started = time.perf_counter()
+        await asyncio.gather(
+            consume(stubs[-1]),
+            *(produce(stub, mine) for stub, mine in zip(stubs, _split(groups, spec.producers), strict=False)),
+        )
+        return PathResult(time.perf_counter() - started, latencies)
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def _raw_path(url: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec) -> PathResult:
+    stream, group_name = "bench:raw", "bench"
+    payloads = [(g.group_id, g.SerializeToString()) for g in groups]
+    client = aioredis.Redis.from_url(url)
+    pushed_at: dict[bytes, float] = {}
+    latencies: list[float] = []
+    try:
+        await client.xgroup_create(stream, group_name, id="0", mkstream=True)
+
+        async def produce(mine: list[tuple[str, bytes]]) -> None:
+            for i in range(0, len(mine), spec.batch):
+                pipe = client.pipeline(transaction=False)
+                now = time.perf_counter()
+                for gid, payload in mine[i : i + spec.batch]:
+                    pushed_at[gid.encode()] = now
+                    pipe.xadd(stream, {"v_min": 3, "gid": gid, "payload": payload})
+                await pipe.execute()
+
+        async def consume() -> None:
+            while len(latencies) < len(payloads):
+                reply = await client.xreadgroup(group_name, "bench", {stream: ">"}, count=spec.batch, block=1000)
+                entries = reply[0][1] if reply else []
+                if entries:
+                    await client.xack(stream, group_name, *[e[0] for e in entries])
+                done = time.perf_counter()
+                latencies.extend(done - pushed_at[fields[b"gid"]] for _, fields in entries)
+
+        started = time.perf_counter()
+        await asyncio.gather(consume(), *(produce(mine) for mine in _split(payloads, spec.producers)))
+        return PathResult(time.perf_counter() - started, latencies)
+    finally:
+        await client.aclose()
+
+
+async def _start_service(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "RELAYRL_REDIS_URL": redis_url,
+        "RELAYRL_RUN_ID": "bench",
+        "RELAYRL_QUEUE_GRPC_PORT": str(grpc_port),
+        "RELAYRL_QUEUE_HTTP_PORT": str(http_port),
+        "RELAYRL_QUEUE_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "queue", "serve"], env=env)
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient() as http:
+        while True:
+            try:
+                if (await http.get(f"http://127.0.0.1:{http_port}/readyz")).status_code == 200:
+                    return proc, f"127.0.0.1:{grpc_port}"
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("queue service did not become ready")
+            await asyncio.sleep(0.1)
+
+
+def _percentile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_bench(spec: BenchSpec) -> dict[str, float | int | str]:
+    rng = random.Random(0)
+    groups = [realistic_group(spec, rng, i) for i in range(spec.groups)]
+    mb = sum(g.ByteSize() for g in groups) / 1e6
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-queue-") as tmp:
+        redis = RedisProcess(data_dir=Path(tmp)).start()
+        proc = None
+        try:
+            raw = await _raw_path(redis.url, groups, spec)
+            proc, address = await _start_service(redis.url)
+            service = await _service_path(address, groups, spec)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+            redis.stop()
+    groups_per_s = spec.groups / service.seconds
+    raw_groups_per_s = spec.groups / raw.seconds
+    return {
+        "benchmark": "queue",
+        "groups": spec.groups,
+        "producers": spec.producers,
+        "batch": spec.batch,
+        "group_mb": round(mb / spec.groups, 4),
+        "groups_per_s": round(groups_per_s, 1),
+        "mb_per_s": round(mb / service.seconds, 1),
+        "p50_ms": round(_percentile_ms(service.latencies_s, 0.5), 2),
+        "p99_ms": round(_percentile_ms(service.latencies_s, 0.99), 2),
+        "mean_ms": round(1000 * statistics.fmean(service.latencies_s), 2),
+        "raw_groups_per_s": round(raw_groups_per_s, 1),
+        "raw_mb_per_s": round(mb / raw.seconds, 1),
+        "raw_p50_ms": round(_percentile_ms(raw.latencies_s, 0.5), 2),
+        "raw_p99_ms": round(_percentile_ms(raw.latencies_s, 0.99), 2),
+        "ratio_to_raw": round(groups_per_s / raw_groups_per_s, 3),
+    }
