@@ -89,10 +89,12 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
     async with httpx.AsyncClient(base_url=engine.url) as eng:
         assert (await eng.get("/get_model_info")).json()["paused"] == "in_place"
         async with QueueClient(rollout.queue.grpc_address) as q:
-            await asyncio.sleep(0.4)
             await q.release([prompt(30)])
-            await asyncio.sleep(0.6)
-            assert (await q.prompt_stats()).waiting == 1
+            # Nothing is generated while paused (a Lease call already waiting when the pause came
+            # may still take the prompt; the paused engine then holds its requests).
+            assert await q.pull("trainer-0", 0, 100, 1, block_timeout_s=1.0) == []
+            stats = await q.prompt_stats()
+            assert stats.total_completed == 0 and stats.waiting + stats.leased == 1
             resumed = (await rollout.http.post("/v1/resume", headers=auth)).json()
             assert not resumed["paused"]
             assert (await eng.get("/get_model_info")).json()["paused"] is None

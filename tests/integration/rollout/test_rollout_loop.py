@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -53,12 +52,12 @@ async def test_pause_stops_leasing_and_resume_finishes_the_work(engine: EnginePr
         await wait_until(replica.ready, what="engine ready")
         await replica.pause("retract")
         try:
-            # A Lease call already waiting when the pause came may still return (its prompt is then
-            # held by the paused engine); let it time out before releasing.
-            await asyncio.sleep(0.4)
             await q.release([prompt(10)])
-            await asyncio.sleep(0.8)
-            assert (await q.prompt_stats()).waiting == 1
+            # Nothing is generated while paused (a Lease call already waiting when the pause came
+            # may still take the prompt; the paused engine then holds its requests).
+            assert await q.pull("trainer-0", 0, 100, 1, block_timeout_s=1.0) == []
+            stats = await q.prompt_stats()
+            assert stats.total_completed == 0 and stats.waiting + stats.leased == 1
             assert replica.status().paused and replica.status().pause_mode == "retract"
         finally:
             await replica.resume()
