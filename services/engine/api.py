@@ -69,6 +69,9 @@ class AbortReq(_SGLangBody):
     abort_all: bool = False
 
 
+# Bounds the memory one request can claim; GRPO groups are far smaller.
+MAX_PARALLEL_SAMPLES = 1024
+
 _SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos"}
 
 
@@ -81,8 +84,8 @@ def _sampling(params: dict[str, Any]) -> tuple[SamplingConfig, int]:
         config = SamplingConfig(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad sampling_params: {exc}") from exc
-    if n < 1:
-        raise ValueError(f"sampling_params.n must be >= 1, got {n}")
+    if not 1 <= n <= MAX_PARALLEL_SAMPLES:
+        raise ValueError(f"sampling_params.n must be in [1, {MAX_PARALLEL_SAMPLES}], got {n}")
     return config, n
 
 

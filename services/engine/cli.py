@@ -34,6 +34,8 @@ def serve_command(
         settings = load_settings(EngineSettings, **overrides)
     except SettingsError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if not settings.model_path:
+        raise typer.BadParameter("no model: pass --model DIR or set RELAYRL_ENGINE_MODEL_PATH", param_hint="--model")
     setup_logging("engine", settings.log_level, settings.log_format)
     from services.engine.server import serve
 

@@ -14,8 +14,6 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: EngineSettings) -> None:
-    if not settings.model_path:
-        raise ValueError("no model: pass --model DIR or set RELAYRL_ENGINE_MODEL_PATH")
     state = EngineState(settings)
     state.scheduler.start()
     app = create_http_app("engine", state.metrics.registry, lambda: True, settings.api_token)

@@ -15,7 +15,7 @@ from relayrl.v1 import rollout_pb2_grpc as pb_grpc
 from services.rollout.config import RolloutSettings
 from services.rollout.control import RolloutControlServicer, control_router
 from services.rollout.engine_client import EngineClient
-from services.rollout.replica import PromptQueue, Replica
+from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
 from services.rollout.weight_sync import WeightSync
 
@@ -43,12 +43,12 @@ def weight_sync_for(replica: Replica, settings: RolloutSettings, weights_dir: Pa
     )
 
 
-async def serve(settings: RolloutSettings, queue: PromptQueue | None = None) -> None:
+async def serve(settings: RolloutSettings) -> None:
     from services.queue.client import QueueClient
 
     rewards = RewardRunner(resolve_reward(settings.reward_function), settings.reward_timeout_s)
     engine = EngineClient(settings.engine_url, timeout=settings.engine_timeout_s, retries=settings.engine_retries)
-    queue = queue or QueueClient(settings.queue_address)
+    queue = QueueClient(settings.queue_address)
     replica = Replica(settings, engine, queue, rewards)
     weights_tmp = tempfile.TemporaryDirectory(prefix="relayrl-rollout-weights-") if not settings.weights_dir else None
     weights_dir = Path(settings.weights_dir or weights_tmp.name)  # type: ignore[union-attr]
