@@ -5,7 +5,8 @@ Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer
 getting data in hand, here without a queue), ``train_step`` (``forward_backward_s`` with the
 proximal log-prob pass, ``optimizer_s``), then the full-state-dict gather of a publish
 (``publish_s``; the upload itself is off the training path). ``tokens_per_s`` counts real
-(unpadded) prompt+response tokens over forward_backward + optimizer time.
+(unpadded) prompt+response tokens over forward_backward + optimizer time. On CPU the
+single-process baseline runs with as many torch threads as the FSDP job had ranks × threads.
 
 MFU (CUDA only) counts 8 · params FLOPs per token: 6 for forward+backward and 2 for the
 proximal log-prob forward (attention FLOPs are left out, as in the usual 6N estimate).
@@ -168,6 +169,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         if done.returncode != 0:
             raise RuntimeError(f"FSDP benchmark ranks failed:\n{done.stderr[-4000:]}")
         fsdp = json.loads(out.read_text())
+        if cfg.device == "cpu":
+            # The baseline gets the cores the N ranks had (one thread each), so the comparison is
+            # of FSDP against plain intra-op parallelism on the same hardware.
+            torch.set_num_threads(world * int(env["OMP_NUM_THREADS"]))
         single = _measure(cfg, model_dir, fsdp=False)
 
     def rate(r: dict[str, float]) -> float:
