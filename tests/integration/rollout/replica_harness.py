@@ -99,8 +99,9 @@ async def wait_until(predicate: Any, timeout_s: float = 10.0, what: str = "condi
 
 
 @contextlib.asynccontextmanager
-async def paramsync_service() -> AsyncIterator[str]:
-    settings = ParamSyncSettings(transport="grpc")
+async def paramsync_service(**overrides: Any) -> AsyncIterator[str]:
+    """A real paramsync (gRPC transport unless overridden) with its background tasks on this loop."""
+    settings = ParamSyncSettings(**{"transport": "grpc", **overrides})
     service = build_service(settings)
     tasks = [
         asyncio.create_task(service.run_deliveries()),

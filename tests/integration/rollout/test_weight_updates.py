@@ -1,10 +1,13 @@
 """A replica with a real paramsync and a real queue: it waits for the version a prompt needs,
-fetches it over gRPC, loads it into the engine, reports it, and only then starts the prompt."""
+fetches it (gRPC chunks, or the announced directory for the disk transport), loads it into the
+engine, reports it, and only then starts the prompt."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+
+import pytest
 
 from relayrl.redis_process import RedisProcess
 from services.paramsync.client import ParamSyncClient
@@ -23,14 +26,15 @@ from tests.integration.rollout.replica_harness import (
 )
 
 
+@pytest.mark.parametrize("transport", ["grpc", "disk"])
 async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
-    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tiny_model_dir: Path, tmp_path: Path
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tiny_model_dir: Path, tmp_path: Path, transport: str
 ) -> None:
     queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
     try:
         async with (
             EngineClient(engine.url) as client,
-            paramsync_service() as paramsync_address,
+            paramsync_service(transport=transport, shared_dir=str(tmp_path / "shared")) as paramsync_address,
             ParamSyncClient(paramsync_address) as paramsync,
             QueueClient(queue.grpc_address) as q,
         ):
