@@ -6,6 +6,7 @@ UNAVAILABLE (the caller retries); no request can take the service down.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -22,7 +23,7 @@ from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.errors import BadRequest, QueueFull
 from services.queue.metrics import QueueMetrics
 from services.queue.prompts import PromptQueue
-from services.queue.trajectories import TrajectoryQueue
+from services.queue.trajectories import PullResult, TrajectoryQueue
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,25 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
     @_status_mapped
     async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> qpb.PullResponse:
         started = time.perf_counter()
-        result = await self._store.pull(
-            consumer=request.consumer,
-            session_id=request.session_id,
-            current_version=request.current_version,
-            max_staleness=request.max_staleness,
-            max_groups=request.max_groups,
-            block_timeout_s=request.block_timeout_s,
+        pulling = asyncio.ensure_future(
+            self._store.pull(
+                consumer=request.consumer,
+                session_id=request.session_id,
+                current_version=request.current_version,
+                max_staleness=request.max_staleness,
+                max_groups=request.max_groups,
+                block_timeout_s=request.block_timeout_s,
+            )
+        )
+        try:
+            # Shielded: a caller that gives up must not interrupt a Redis read half done.
+            result = await asyncio.shield(pulling)
+        except asyncio.CancelledError:
+            pulling.add_done_callback(functools.partial(self._give_back, request.consumer))
+            raise
+        # Entries read but never received would stay pending on a live consumer for good.
+        context.add_done_callback(
+            lambda ctx: self._store.not_received(request.consumer, result.deliveries) if ctx.cancelled() else None
         )
         self._metrics.pull_latency.observe(time.perf_counter() - started)
         return qpb.PullResponse(
@@ -84,6 +97,10 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
             ],
             dropped_stale=result.dropped_stale,
         )
+
+    def _give_back(self, consumer: str, pulling: asyncio.Future[PullResult]) -> None:
+        if not pulling.cancelled() and pulling.exception() is None:
+            self._store.not_received(consumer, pulling.result().deliveries)
 
     @_status_mapped
     async def Ack(self, request: qpb.AckRequest, context: grpc.aio.ServicerContext) -> qpb.AckResponse:

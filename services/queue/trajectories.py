@@ -22,6 +22,9 @@ Redis layout (keys in :mod:`services.queue.keys`):
 
 Re-delivery, in the order a pull serves it:
 
+0. Entries read for a pull whose reply never reached the consumer (client deadline or
+   disconnect) are handed back to the same consumer on its next pull. Kept in the service's
+   memory: if the service restarts too, they wait for the consumer's restart or death.
 1. A consumer name seen with a new session id (a restarted trainer) first gets its own
    pending entries again (``XREADGROUP`` from id 0, then onward), before anything new.
 2. Pending entries of *another* consumer are claimed (``XCLAIM``) only when that consumer
@@ -168,6 +171,8 @@ class TrajectoryQueue:
         self._ages = AgeWindow(settings.age_window)
         # consumer → id after which its own pending entries are still to be re-delivered.
         self._redeliver_from: dict[str, str] = {}
+        # consumer → entry ids read for it whose pull reply was never received.
+        self._undelivered: dict[str, list[str]] = {}
         self._next_reclaim_check = 0.0
 
     async def ensure_group(self) -> None:
@@ -243,7 +248,8 @@ class TrajectoryQueue:
         while True:
             want = max_groups - len(delivered)
             batch = (
-                await self._own_pending(consumer, want)
+                await self._undelivered_first(consumer, want)
+                or await self._own_pending(consumer, want)
                 or await self._reclaim_from_dead(consumer, want)
                 or await self._read_new(consumer, want, deadline)
             )
@@ -258,6 +264,22 @@ class TrajectoryQueue:
         if delivered:
             await self._redis.hincrby(self._keys.stats, "delivered", len(delivered))
         return PullResult(delivered, dropped_stale)
+
+    def not_received(self, consumer: str, deliveries: list[Delivery]) -> None:
+        """Records that a pull's reply never reached ``consumer``: its next pull gets these again."""
+        if deliveries:
+            log.warning("pull reply to %s was not received: %d entries will be re-delivered", consumer, len(deliveries))
+            self._undelivered.setdefault(consumer, []).extend(d.entry_id for d in deliveries)
+
+    async def _undelivered_first(self, consumer: str, want: int) -> list[_RawEntry]:
+        ids = self._undelivered.get(consumer)
+        if not ids:
+            return []
+        taken, self._undelivered[consumer] = ids[:want], ids[want:]
+        # Claiming to the same consumer re-reads the entries and counts the delivery.
+        claimed = await self._redis.xclaim(self._keys.trajectories, TRAINER_GROUP, consumer, 0, taken)
+        counts = await self._delivery_counts(consumer, min(taken), max(taken), 10 * len(taken))
+        return [_RawEntry(_text(i), fields or None, counts.get(_text(i), 1)) for i, fields in claimed]
 
     def _check_pull_args(
         self, consumer: str, current_version: int, max_staleness: int, max_groups: int, block_timeout_s: float

@@ -10,6 +10,11 @@ import subprocess
 import sys
 import time
 
+import grpc
+import pytest
+
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.client import QueueClient
 from services.queue.keys import Keys
 
@@ -108,3 +113,18 @@ async def test_an_entry_delivered_too_often_is_dead_lettered(start_queue, raw_re
         assert stats.dropped_by_reason["max_deliveries"] == 1 and stats.pending == 0
     dead = await raw_redis.xrange(Keys(server.settings.run_id).dead_letter)
     assert dead[0][1][b"reason"] == b"max_deliveries" and dead[0][1][b"field:gid"] == b"g0"
+
+
+async def test_groups_read_for_a_pull_the_consumer_gave_up_on_come_back_to_it(start_queue):
+    server = await start_queue()
+    request = qpb.PullRequest(consumer="trainer-0", current_version=0, max_staleness=0, max_groups=1, block_timeout_s=2)
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel, QueueClient(server.grpc_address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await qgrpc.TrajectoryQueueStub(channel).Pull(request, timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The server is still blocked in Redis for the trainer that stopped waiting; it reads this group.
+        await client.push([make_group(0)])
+        await asyncio.sleep(0.3)
+        assert (await client.stats()).pending == 1
+        got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
+        assert [(d.group.group_id, d.delivery_count) for d in got] == [("g0", 2)]
