@@ -82,10 +82,14 @@ def all_gather_objects(obj: Any) -> list[Any]:
 
 
 def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """Sum or max of ``t`` over ranks (in place, also returned)."""
-    if active() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t
+    """Sum or max of ``t`` over ranks, returned on ``t``'s device (``t`` itself is left alone)."""
+    if not active() or dist.get_world_size() == 1:
+        return t
+    # NCCL reduces only GPU tensors; the trainer's bookkeeping tensors live on the CPU.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    buf = t.to(device, copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return buf.to(t.device)
 
 
 def barrier() -> None:
