@@ -40,6 +40,9 @@ class QueueSettings(ServiceSettings):
     redis_tls_ca_file: str = Field("", description="CA bundle that signs the Redis server certificate.")
     redis_tls_cert_file: str = Field("", description="Client certificate for mutual TLS; empty: none.")
     redis_tls_key_file: str = Field("", description="Private key of redis_tls_cert_file.")
+    redis_connect_timeout_s: float = Field(
+        5.0, gt=0, description="Longest wait to open a Redis connection, seconds (readyz answers within it)."
+    )
     redis_appendfsync: str = Field(
         "",
         pattern="^(|everysec|always|no)$",

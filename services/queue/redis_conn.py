@@ -18,7 +18,7 @@ def connect(settings: QueueSettings) -> aioredis.Redis:
     url = settings.redis_url
     if settings.redis_tls and url.startswith("redis://"):
         url = "rediss://" + url.removeprefix("redis://")
-    kwargs: dict[str, Any] = {"decode_responses": False}
+    kwargs: dict[str, Any] = {"decode_responses": False, "socket_connect_timeout": settings.redis_connect_timeout_s}
     if settings.redis_username:
         kwargs["username"] = settings.redis_username
     if settings.redis_password.get_secret_value():
