@@ -142,3 +142,31 @@ def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
 
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def test_sigterm_checkpoints_and_ppo_with_critic_resumes(redis_server, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    ppo = dict(adv_estimator="gae", use_kl_loss="true", pg_variant="vanilla", checkpoint_every=1, **SMALL)
+    with Stack(redis_server.url, f"t{uuid.uuid4().hex[:6]}") as stack:
+        env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=50, **ppo)
+        proc = start_trainer(env, tmp_path / "first.log")
+        try:
+            _wait_for(lambda: len(_rows(run_dir)) >= 2, 90, "two steps", proc)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0  # an orderly stop, not a crash
+        finally:
+            stop_group(proc)
+        stopped_at = len(_rows(run_dir))
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stopped_at:08d}"
+        assert "critic/vf_loss" in _rows(run_dir)[-1]
+
+        env["RELAYRL_TRAINER_TOTAL_STEPS"] = str(stopped_at + 1)
+        proc = start_trainer(env, tmp_path / "second.log")
+        try:
+            assert proc.wait(90) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        finally:
+            stop_group(proc)
+        last = _rows(run_dir)[-1]
+        assert last["trainer/global_steps"] == stopped_at + 1
+        assert last["trainer/current_param_version"] == stopped_at + 1
+        assert _queue_stats(stack).pending == 0
