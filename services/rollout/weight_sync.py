@@ -139,7 +139,10 @@ class WeightSync:
             if not user_paused:
                 await self.engine.pause_generation("in_place" if self.mode == "in_place" else "abort")
             try:
-                result = await self.engine.update_weights_from_disk(path, weight_version=version)
+                # SGLang cannot flush its cache while requests sit frozen in the running batch.
+                result = await self.engine.update_weights_from_disk(
+                    path, weight_version=version, flush_cache=self.mode != "in_place"
+                )
             finally:
                 if not user_paused:
                     await self.engine.continue_generation()
