@@ -38,7 +38,8 @@ class RedisProcess:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> RedisProcess:
+    def command(self) -> list[str]:
+        """The ``redis-server`` command line (picks a free port if none was set)."""
         if self.appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {self.appendfsync!r}")
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,10 @@ class RedisProcess:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return args
+
+    def start(self, timeout_s: float = 10.0) -> RedisProcess:
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_for_port(self.host, self.port, timeout_s)
         except TimeoutError:

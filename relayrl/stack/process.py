@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 import httpx
@@ -47,10 +48,12 @@ class ComponentSpec:
     ready_timeout_s: float = 120.0
     # How the component can be fixed when it fails to start (shown to the user).
     hint: str = ""
+    # Also keep the component's whole output here (the terminal shows it prefixed).
+    log_file: Path | None = None
 
 
 class ManagedProcess:
-    def __init__(self, spec: ComponentSpec, sink: TextIO = sys.stderr, tail_lines: int = 40) -> None:
+    def __init__(self, spec: ComponentSpec, sink: TextIO | None = sys.stderr, tail_lines: int = 40) -> None:
         self.spec = spec
         self._sink = sink
         self._tail: deque[str] = deque(maxlen=tail_lines)
@@ -83,10 +86,18 @@ class ManagedProcess:
 
     def _pump_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            line = line.rstrip("\n")
-            self._tail.append(line)
-            print(f"[{self.name}] {line}", file=self._sink, flush=True)
+        log_file = self.spec.log_file.open("a") if self.spec.log_file else None
+        try:
+            for line in self.process.stdout:
+                line = line.rstrip("\n")
+                self._tail.append(line)
+                if self._sink is not None:
+                    print(f"[{self.name}] {line}", file=self._sink, flush=True)
+                if log_file is not None:
+                    print(line, file=log_file, flush=True)
+        finally:
+            if log_file is not None:
+                log_file.close()
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

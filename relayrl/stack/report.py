@@ -44,8 +44,19 @@ def training_rows(rows: list[dict[str, Any]], reward_key: str) -> list[dict[str,
     return [r for r in rows if reward_key in r and "trainer/global_steps" in r]
 
 
+def elapsed_s(row: dict[str, Any], started_at: float) -> float:
+    """Seconds from the start of the run to when the trainer wrote ``row`` (its unix ``time``)."""
+    return float(row["time"]) - started_at
+
+
 def build_report(
-    run_id: str, rows: list[dict[str, Any]], reward_key: str, window: int, max_staleness: int, **extra: Any
+    run_id: str,
+    rows: list[dict[str, Any]],
+    reward_key: str,
+    window: int,
+    max_staleness: int,
+    started_at: float,
+    **extra: Any,
 ) -> RunReport:
     steps = training_rows(rows, reward_key)
     if not steps:
@@ -53,7 +64,7 @@ def build_report(
     window = max(1, min(window, len(steps) // 2 or 1))
     rewards = [float(r[reward_key]) for r in steps]
     first, last = fmean(rewards[:window]), fmean(rewards[-window:])
-    wall = float(steps[-1].get("timing/wall_s", 0.0))
+    wall = elapsed_s(steps[-1], started_at)
     samples = float(steps[-1].get("trainer/processed_samples", 0.0))
     ages = [float(r.get("staleness/max_sample_age", 0.0)) for r in steps]
     return RunReport(
@@ -78,7 +89,7 @@ def write_report(report: RunReport, run_dir: Path) -> Path:
     return path
 
 
-def plot_reward(rows: list[dict[str, Any]], reward_key: str, out: Path, title: str = "") -> Path:
+def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, out: Path, title: str = "") -> Path:
     """Mean reward against wall-clock time and against trainer step, side by side."""
     import matplotlib
 
@@ -87,7 +98,7 @@ def plot_reward(rows: list[dict[str, Any]], reward_key: str, out: Path, title: s
 
     steps = training_rows(rows, reward_key)
     xs_step = [r["trainer/global_steps"] for r in steps]
-    xs_time = [r.get("timing/wall_s", 0.0) for r in steps]
+    xs_time = [elapsed_s(r, started_at) for r in steps]
     ys = [r[reward_key] for r in steps]
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, xs, label in ((by_time, xs_time, "wall-clock time (s)"), (by_step, xs_step, "trainer step")):

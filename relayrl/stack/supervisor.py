@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, sink: TextIO = sys.stderr) -> None:
+    def __init__(self, sink: TextIO | None = sys.stderr) -> None:
         self._sink = sink
         self.components: list[ManagedProcess] = []
         self._stopped = threading.Event()
@@ -69,7 +69,7 @@ class Supervisor:
 
 
 @contextmanager
-def supervised(sink: TextIO = sys.stderr) -> Iterator[Supervisor]:
+def supervised(sink: TextIO | None = sys.stderr) -> Iterator[Supervisor]:
     """A supervisor whose components are stopped on exit, on an error, and on SIGINT/SIGTERM."""
     supervisor = Supervisor(sink)
 

@@ -7,14 +7,14 @@ from relayrl.stack.report import build_report, plot_reward, read_metrics
 
 def _rows(rewards):
     return [
-        {"trainer/global_steps": i + 1, "critic/score/mean": r, "timing/wall_s": 2.0 * (i + 1),
+        {"trainer/global_steps": i + 1, "critic/score/mean": r, "time": 1000.0 + 2.0 * (i + 1),
          "trainer/processed_samples": 8 * (i + 1), "staleness/max_sample_age": i % 3}
         for i, r in enumerate(rewards)
     ]  # fmt: skip
 
 
 def test_first_and_last_are_window_means():
-    report = build_report("r", _rows([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]), "critic/score/mean", window=2, max_staleness=2)
+    report = build_report("r", _rows([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]), "critic/score/mean", window=2, max_staleness=2, started_at=1000.0)
     assert report.reward_first == pytest.approx(0.1)
     assert report.reward_last == pytest.approx(0.9)
     assert report.reward_rise == pytest.approx(0.8)
@@ -23,13 +23,13 @@ def test_first_and_last_are_window_means():
 
 
 def test_window_shrinks_to_half_the_run():
-    report = build_report("r", _rows([0.0, 1.0]), "critic/score/mean", window=50, max_staleness=0)
+    report = build_report("r", _rows([0.0, 1.0]), "critic/score/mean", window=50, max_staleness=0, started_at=1000.0)
     assert report.window == 1 and report.reward_rise == 1.0
 
 
 def test_no_steps_is_a_clear_error():
     with pytest.raises(ValueError, match="no training steps"):
-        build_report("r", [{"val/score": 1}], "critic/score/mean", window=5, max_staleness=1)
+        build_report("r", [{"val/score": 1}], "critic/score/mean", window=5, max_staleness=1, started_at=0.0)
 
 
 def test_torn_last_line_is_skipped_and_plot_is_written(tmp_path):
@@ -37,5 +37,5 @@ def test_torn_last_line_is_skipped_and_plot_is_written(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in _rows([0.1, 0.5])) + '\n{"trainer/glob')
     rows = read_metrics(path)
     assert len(rows) == 2
-    png = plot_reward(rows, "critic/score/mean", tmp_path / "reward.png")
+    png = plot_reward(rows, "critic/score/mean", 1000.0, tmp_path / "reward.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,211 @@
+"""What ``relayrl up`` starts, in order, and how the components find each other.
+
+    redis-server (unless RELAYRL_REDIS_URL / stack.redis_url names one)
+    queue, paramsync
+    engine-0..N-1            built-in CPU engines speaking SGLang's native API
+    rollout-0..N-1           one rollout replica per engine
+    trainer                  torchrun with P processes (gloo on CPU)
+
+Every port is picked free on loopback; every component gets the shared values (run id, API
+token, η, Redis URL) from the same variables, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relayrl.net import free_port
+from relayrl.redis_process import INSTALL_HINT, RedisProcess
+from relayrl.stack.config import StackConfig
+from relayrl.stack.process import ComponentSpec, ManagedProcess, http_ready
+from relayrl.stack.supervisor import Supervisor
+
+HOST = "127.0.0.1"
+RELAYRL = [sys.executable, "-m", "relayrl.cli"]
+
+
+@dataclass
+class Endpoints:
+    """Where each component listens, once the stack is planned."""
+
+    redis_url: str = ""
+    queue_grpc: str = ""
+    queue_http: str = ""
+    paramsync_grpc: str = ""
+    paramsync_http: str = ""
+    engines: list[str] = field(default_factory=list)
+    rollouts_http: list[str] = field(default_factory=list)
+    trainer_http: str = ""
+
+    def http_services(self) -> dict[str, str]:
+        """Every component's HTTP base URL by name (what Prometheus scrapes, what `relayrl ctl` talks to)."""
+        urls = {"queue": self.queue_http, "paramsync": self.paramsync_http, "trainer": self.trainer_http}
+        urls.update({f"engine-{i}": url for i, url in enumerate(self.engines)})
+        urls.update({f"rollout-{i}": url for i, url in enumerate(self.rollouts_http)})
+        return urls
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig, supervisor: Supervisor) -> None:
+        self.config = config
+        self.settings = config.stack
+        self.supervisor = supervisor
+        self.run_id = self.settings.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+        self.run_dir = (self.settings.runs_dir / self.run_id).resolve()
+        self.api_token = self.settings.api_token or secrets.token_urlsafe(16)
+        self.endpoints = Endpoints()
+        self.trainer: ManagedProcess | None = None
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def _shared_env(self) -> dict[str, str]:
+        return {
+            "RELAYRL_RUN_ID": self.run_id,
+            "RELAYRL_API_TOKEN": self.api_token,
+            "RELAYRL_MAX_STALENESS": str(self.settings.max_staleness),
+            "RELAYRL_REDIS_URL": self.endpoints.redis_url,
+        }
+
+    def _spec(self, name: str, argv: list[str], service: str, wiring: dict[str, str], ready_url: str | None):
+        # Section values first, the stack's wiring last: ports and addresses must stay consistent.
+        env = {**self._shared_env(), **self.config.section_env(service), **wiring}
+        return ComponentSpec(
+            name=name,
+            argv=argv,
+            env=env,
+            ready=http_ready(ready_url) if ready_url else None,
+            ready_timeout_s=self.settings.ready_timeout_s,
+            log_file=self.run_dir / "logs" / f"{name}.log",
+        )
+
+    def _ports(self, prefix: str) -> tuple[int, int, dict[str, str]]:
+        grpc_port, http_port = free_port(HOST), free_port(HOST)
+        wiring = {f"{prefix}_HOST": HOST, f"{prefix}_GRPC_PORT": str(grpc_port), f"{prefix}_HTTP_PORT": str(http_port)}
+        return grpc_port, http_port, wiring
+
+    # -- start --------------------------------------------------------------------------
+
+    def start(self, model_dir: Path) -> None:
+        """Starts every component and returns once each is ready (the trainer once launched)."""
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._start_redis()
+        self._start_queue_and_paramsync()
+        self._start_engines(model_dir)
+        self._start_rollouts()
+        self._start_trainer(model_dir)
+
+    def _start_redis(self) -> None:
+        if self.settings.redis_url:
+            self.endpoints.redis_url = self.settings.redis_url
+            return
+        redis = RedisProcess(data_dir=self.run_dir / "redis", appendfsync=self.settings.redis_appendfsync)
+        try:
+            command = redis.command()
+        except FileNotFoundError as exc:
+            from relayrl.stack.process import ComponentError
+
+            raise ComponentError("redis", str(exc), INSTALL_HINT) from None
+        self.endpoints.redis_url = redis.url
+        spec = ComponentSpec("redis", command, ready=_tcp_ready(HOST, redis.port), hint=INSTALL_HINT)
+        self.supervisor.start(spec)
+
+    def _start_queue_and_paramsync(self) -> None:
+        q_grpc, q_http, q_wiring = self._ports("RELAYRL_QUEUE")
+        p_grpc, p_http, p_wiring = self._ports("RELAYRL_PARAMSYNC")
+        self.endpoints.queue_grpc, self.endpoints.queue_http = f"{HOST}:{q_grpc}", f"http://{HOST}:{q_http}"
+        self.endpoints.paramsync_grpc = f"{HOST}:{p_grpc}"
+        self.endpoints.paramsync_http = f"http://{HOST}:{p_http}"
+        self.supervisor.start_all(
+            [
+                self._spec(
+                    "queue", [*RELAYRL, "queue", "serve"], "queue", q_wiring, f"{self.endpoints.queue_http}/readyz"
+                ),
+                self._spec(
+                    "paramsync",
+                    [*RELAYRL, "paramsync", "serve"],
+                    "paramsync",
+                    {**p_wiring, "RELAYRL_PARAMSYNC_SHARED_DIR": str(self.run_dir / "weights")},
+                    f"{self.endpoints.paramsync_http}/readyz",
+                ),
+            ]
+        )
+
+    def _start_engines(self, model_dir: Path) -> None:
+        specs = []
+        for i in range(self.settings.rollout_replicas):
+            port = free_port(HOST)
+            url = f"http://{HOST}:{port}"
+            self.endpoints.engines.append(url)
+            wiring = {"RELAYRL_ENGINE_HOST": HOST, "RELAYRL_ENGINE_HTTP_PORT": str(port), "RELAYRL_ENGINE_SEED": str(i)}
+            argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]
+            specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health"))
+        self.supervisor.start_all(specs)
+
+    def _start_rollouts(self) -> None:
+        specs = []
+        for i, engine_url in enumerate(self.endpoints.engines):
+            _, http_port, wiring = self._ports("RELAYRL_ROLLOUT")
+            url = f"http://{HOST}:{http_port}"
+            self.endpoints.rollouts_http.append(url)
+            wiring |= {
+                "RELAYRL_ROLLOUT_REPLICA_ID": f"rollout-{i}",
+                "RELAYRL_ROLLOUT_ENGINE_URL": engine_url,
+                "RELAYRL_ROLLOUT_QUEUE_ADDRESS": self.endpoints.queue_grpc,
+                "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+                "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
+            }
+            specs.append(
+                self._spec(f"rollout-{i}", [*RELAYRL, "rollout", "serve"], "rollout", wiring, f"{url}/healthz")
+            )
+        self.supervisor.start_all(specs)
+
+    def _start_trainer(self, model_dir: Path) -> None:
+        _, http_port, wiring = self._ports("RELAYRL_TRAINER")
+        self.endpoints.trainer_http = f"http://{HOST}:{http_port}"
+        wiring |= {
+            "RELAYRL_TRAINER_MODEL_DIR": str(model_dir),
+            "RELAYRL_TRAINER_RUN_DIR": str(self.run_dir),
+            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.endpoints.queue_grpc,
+            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+            # torchrun's default of 1 thread per rank; more only oversubscribes a small machine.
+            "OMP_NUM_THREADS": "1",
+        }
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc-per-node", str(self.settings.trainer_procs),
+            "-m", "services.trainer",
+        ]  # fmt: skip
+        self.trainer = self.supervisor.start(self._spec("trainer", argv, "trainer", wiring, None))
+
+    def trainer_exit_code(self) -> int | None:
+        assert self.trainer is not None and self.trainer.process is not None
+        return self.trainer.process.poll()
+
+
+def _tcp_ready(host: str, port: int):
+    import socket
+
+    def check() -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    return check
+
+
+def prepare_model(stack: LocalStack) -> Path:
+    """The model to train: the configured directory, or the built-in tiny model made for this run."""
+    if stack.settings.model_dir is not None:
+        return stack.settings.model_dir.resolve()
+    model_dir = stack.run_dir / "model"
+    if not (model_dir / "config.json").exists():
+        from relayrl.models.tiny import TinyModelSpec, init_tiny
+
+        init_tiny(model_dir, TinyModelSpec(arch=stack.settings.tiny_arch, seed=stack.settings.tiny_seed))
+    return model_dir

@@ -1,0 +1,71 @@
+"""The live progress line of a run, read from the trainer's ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REWARD_KEY = "critic/score/mean"
+
+
+class MetricsTail:
+    """Reads the rows appended to ``metrics.jsonl`` since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self.rows: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        # Keep a partly written last line for the next poll.
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._offset += len(complete.encode())
+        new = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self.rows.extend(new)
+        return new
+
+
+def queue_depth(queue_http: str) -> float | None:
+    """Groups waiting in the trajectory queue, from the queue service's Prometheus endpoint."""
+    try:
+        text = httpx.get(f"{queue_http}/metrics", timeout=1.0).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "relayrl_queue_queue_size_groups":
+            return sum(sample.value for sample in family.samples)
+    return None
+
+
+@dataclass
+class ProgressLine:
+    total_steps: int
+    started_at: float
+
+    def render(self, row: dict[str, Any] | None, depth: float | None) -> str:
+        if row is None:
+            return "waiting for the first training step..."
+        step = int(row.get("trainer/global_steps", 0))
+        wall = max(float(row.get("time", self.started_at)) - self.started_at, 1e-9)
+        samples = float(row.get("trainer/processed_samples", 0.0))
+        parts = [
+            f"step {step}/{self.total_steps}",
+            f"reward {row.get(REWARD_KEY, float('nan')):.3f}",
+            f"staleness avg {row.get('staleness/avg_sample_age', 0.0):.2f}"
+            f" max {row.get('staleness/max_sample_age', 0):.0f}",
+            f"{samples / wall:.1f} samples/s",
+            f"version {int(row.get('trainer/current_param_version', 0))}",
+        ]
+        if depth is not None:
+            parts.append(f"queue {depth:.0f}")
+        return " | ".join(parts)

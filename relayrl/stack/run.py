@@ -1,0 +1,104 @@
+"""Running the local stack until the trainer finishes, with a live progress line and a report."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from relayrl.stack.config import StackConfig
+from relayrl.stack.launch import LocalStack, prepare_model
+from relayrl.stack.process import ComponentError
+from relayrl.stack.progress import REWARD_KEY, MetricsTail, ProgressLine, queue_depth
+from relayrl.stack.report import RunReport, build_report, plot_reward, write_report
+from relayrl.stack.supervisor import supervised
+
+log = logging.getLogger(__name__)
+
+# Steps averaged into reward_first and reward_last.
+REPORT_WINDOW = 30
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    run_dir: Path
+    report: RunReport | None = None
+
+
+def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False) -> RunOutcome:
+    console = Console(stderr=True)
+    with supervised(None if quiet else sys.stderr) as supervisor:
+        stack = LocalStack(config, supervisor)
+        try:
+            model_dir = prepare_model(stack)
+            started_at = time.time()
+            console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
+            stack.start(model_dir)
+            _print_endpoints(console, stack)
+            code = _follow_trainer(console, stack, started_at)
+            if code == 0 and keep_alive:
+                console.print("trainer finished; services stay up until Ctrl-C")
+                while True:
+                    supervisor.check_alive(exited_ok=["trainer"])
+                    time.sleep(1.0)
+        except ComponentError as err:
+            console.print(f"[red]stack stopped:[/] {err}")
+            return RunOutcome(1, stack.run_dir)
+        except KeyboardInterrupt:
+            console.print("interrupted; stopping every component")
+            return RunOutcome(130, stack.run_dir)
+    outcome = RunOutcome(code, stack.run_dir)
+    if code != 0:
+        console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
+    elif report:
+        outcome.report = _write_report(stack, started_at)
+    return outcome
+
+
+def _print_endpoints(console: Console, stack: LocalStack) -> None:
+    for name, url in stack.endpoints.http_services().items():
+        console.print(f"  {name:<10} {url}")
+
+
+def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> int:
+    """Shows progress until the trainer exits; any other component dying stops the run."""
+    tail = MetricsTail(stack.run_dir / "metrics.jsonl")
+    total = int(stack.config.trainer.get("total_steps", 0))
+    line = ProgressLine(total_steps=total, started_at=started_at)
+    last_printed = 0.0
+    with console.status(line.render(None, None)) as status:
+        while True:
+            stack.supervisor.check_alive(exited_ok=["trainer"])
+            tail.poll()
+            latest = tail.rows[-1] if tail.rows else None
+            text = line.render(latest, queue_depth(stack.endpoints.queue_http))
+            status.update(text)
+            # Without a terminal the spinner is invisible: print the line now and then instead.
+            if not console.is_terminal and time.monotonic() - last_printed > 10:
+                console.print(text)
+                last_printed = time.monotonic()
+            code = stack.trainer_exit_code()
+            if code is not None:
+                tail.poll()
+                if tail.rows:
+                    console.print(line.render(tail.rows[-1], None))
+                return code
+            time.sleep(1.0)
+
+
+def _write_report(stack: LocalStack, started_at: float) -> RunReport:
+    from relayrl.stack.report import read_metrics
+
+    rows = read_metrics(stack.run_dir / "metrics.jsonl")
+    report = build_report(
+        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
+        rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
+    )  # fmt: skip
+    write_report(report, stack.run_dir)
+    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"RelayRL demo ({stack.run_id})")
+    return report
