@@ -19,6 +19,7 @@ from services.queue.prompts import PromptQueue
 from services.queue.redis_conn import apply_persistence, connect, redis_reachable
 from services.queue.service import PromptQueueServicer, TrajectoryQueueServicer
 from services.queue.trajectories import TrajectoryQueue
+from services.queue.wire import add_trajectory_queue
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
         settings.host,
         settings.grpc_port,
         [
-            lambda s: qgrpc.add_TrajectoryQueueServicer_to_server(TrajectoryQueueServicer(trajectories, metrics), s),
+            lambda s: add_trajectory_queue(TrajectoryQueueServicer(trajectories, metrics), s),
             lambda s: qgrpc.add_PromptQueueServicer_to_server(PromptQueueServicer(prompts), s),
         ],
         SERVICE_NAMES,

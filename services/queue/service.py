@@ -24,6 +24,7 @@ from services.queue.errors import BadRequest, QueueFull
 from services.queue.metrics import QueueMetrics
 from services.queue.prompts import PromptQueue
 from services.queue.trajectories import PullResult, TrajectoryQueue
+from services.queue.wire import RawPullResponse, RawPushRequest
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,16 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
         self._metrics = metrics
 
     @_status_mapped
-    async def Push(self, request: qpb.PushRequest, context: grpc.aio.ServicerContext) -> qpb.PushResponse:
+    async def Push(self, request: RawPushRequest | ValueError, context: grpc.aio.ServicerContext) -> qpb.PushResponse:
+        if isinstance(request, ValueError):
+            raise BadRequest(f"PushRequest does not decode: {request}")
         started = time.perf_counter()
-        ids = await self._store.push(list(request.groups), request.timeout_s)
+        ids = await self._store.push(request.groups, request.timeout_s)
         self._metrics.push_latency.observe(time.perf_counter() - started)
         return qpb.PushResponse(entry_ids=ids)
 
     @_status_mapped
-    async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> qpb.PullResponse:
+    async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> RawPullResponse:
         started = time.perf_counter()
         pulling = asyncio.ensure_future(
             self._store.pull(
@@ -88,15 +91,7 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
             lambda ctx: self._store.not_received(request.consumer, result.deliveries) if ctx.cancelled() else None
         )
         self._metrics.pull_latency.observe(time.perf_counter() - started)
-        return qpb.PullResponse(
-            groups=[
-                qpb.DeliveredGroup(
-                    entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count, age_versions=d.age_versions
-                )
-                for d in result.deliveries
-            ],
-            dropped_stale=result.dropped_stale,
-        )
+        return RawPullResponse(result.deliveries, result.dropped_stale)
 
     def _give_back(self, consumer: str, pulling: asyncio.Future[PullResult]) -> None:
         if not pulling.cancelled() and pulling.exception() is None:

@@ -6,9 +6,10 @@ Redis layout (keys in :mod:`services.queue.keys`):
   (policy versions), ``gid``, ``n`` (samples), ``tokens`` (response tokens), ``t`` (push
   time, unix s), ``eval``, ``crc`` and the serialized ``TrajectoryGroup`` as ``payload``, so
   the staleness check reads the header without decoding the payload. Eval groups share it.
-  ``crc`` is the CRC-32 of a payload that passed ``validate_group`` at push: a pull re-runs
-  the (per-token, costly) validation only for entries whose CRC does not match, i.e. whatever
-  did not come through Push intact (garbage written straight into Redis).
+  ``crc`` covers the payload and ``v_min`` as validated at push: a pull re-runs the
+  (per-token, costly) validation only for entries whose CRC does not match, i.e. whatever
+  did not come through Push intact (garbage written straight into Redis). Payload bytes are
+  stored as received and handed out as stored (see :mod:`services.queue.wire`).
 - A push is one Lua script: it checks ``XLEN + n <= capacity`` and appends all groups or
   none, so concurrent producers can never overshoot capacity.
 - An ack is one Lua script: ``XACK`` and, only for entries that were pending, ``XDEL``.
@@ -98,7 +99,8 @@ return acked
 @dataclass(frozen=True, slots=True)
 class Delivery:
     entry_id: str
-    group: pb.TrajectoryGroup
+    # The serialized TrajectoryGroup, exactly as stored.
+    payload: bytes
     delivery_count: int
     age_versions: int
 
@@ -143,20 +145,23 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def group_header(msg: pb.TrajectoryGroup, now: float) -> list[Any]:
+def payload_crc(payload: bytes, v_min: int) -> int:
+    """CRC-32 over the payload and the staleness header it was validated with."""
+    return zlib.crc32(str(v_min).encode(), zlib.crc32(payload))
+
+
+def group_header(msg: pb.TrajectoryGroup, payload: bytes, now: float) -> list[Any]:
     """The header values and payload of one stream entry, in ``_PUSH_LUA``'s order."""
     tokens = sum(len(t.response_token_ids) for t in msg.trajectories)
-    created = msg.created_at_unix_s or now
-    payload = msg.SerializeToString()
     return [
         msg.min_policy_version,
         msg.max_policy_version,
         msg.group_id,
         len(msg.trajectories),
         tokens,
-        repr(created),
+        repr(msg.created_at_unix_s or now),
         int(msg.is_eval),
-        zlib.crc32(payload),
+        payload_crc(payload, msg.min_policy_version),
         payload,
     ]
 
@@ -184,19 +189,20 @@ class TrajectoryQueue:
 
     # Push -------------------------------------------------------------------------------
 
-    async def push(self, groups: list[pb.TrajectoryGroup], timeout_s: float) -> list[str]:
-        if not groups:
+    async def push(self, payloads: list[bytes], timeout_s: float) -> list[str]:
+        """Stores serialized groups, all or none, waiting up to ``timeout_s`` for capacity."""
+        if not payloads:
             raise BadRequest("push carries no groups")
         cap = self._settings.capacity
-        if len(groups) > cap:
-            raise BadRequest(f"push of {len(groups)} groups can never fit the capacity of {cap} groups")
+        if len(payloads) > cap:
+            raise BadRequest(f"push of {len(payloads)} groups can never fit the capacity of {cap} groups")
         if timeout_s < 0:
             raise BadRequest(f"timeout_s must be >= 0, got {timeout_s}")
-        await self._reject_malformed(groups)
+        groups = await self._decode_and_validate(payloads)
         now = time.time()
         args: list[Any] = [cap, len(groups)]
-        for msg in groups:
-            args.extend(group_header(msg, now))
+        for msg, payload in zip(groups, payloads, strict=True):
+            args.extend(group_header(msg, payload, now))
         wait_s = min(timeout_s or self._settings.push_timeout_s, self._settings.max_push_timeout_s)
         deadline = time.monotonic() + wait_s
         while True:
@@ -210,20 +216,28 @@ class TrajectoryQueue:
                 )
             await asyncio.sleep(self._settings.poll_interval_s)
 
-    async def _reject_malformed(self, groups: list[pb.TrajectoryGroup]) -> None:
-        problems = []
-        for i, msg in enumerate(groups):
-            found = validate_group(msg)
+    async def _decode_and_validate(self, payloads: list[bytes]) -> list[pb.TrajectoryGroup]:
+        groups, problems = [], []
+        for i, payload in enumerate(payloads):
+            msg = pb.TrajectoryGroup()
+            try:
+                msg.ParseFromString(payload)
+            except DecodeError as err:
+                found = [f"does not decode as a TrajectoryGroup: {err}"]
+            else:
+                found = validate_group(msg)
             if found:
                 problems.append(f"group {i} ({msg.group_id or 'no id'}): {'; '.join(found)}")
-                await self._dead_letter_rejected(msg, found)
+                await self._dead_letter_rejected(payload, found)
+            groups.append(msg)
         if problems:
             raise BadRequest("malformed trajectory groups, nothing stored: " + " | ".join(problems))
+        return groups
 
-    async def _dead_letter_rejected(self, msg: pb.TrajectoryGroup, problems: list[str]) -> None:
+    async def _dead_letter_rejected(self, payload: bytes, problems: list[str]) -> None:
         pipe = self._redis.pipeline(transaction=True)
         fields = {"reason": "malformed", "detail": "; ".join(problems), "source": "push"}
-        fields["payload"] = msg.SerializeToString()
+        fields["payload"] = payload
         pipe.xadd(self._keys.dead_letter, fields, maxlen=self._settings.dead_letter_maxlen, approximate=True)
         pipe.hincrby(self._keys.stats, "dropped:malformed", 1)
         await pipe.execute()
@@ -398,21 +412,15 @@ class TrajectoryQueue:
         if verdict.verdict is not Verdict.FRESH:
             detail = f"min_policy_version {v_min} at consumer version {current_version}, max_staleness {max_staleness}"
             return await self._drop(consumer, raw, verdict.verdict.value, detail, self._keys.stale)
-        msg = pb.TrajectoryGroup()
         payload = raw.fields.get(b"payload", b"")
-        try:
-            msg.ParseFromString(payload)
-        except DecodeError as err:
-            return await self._drop(consumer, raw, "malformed", f"payload does not decode: {err!r}", None)
-        validated_at_push = raw.fields.get(b"crc") == str(zlib.crc32(payload)).encode()
-        problems = [] if validated_at_push else validate_group(msg)
-        if not problems and msg.min_policy_version != v_min:
-            problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
-        if problems:
-            return await self._drop(consumer, raw, "malformed", "; ".join(problems), None)
+        # Entries that came through Push intact were validated there; anything else is checked now.
+        if raw.fields.get(b"crc") != str(payload_crc(payload, v_min)).encode():
+            problem = _problem_with(payload, v_min)
+            if problem:
+                return await self._drop(consumer, raw, "malformed", problem, None)
         age_versions = verdict.age_versions or 0
         self._ages.add(age_versions, max(0.0, time.time() - _pushed_at(raw)))
-        return Delivery(raw.entry_id, msg, raw.delivery_count, age_versions)
+        return Delivery(raw.entry_id, payload, raw.delivery_count, age_versions)
 
     async def _drop(self, consumer: str, raw: _RawEntry, reason: str, detail: str, stream: str | None) -> str:
         assert raw.fields is not None
@@ -473,6 +481,19 @@ class TrajectoryQueue:
             stale_samples_ratio=stale / (delivered + stale) if delivered + stale else 0.0,
             ages=self._ages.summary(),
         )
+
+
+def _problem_with(payload: bytes, v_min: int) -> str:
+    """Why a stored payload is not a trainable group with this header; empty when it is one."""
+    msg = pb.TrajectoryGroup()
+    try:
+        msg.ParseFromString(payload)
+    except DecodeError as err:
+        return f"payload does not decode: {err!r}"
+    problems = validate_group(msg)
+    if not problems and msg.min_policy_version != v_min:
+        problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
+    return "; ".join(problems)
 
 
 def _pushed_at(raw: _RawEntry) -> float:

@@ -90,6 +90,25 @@ async def test_bad_trajectory_arguments_get_invalid_argument(start_queue, reques
 
 
 @pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"\x0a\x20truncated", "PushRequest does not decode"),
+        (qpb.PushRequest(groups=[make_group(0).to_proto()]).SerializeToString() + b"\x0a\x03\xff\xff\xff", "decode"),
+    ],
+)
+async def test_undecodable_push_bytes_get_invalid_argument(start_queue, body, needle):
+    server = await start_queue()
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        push = channel.unary_unary("/relayrl.v1.TrajectoryQueue/Push", request_serializer=bytes)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await push(body)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in err.value.details()
+    async with QueueClient(server.grpc_address) as client:
+        assert (await client.stats()).total_produced == 0
+
+
+@pytest.mark.parametrize(
     ("request_", "needle"),
     [
         (qpb.ReleaseRequest(), "no prompts"),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import zlib
-
 from relayrl.schema import Group, Sample
 from relayrl.v1 import trajectory_pb2 as pb
 from services.queue.ages import AgeWindow
 from services.queue.prompts import LEASE_ID, _prompt_problems
-from services.queue.trajectories import group_header
+from services.queue.trajectories import group_header, payload_crc
 
 
 def _group() -> pb.TrajectoryGroup:
@@ -24,11 +22,14 @@ def _group() -> pb.TrajectoryGroup:
 
 def test_header_carries_versions_sizes_and_a_checksum_of_the_payload():
     msg = _group()
-    v_min, v_max, gid, n, tokens, created, is_eval, crc, payload = group_header(msg, now=123.5)
+    received = msg.SerializeToString()
+    v_min, v_max, gid, n, tokens, created, is_eval, crc, payload = group_header(msg, received, now=123.5)
     assert (v_min, v_max, gid, n, tokens, is_eval) == (4, 6, "g", 2, 4, 1)
     # A group without a push time is stamped with the time the queue accepted it.
     assert float(created) == 123.5
-    assert crc == zlib.crc32(payload) and pb.TrajectoryGroup.FromString(payload) == msg
+    # The payload is stored byte for byte as received; the checksum also covers the staleness header.
+    assert payload is received
+    assert crc == payload_crc(received, 4) != payload_crc(received, 5)
 
 
 def test_prompt_problems_name_each_bad_field():

@@ -1,0 +1,131 @@
+"""Protobuf wire encoding of the two hot messages, so payloads cross the service as bytes.
+
+A ``TrajectoryGroup`` of 8 × 1024 tokens is ~65 kB; parsing it into a message, copying it
+into a response and serializing it again costs more than the Redis round trip. Push keeps
+each group's bytes exactly as received (it still parses them once, to validate), and Pull
+splices the stored bytes into the reply. Both produce standard protobuf encodings of
+``PushRequest`` / ``PullResponse`` from queue.proto; any protobuf client reads them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from relayrl.v1 import queue_pb2 as qpb
+from relayrl.v1 import queue_pb2_grpc as qgrpc
+from services.queue.trajectories import Delivery
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+@dataclass(frozen=True, slots=True)
+class RawPushRequest:
+    """``PushRequest`` with each group left as its serialized bytes."""
+
+    groups: list[bytes]
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RawPullResponse:
+    groups: Sequence[Delivery]
+    dropped_stale: int
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _len_field(field: int, body: bytes) -> bytes:
+    return _varint(field << 3 | _LEN) + _varint(len(body)) + body
+
+
+def parse_push_request(data: bytes) -> RawPushRequest:
+    """Splits a serialized ``PushRequest``; raises ValueError on a broken encoding."""
+    groups: list[bytes] = []
+    timeout_s = 0.0
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == _LEN:
+            size, pos = _read_varint(data, pos)
+            if pos + size > len(data):
+                raise ValueError("length-delimited field runs past the end of the message")
+            if field == 1:
+                groups.append(data[pos : pos + size])
+            pos += size
+        elif wire_type == _I64:
+            if pos + 8 > len(data):
+                raise ValueError("truncated 64-bit field")
+            if field == 2:
+                (timeout_s,) = struct.unpack_from("<d", data, pos)
+            pos += 8
+        elif wire_type == _VARINT:
+            _, pos = _read_varint(data, pos)
+        elif wire_type == _I32:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+    if pos != len(data):
+        raise ValueError("message ends inside a field")
+    return RawPushRequest(groups, timeout_s)
+
+
+def _decode_push(data: bytes) -> RawPushRequest | ValueError:
+    # Returned, not raised: the handler turns it into INVALID_ARGUMENT with the reason.
+    try:
+        return parse_push_request(data)
+    except ValueError as err:
+        return err
+
+
+def encode_pull_response(reply: RawPullResponse) -> bytes:
+    parts = []
+    for d in reply.groups:
+        head = qpb.DeliveredGroup(
+            entry_id=d.entry_id, delivery_count=d.delivery_count, age_versions=d.age_versions
+        ).SerializeToString()
+        parts.append(_len_field(1, head + _len_field(2, d.payload)))
+    parts.append(qpb.PullResponse(dropped_stale=reply.dropped_stale).SerializeToString())
+    return b"".join(parts)
+
+
+def add_trajectory_queue(servicer: qgrpc.TrajectoryQueueServicer, server: grpc.aio.Server) -> None:
+    """Registers TrajectoryQueue like the generated helper, with the byte-level Push and Pull codecs."""
+    codecs: dict[str, tuple[Callable, Callable]] = {
+        "Push": (_decode_push, qpb.PushResponse.SerializeToString),
+        "Pull": (qpb.PullRequest.FromString, encode_pull_response),
+        "Ack": (qpb.AckRequest.FromString, qpb.AckResponse.SerializeToString),
+        "Stats": (qpb.StatsRequest.FromString, qpb.QueueStats.SerializeToString),
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=decode, response_serializer=encode
+        )
+        for name, (decode, encode) in codecs.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("relayrl.v1.TrajectoryQueue", handlers),))
+    server.add_registered_method_handlers("relayrl.v1.TrajectoryQueue", handlers)
