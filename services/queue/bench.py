@@ -4,10 +4,13 @@ Both paths move the same serialized groups (``samples`` × ``response_tokens`` t
 log-probs and versions) through one private redis-server on loopback, with ``producers``
 concurrent producers and one consumer, ``batch`` groups per call:
 
-- service: ``relayrl queue serve`` as its own process; producers Push over gRPC, the
-  consumer Pulls (staleness check, decode, validation) and Acks over gRPC. Messages stay
-  protobuf on both ends, so the figure is the queue's cost, not dataclass conversion.
+- service: ``relayrl queue serve`` as its own process; producers Push over gRPC (the
+  service validates every group), the consumer Pulls (staleness check) and Acks over gRPC.
 - raw: the same redis-py client doing ``XADD`` / ``XREADGROUP`` / ``XACK`` directly.
+
+Both paths do the same work at the ends: producers send bytes serialized before the clock
+starts, and the consumer decodes every group it receives into a ``TrajectoryGroup`` (what
+a trainer must do either way); dataclass conversion is left out of both.
 
 Latency is per group, from the start of its push to the end of its ack.
 """
@@ -25,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import redis.asyncio as aioredis
 
@@ -83,17 +87,21 @@ def _split(items: list, parts: int) -> list[list]:
 async def _service_path(address: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec) -> PathResult:
     pushed_at: dict[str, float] = {}
     latencies: list[float] = []
+    chunks = [
+        ([g.group_id for g in chunk], qpb.PushRequest(groups=chunk, timeout_s=60).SerializeToString())
+        for mine in _split(groups, spec.producers)
+        for chunk in (mine[i : i + spec.batch] for i in range(0, len(mine), spec.batch))
+    ]
     channels = [grpc_channel(address) for _ in range(spec.producers + 1)]
     try:
-        stubs = [qgrpc.TrajectoryQueueStub(c) for c in channels]
 
-        async def produce(stub: qgrpc.TrajectoryQueueStub, mine: list[pb.TrajectoryGroup]) -> None:
-            for i in range(0, len(mine), spec.batch):
-                chunk = mine[i : i + spec.batch]
+        async def produce(channel: grpc.aio.Channel, mine: list[tuple[list[str], bytes]]) -> None:
+            push = channel.unary_unary("/relayrl.v1.TrajectoryQueue/Push", request_serializer=bytes)
+            for ids, request in mine:
                 now = time.perf_counter()
-                for g in chunk:
-                    pushed_at[g.group_id] = now
-                await stub.Push(qpb.PushRequest(groups=chunk, timeout_s=60))
+                for gid in ids:
+                    pushed_at[gid] = now
+                await push(request)
 
         async def consume(stub: qgrpc.TrajectoryQueueStub) -> None:
             while len(latencies) < len(groups):
@@ -108,8 +116,8 @@ async def _service_path(address: str, groups: list[pb.TrajectoryGroup], spec: Be
 
         started = time.perf_counter()
         await asyncio.gather(
-            consume(stubs[-1]),
-            *(produce(stub, mine) for stub, mine in zip(stubs, _split(groups, spec.producers), strict=False)),
+            consume(qgrpc.TrajectoryQueueStub(channels[-1])),
+            *(produce(channel, mine) for channel, mine in zip(channels, _split(chunks, spec.producers), strict=False)),
         )
         return PathResult(time.perf_counter() - started, latencies)
     finally:
@@ -139,10 +147,11 @@ async def _raw_path(url: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec)
             while len(latencies) < len(payloads):
                 reply = await client.xreadgroup(group_name, "bench", {stream: ">"}, count=spec.batch, block=1000)
                 entries = reply[0][1] if reply else []
+                decoded = [pb.TrajectoryGroup.FromString(fields[b"payload"]) for _, fields in entries]
                 if entries:
                     await client.xack(stream, group_name, *[e[0] for e in entries])
                 done = time.perf_counter()
-                latencies.extend(done - pushed_at[fields[b"gid"]] for _, fields in entries)
+                latencies.extend(done - pushed_at[g.group_id.encode()] for g in decoded)
 
         started = time.perf_counter()
         await asyncio.gather(consume(), *(produce(mine) for mine in _split(payloads, spec.producers)))
