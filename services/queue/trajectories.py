@@ -273,7 +273,8 @@ class TrajectoryQueue:
                     delivered.append(outcome)
                 elif outcome in ("stale", "missing_version"):
                     dropped_stale += 1
-            if delivered or time.monotonic() >= deadline:
+            # A batch that was all stale says nothing about what follows it: keep reading.
+            if delivered or (not batch and time.monotonic() >= deadline):
                 break
         if delivered:
             await self._redis.hincrby(self._keys.stats, "delivered", len(delivered))

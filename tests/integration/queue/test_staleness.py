@@ -41,7 +41,7 @@ async def test_a_pull_skips_past_stale_groups_to_fill_its_batch(start_queue):
     server = await start_queue()
     async with QueueClient(server.grpc_address) as client:
         await client.push([make_group(i, version=0) for i in range(5)] + [make_group(9, version=3)])
-        got = await client.pull("trainer-0", current_version=3, max_staleness=1, max_groups=1, block_timeout_s=1.0)
+        got = await client.pull("trainer-0", current_version=3, max_staleness=1, max_groups=1, block_timeout_s=0)
         assert [d.group.group_id for d in got] == ["g9"]
         assert (await client.stats()).dropped_by_reason["stale"] == 5
 
