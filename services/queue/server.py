@@ -54,6 +54,7 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
     trajectories = TrajectoryQueue(redis, settings)
     prompts = PromptQueue(redis, settings)
     try:
+        await apply_persistence(redis, settings.redis_appendfsync)
         await trajectories.ensure_group()
     except (RedisConnectionError, OSError) as err:
         log.warning("Redis not reachable yet (%s); serving anyway, /readyz says not ready", err)

@@ -47,3 +47,32 @@ async def test_sigkilled_redis_with_appendfsync_always_loses_no_accepted_group(t
         if server is not None:
             await server.stop()
         redis.stop()
+
+
+async def test_password_from_settings_and_aof_policy_applied_at_start(tmp_path):
+    redis = RedisProcess(data_dir=tmp_path / "redis", password="hunter2").start()
+    servers = []
+    try:
+        bare_url = f"redis://{redis.host}:{redis.port}/0"
+        good = await start_queue_server(
+            QueueSettings(redis_url=bare_url, redis_password="hunter2", redis_appendfsync="always", run_id="auth")
+        )
+        servers.append(good)
+        async with QueueClient(good.grpc_address) as client:
+            assert len(await client.push([make_group(0)])) == 1
+        policy = await good.redis.config_get("appendfsync")
+        assert [bytes(v, "utf8") if isinstance(v, str) else v for v in policy.values()] == [b"always"]
+
+        wrong = await start_queue_server(QueueSettings(redis_url=bare_url, redis_password="nope", run_id="auth"))
+        servers.append(wrong)
+        async with QueueClient(wrong.grpc_address) as client:
+            try:
+                await client.stats()
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE
+            else:
+                raise AssertionError("a wrong Redis password must not serve")
+    finally:
+        for server in servers:
+            await server.stop()
+        redis.stop()
