@@ -46,6 +46,11 @@ class Keys:
         """Hash consumer name → session id of the process currently using that name."""
         return self._key("sessions")
 
+    @property
+    def redeliver_from(self) -> str:
+        """Hash consumer name → id after which its own pending entries are still to be re-delivered."""
+        return self._key("redeliver_from")
+
     # Prompt queue.
     @property
     def prompt_seq(self) -> str:

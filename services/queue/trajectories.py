@@ -26,6 +26,7 @@ Re-delivery, in the order a pull serves it:
 0. Entries read for a pull whose reply never reached the consumer (client deadline or
    disconnect) are handed back to the same consumer on its next pull. Kept in the service's
    memory: if the service restarts too, they wait for the consumer's restart or death.
+   Everything else below is kept in Redis, so several service instances may share a run.
 1. A consumer name seen with a new session id (a restarted trainer) first gets its own
    pending entries again (``XREADGROUP`` from id 0, then onward), before anything new.
 2. Pending entries of *another* consumer are claimed (``XCLAIM``) only when that consumer
@@ -174,8 +175,6 @@ class TrajectoryQueue:
         self._push_script = redis.register_script(_PUSH_LUA)
         self._ack_script = redis.register_script(_ACK_LUA)
         self._ages = AgeWindow(settings.age_window)
-        # consumer → id after which its own pending entries are still to be re-delivered.
-        self._redeliver_from: dict[str, str] = {}
         # consumer → entry ids read for it whose pull reply was never received.
         self._undelivered: dict[str, list[str]] = {}
         self._next_reclaim_check = 0.0
@@ -319,19 +318,19 @@ class TrajectoryQueue:
         await self._redis.hset(self._keys.sessions, consumer, session_id)
         if previous is not None:
             log.info("consumer %s restarted (new session): re-delivering its pending entries first", consumer)
-            self._redeliver_from[consumer] = "0"
+            await self._redis.hset(self._keys.redeliver_from, consumer, "0")
 
     async def _own_pending(self, consumer: str, want: int) -> list[_RawEntry]:
-        cursor = self._redeliver_from.get(consumer)
+        cursor = await self._redis.hget(self._keys.redeliver_from, consumer)
         if cursor is None:
             return []
         reply = await self._redis.xreadgroup(TRAINER_GROUP, consumer, {self._keys.trajectories: cursor}, count=want)
         entries = _entries(reply)
         if not entries:
-            del self._redeliver_from[consumer]
+            await self._redis.hdel(self._keys.redeliver_from, consumer)
             return []
         ids = [_text(e[0]) for e in entries]
-        self._redeliver_from[consumer] = ids[-1]
+        await self._redis.hset(self._keys.redeliver_from, consumer, ids[-1])
         counts = await self._delivery_counts(consumer, ids[0], ids[-1], len(ids))
         return [_RawEntry(i, fields or None, counts.get(i, 1)) for i, (_, fields) in zip(ids, entries, strict=True)]
 

@@ -128,3 +128,16 @@ async def test_groups_read_for_a_pull_the_consumer_gave_up_on_come_back_to_it(st
         assert (await client.stats()).pending == 1
         got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
         assert [(d.group.group_id, d.delivery_count) for d in got] == [("g0", 2)]
+
+
+async def test_restart_redelivery_works_across_service_instances(start_queue):
+    first, second = await start_queue(), await start_queue()
+    async with QueueClient(first.grpc_address) as before:
+        await before.push([make_group(i) for i in range(4)])
+        held = await before.pull("trainer-0", current_version=0, max_staleness=0, max_groups=4)
+    async with QueueClient(second.grpc_address) as after:
+        # Re-delivery is paged (max_groups=1 per pull) and every page may land on another instance.
+        pages = [await after.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1) for _ in range(2)]
+    async with QueueClient(first.grpc_address, session_id=after.session_id) as again:
+        pages += [await again.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1) for _ in range(3)]
+    assert [d.entry_id for page in pages for d in page] == [d.entry_id for d in held]
