@@ -290,10 +290,18 @@ class TrajectoryQueue:
         if not ids:
             return []
         taken, self._undelivered[consumer] = ids[:want], ids[want:]
+        ordered = sorted(taken, key=_id_order)
+        pending = await self._redis.xpending_range(
+            self._keys.trajectories, TRAINER_GROUP, ordered[0], ordered[-1], 10 * len(taken), consumername=consumer
+        )
+        # Only entries this consumer still holds: acked or reclaimed ones are someone else's now.
+        counts = {_text(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
+        owned = [i for i in taken if i in counts]
+        if not owned:
+            return []
         # Claiming to the same consumer re-reads the entries and counts the delivery.
-        claimed = await self._redis.xclaim(self._keys.trajectories, TRAINER_GROUP, consumer, 0, taken)
-        counts = await self._delivery_counts(consumer, min(taken), max(taken), 10 * len(taken))
-        return [_RawEntry(_text(i), fields or None, counts.get(_text(i), 1)) for i, fields in claimed]
+        claimed = await self._redis.xclaim(self._keys.trajectories, TRAINER_GROUP, consumer, 0, owned)
+        return [_RawEntry(_text(i), fields or None, counts[_text(i)]) for i, fields in claimed]
 
     def _check_pull_args(
         self, consumer: str, current_version: int, max_staleness: int, max_groups: int, block_timeout_s: float
@@ -494,6 +502,11 @@ def _problem_with(payload: bytes, v_min: int) -> str:
     if not problems and msg.min_policy_version != v_min:
         problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
     return "; ".join(problems)
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
 
 
 def _pushed_at(raw: _RawEntry) -> float:
