@@ -355,7 +355,12 @@ class TrajectoryQueue:
         idle_s = self._settings.consumer_idle_timeout_s
         self._next_reclaim_check = now_mono + min(1.0, idle_s / 4)
         seen = await self._redis.hgetall(self._keys.consumers)
-        infos = await self._redis.xinfo_consumers(self._keys.trajectories, TRAINER_GROUP)
+        try:
+            infos = await self._redis.xinfo_consumers(self._keys.trajectories, TRAINER_GROUP)
+        except ResponseError as err:
+            if not _stream_gone(err):
+                raise
+            return []  # _read_new recreates the stream and the group
         now = time.time()
         for info in infos:
             name = _text(info["name"])
@@ -395,7 +400,7 @@ class TrajectoryQueue:
                 TRAINER_GROUP, consumer, {self._keys.trajectories: ">"}, count=want, block=block
             )
         except ResponseError as err:
-            if "NOGROUP" not in str(err):
+            if not _stream_gone(err):
                 raise
             # The stream was deleted under us (FLUSHALL, a manual DEL): start afresh.
             await self.ensure_group()
@@ -453,6 +458,13 @@ class TrajectoryQueue:
             log.debug("entry %s dropped (%s): %s", raw.entry_id, reason, detail)
         return reason
 
+    async def _read_stats(self) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xlen(self._keys.trajectories)
+        pipe.xpending(self._keys.trajectories, TRAINER_GROUP)
+        pipe.hgetall(self._keys.stats)
+        return await pipe.execute()
+
     # Ack and stats ----------------------------------------------------------------------
 
     async def ack(self, consumer: str, entry_ids: list[str]) -> int:
@@ -468,11 +480,13 @@ class TrajectoryQueue:
         return int(await self._ack_script(keys=keys, args=[TRAINER_GROUP, *entry_ids]))
 
     async def stats(self) -> TrajectoryStats:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xlen(self._keys.trajectories)
-        pipe.xpending(self._keys.trajectories, TRAINER_GROUP)
-        pipe.hgetall(self._keys.stats)
-        length, pending_info, counters = await pipe.execute()
+        try:
+            length, pending_info, counters = await self._read_stats()
+        except ResponseError as err:
+            if not _stream_gone(err):
+                raise
+            await self.ensure_group()
+            length, pending_info, counters = await self._read_stats()
         pending = int(pending_info["pending"])
         values = {_text(k): int(v) for k, v in counters.items()}
         dropped = {reason: values.get(f"dropped:{reason}", 0) for reason in DROP_REASONS}
@@ -502,6 +516,10 @@ def _problem_with(payload: bytes, v_min: int) -> str:
     if not problems and msg.min_policy_version != v_min:
         problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
     return "; ".join(problems)
+
+
+def _stream_gone(err: ResponseError) -> bool:
+    return "NOGROUP" in str(err) or "no such key" in str(err)
 
 
 def _id_order(entry_id: str) -> tuple[int, int]:

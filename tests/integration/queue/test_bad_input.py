@@ -150,3 +150,15 @@ async def test_http_probes_and_metrics(start_queue):
         assert "relayrl_queue_stale_samples_ratio 0.5" in body
         assert "relayrl_queue_pull_latency_seconds_count" in body
         assert "relayrl_queue_max_sample_age_versions 0.0" in body
+
+
+async def test_the_queue_recovers_when_its_stream_is_deleted_under_it(start_queue, raw_redis):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([make_group(0)])
+        await raw_redis.delete(Keys(server.settings.run_id).trajectories)
+        assert (await client.stats()).queue_size == 0
+        assert await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1) == []
+        await client.push([make_group(1)])
+        got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
+        assert [d.group.group_id for d in got] == ["g1"]
