@@ -20,6 +20,7 @@ from relayrl.schema import Group, PromptSpec
 from relayrl.serving import grpc_channel
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
+from relayrl.v1 import trajectory_pb2 as tpb
 
 
 class QueueFullError(RuntimeError):
@@ -123,7 +124,7 @@ class QueueClient:
         (0: the server default) for capacity, then raises :class:`QueueFullError`."""
         return await self.push_protos([g.to_proto() for g in groups], timeout_s)
 
-    async def push_protos(self, groups: list, timeout_s: float = 0.0) -> list[str]:
+    async def push_protos(self, groups: list[tpb.TrajectoryGroup], timeout_s: float = 0.0) -> list[str]:
         """:meth:`push` for callers that already hold ``TrajectoryGroup`` messages."""
         request = qpb.PushRequest(groups=groups, timeout_s=timeout_s)
         # The server bounds its own wait by timeout_s; the deadline only guards a dead server.

@@ -17,6 +17,8 @@ unfinished, or handed to two replicas at once. A lease first moves expired lease
 Prompts a replica may not start stay in ``waiting``; nothing is lost. A lease id is
 ``<key>.<delivery>``; completing any lease of a prompt finishes the prompt (its group was
 pushed), so a late completion by a replica whose lease had expired still counts once.
+Lease expiry is judged by the clock of the service instance handling the call, so instances
+sharing a run need synchronised clocks (NTP); the lease timeout dwarfs ordinary skew.
 """
 
 from __future__ import annotations
