@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from relayrl.v1 import trajectory_pb2 as pb
 
 FINISH_REASONS = {
@@ -201,7 +203,10 @@ class PromptSpec:
 
 
 def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
-    """Every reason ``msg`` is not a trainable group; empty when it is well formed."""
+    """Every reason ``msg`` is not a trainable group; empty when it is well formed.
+
+    Runs on every push of every group, so per-token checks are vectorised with numpy.
+    """
     problems: list[str] = []
     if not msg.group_id:
         problems.append("group_id is empty")
@@ -213,33 +218,46 @@ def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
                 problems.append("extra_info_json is not a JSON object")
         except json.JSONDecodeError as exc:
             problems.append(f"extra_info_json is not valid JSON: {exc.msg}")
-    versions: list[int] = []
+    low, high = None, None
     for i, traj in enumerate(msg.trajectories):
-        n = len(traj.response_token_ids)
-        where = f"trajectory {i}"
-        if not traj.prompt_token_ids:
-            problems.append(f"{where}: prompt_token_ids is empty")
-        if len(traj.behavior_logprobs) != n:
-            problems.append(f"{where}: {len(traj.behavior_logprobs)} behavior_logprobs for {n} response tokens")
-        if len(traj.policy_versions) != n:
-            problems.append(f"{where}: {len(traj.policy_versions)} policy_versions for {n} response tokens")
-        if traj.token_rewards and len(traj.token_rewards) != n:
-            problems.append(f"{where}: {len(traj.token_rewards)} token_rewards for {n} response tokens")
-        if not math.isfinite(traj.reward):
-            problems.append(f"{where}: reward is not finite")
-        if any(not math.isfinite(x) or x > 0 for x in traj.behavior_logprobs):
-            problems.append(f"{where}: behavior_logprobs must be finite and <= 0")
-        if any(t < 0 for t in traj.response_token_ids) or any(t < 0 for t in traj.prompt_token_ids):
-            problems.append(f"{where}: negative token id")
-        if any(v < 0 for v in traj.policy_versions):
-            problems.append(f"{where}: negative policy version")
-        versions.extend(traj.policy_versions)
-    if versions and not problems:
-        if msg.min_policy_version != min(versions) or msg.max_policy_version != max(versions):
-            problems.append(
-                f"header versions [{msg.min_policy_version}, {msg.max_policy_version}] do not match"
-                f" token versions [{min(versions)}, {max(versions)}]"
-            )
-    elif not versions and msg.trajectories and not problems:
-        problems.append("no response tokens in any trajectory")
+        problems.extend(f"trajectory {i}: {p}" for p in _trajectory_problems(traj))
+        versions = np.asarray(traj.policy_versions, dtype=np.int64)
+        if versions.size:
+            low = int(versions.min()) if low is None else min(low, int(versions.min()))
+            high = int(versions.max()) if high is None else max(high, int(versions.max()))
+    if problems or not msg.trajectories:
+        return problems
+    if low is None:
+        return ["no response tokens in any trajectory"]
+    if (msg.min_policy_version, msg.max_policy_version) != (low, high):
+        problems.append(
+            f"header versions [{msg.min_policy_version}, {msg.max_policy_version}] do not match"
+            f" token versions [{low}, {high}]"
+        )
+    return problems
+
+
+def _trajectory_problems(traj: pb.Trajectory) -> list[str]:
+    problems: list[str] = []
+    n = len(traj.response_token_ids)
+    if not traj.prompt_token_ids:
+        problems.append("prompt_token_ids is empty")
+    for name in ("behavior_logprobs", "policy_versions"):
+        if len(getattr(traj, name)) != n:
+            problems.append(f"{len(getattr(traj, name))} {name} for {n} response tokens")
+    if traj.token_rewards and len(traj.token_rewards) != n:
+        problems.append(f"{len(traj.token_rewards)} token_rewards for {n} response tokens")
+    if not math.isfinite(traj.reward):
+        problems.append("reward is not finite")
+    logprobs = np.asarray(traj.behavior_logprobs, dtype=np.float64)
+    if logprobs.size and not (np.isfinite(logprobs).all() and (logprobs <= 0).all()):
+        problems.append("behavior_logprobs must be finite and <= 0")
+    for name in ("response_token_ids", "prompt_token_ids"):
+        ids = np.asarray(getattr(traj, name), dtype=np.int64)
+        if ids.size and ids.min() < 0:
+            problems.append("negative token id")
+            break
+    versions = np.asarray(traj.policy_versions, dtype=np.int64)
+    if versions.size and versions.min() < 0:
+        problems.append("negative policy version")
     return problems
