@@ -111,9 +111,9 @@ ACTS_ON: dict[Action, tuple[Component, ...]] = {
 }
 
 
-def _describe_replica(verb: str, replica: ReplicaStatus) -> str:
+def _describe_replica(replica: ReplicaStatus) -> str:
     mode = f" ({replica.pause_mode})" if replica.paused and replica.pause_mode else ""
-    return f"{verb}: replica {replica.replica_id} is {'paused' + mode if replica.paused else 'running'}"
+    return f"replica {replica.replica_id} is {'paused' + mode if replica.paused else 'running'}"
 
 
 def act(
@@ -130,7 +130,7 @@ def act(
             for url in settings.rollout_urls:
                 control = RolloutControl(url, token, timeout)
                 call: Callable[[], Any] = (lambda c=control: c.pause(mode)) if action == "pause" else control.resume
-                outcomes.append(_run(component, url, call, lambda r: _describe_replica(action, r)))
+                outcomes.append(_run(component, url, call, _describe_replica))
         else:
             trainer = TrainerControl(settings.trainer_url, token, timeout)
             outcomes.append(_run(component, settings.trainer_url, getattr(trainer, action), _describe_trainer))

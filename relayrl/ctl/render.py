@@ -51,7 +51,7 @@ def _components(status: DeploymentStatus) -> Table:
             t.endpoint,
             Text("consuming" if t.consuming else "paused", style="green" if t.consuming else "yellow"),
             f"step {t.step}/{t.total_steps}, v{t.version}, {t.buffered_groups} buffered, "
-            f"{t.param_sync_count} versions published, {t.world_size} ranks"
+            f"{t.param_sync_count} versions published, {t.world_size} rank{'s' if t.world_size != 1 else ''}"
             + (", checkpoint requested" if t.checkpoint_requested else ""),
         )
     if (q := status.queue) is not None:
