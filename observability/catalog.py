@@ -58,7 +58,7 @@ def _literal(node: ast.AST | None, constants: dict[str, object] | None = None) -
         return constants.get(node.id)
     try:
         return ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError):
         return None
 
 
