@@ -33,6 +33,8 @@ GRPC_CHANNEL_OPTIONS = [
 
 Registrar = Callable[[grpc.aio.Server], None]
 
+HTTP_KEEP_ALIVE_S = 75
+
 
 @dataclass
 class GrpcServer:
@@ -113,7 +115,11 @@ async def start_http_server(app: FastAPI, host: str, port: int) -> HttpServer:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    # Idle connections outlive the clients' own keep-alive (httpx: 5 s), so a client never
+    # reuses a connection the server is closing at that moment (a ReadError mid-request).
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=HTTP_KEEP_ALIVE_S
+    )
     server = _EmbeddedUvicorn(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

@@ -41,12 +41,29 @@ class ModelRunner:
         self.counts = ForwardCounts()
 
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
-        """Runs the whole sequence; returns its cache and the logits for the next token."""
-        input_ids = torch.tensor([list(token_ids)], dtype=torch.long)
-        out = self.model(input_ids=input_ids, use_cache=True)
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> list[tuple[KVCache, torch.Tensor]]:
+        """Runs every prompt in **one** left-padded pass; returns each one's cache and next-token logits.
+
+        Padding is masked out and cut from the returned caches, so each row is what a lone
+        forward pass over that prompt would give.
+        """
+        lengths = [len(p) for p in prompts]
+        longest = max(lengths)
+        input_ids = torch.zeros((len(prompts), longest), dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, longest - lengths[row] :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, longest - lengths[row] :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
         self.counts.prefill += 1
-        return _split_cache(out.past_key_values), out.logits[0, -1].float()
+        layers = _split_cache(out.past_key_values)
+        results = []
+        for row, length in enumerate(lengths):
+            start = longest - length
+            cache = [(k[row : row + 1, :, start:], v[row : row + 1, :, start:]) for k, v in layers]
+            results.append((cache, out.logits[row, -1].float()))
+        return results
 
     @torch.inference_mode()
     def decode(self, caches: Sequence[KVCache], last_tokens: Sequence[int]) -> tuple[list[KVCache], torch.Tensor]:

@@ -183,13 +183,13 @@ class Scheduler:
                 self._finish(seq, {"type": "length", "length": seq.config.max_new_tokens})
                 continue
             admitted.append(seq)
-        # Samples of one prompt (n > 1) share a single prefill.
-        prefilled: dict[tuple[int, ...], tuple[KVCache, torch.Tensor]] = {}
+        if not admitted:
+            return
+        # One batched prefill for everything admitted; samples of one prompt share a row.
+        distinct = list(dict.fromkeys(tuple(seq.all_ids) for seq in admitted))
+        prefilled = dict(zip(distinct, self.runner.prefill(distinct), strict=True))
         for seq in admitted:
-            key = tuple(seq.all_ids)
-            if key not in prefilled:
-                prefilled[key] = self.runner.prefill(key)
-            seq.cache, seq.next_logits = prefilled[key]
+            seq.cache, seq.next_logits = prefilled[tuple(seq.all_ids)]
             seq.logits_version = self.weight_version
             self.running.append(seq)
 

@@ -13,10 +13,11 @@ resume itself.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
-from services.rollout.engine_client import EngineClient, EngineError, SamplingParams
+from services.rollout.engine_client import EngineClient, EngineError, GenerateOutput, SamplingParams
 
 # An engine that aborts the same sample this many times in a row is broken, not paused.
 MAX_RESUBMITS = 64
@@ -46,48 +47,92 @@ def parse_version(version: str, fallback: int) -> int:
         return fallback
 
 
-async def generate_sample(
+def _params(sampling: SamplingParams, max_new_tokens: int, n: int = 1) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        stop_token_ids=sampling.stop_token_ids,
+        ignore_eos=sampling.ignore_eos,
+        n=n,
+    )
+
+
+def _absorb(result: SampleResult, out: GenerateOutput, mode: str, held_version: int) -> SampleResult:
+    """Adds one engine output to ``result``; returns the result to continue (restart: a fresh one)."""
+    if len(out.logprobs) != len(out.output_ids):
+        raise EngineError(f"{len(out.logprobs)} logprobs for {len(out.output_ids)} tokens")
+    if out.finish_reason == "abort":
+        if mode == "restart":
+            return SampleResult(engine_s=result.engine_s, resubmits=result.resubmits + 1)
+        result.resubmits += 1
+    result.output_ids += out.output_ids
+    result.logprobs += out.logprobs
+    result.versions += [parse_version(v, held_version) for v in out.token_versions()]
+    # Segments are decoded separately; joined they are the response (byte-level tokenizers
+    # may split one multi-byte character across a resubmission).
+    result.text += out.text
+    if out.finish_reason != "abort":
+        result.finish_reason = out.finish_reason
+    return result
+
+
+async def generate_group(
+    engine: EngineClient,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    n: int,
+    mode: str,
+    held_version: int,
+    rid: str,
+) -> list[SampleResult]:
+    """The ``n`` samples of one prompt: one request with ``n`` (the engine shares the prefill and
+    the HTTP round trip), then each interrupted sample continues on its own."""
+    started = time.perf_counter()
+    outputs = await engine.generate(prompt_ids, _params(sampling, sampling.max_new_tokens, n), rid=rid)
+    elapsed = time.perf_counter() - started
+    if len(outputs) != n:
+        raise EngineError(f"asked for {n} samples, engine returned {len(outputs)}")
+    results = [_absorb(SampleResult(engine_s=elapsed), out, mode, held_version) for out in outputs]
+    unfinished = [i for i, r in enumerate(results) if not r.finish_reason]
+    if unfinished:
+        resumed = await asyncio.gather(
+            *(
+                continue_sample(engine, prompt_ids, sampling, mode, held_version, f"{rid}-{i}", results[i])
+                for i in unfinished
+            )
+        )
+        for i, result in zip(unfinished, resumed, strict=True):
+            results[i] = result
+    return results
+
+
+async def continue_sample(
     engine: EngineClient,
     prompt_ids: list[int],
     sampling: SamplingParams,
     mode: str,
     held_version: int,
     rid: str,
+    result: SampleResult,
 ) -> SampleResult:
-    result = SampleResult()
-    budget = sampling.max_new_tokens
+    """Resubmits an interrupted sample (prompt + tokens so far, remaining budget) until it finishes."""
     for attempt in range(MAX_RESUBMITS + 1):
-        remaining = budget - len(result.output_ids)
+        if result.resubmits > MAX_RESUBMITS:
+            break
+        remaining = sampling.max_new_tokens - len(result.output_ids)
         if remaining <= 0:
             result.finish_reason = "length"
             return result
-        params = SamplingParams(
-            max_new_tokens=remaining,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            stop_token_ids=sampling.stop_token_ids,
-            ignore_eos=sampling.ignore_eos,
-        )
         started = time.perf_counter()
-        outputs = await engine.generate(prompt_ids + result.output_ids, params, rid=f"{rid}-{attempt}")
+        outputs = await engine.generate(
+            prompt_ids + result.output_ids, _params(sampling, remaining), rid=f"{rid}-{attempt}"
+        )
         result.engine_s += time.perf_counter() - started
         if len(outputs) != 1:
             raise EngineError(f"asked for 1 sample, engine returned {len(outputs)}")
-        out = outputs[0]
-        if len(out.logprobs) != len(out.output_ids):
-            raise EngineError(f"{len(out.logprobs)} logprobs for {len(out.output_ids)} tokens")
-        if out.finish_reason == "abort" and mode == "restart":
-            result = SampleResult(engine_s=result.engine_s, resubmits=result.resubmits + 1)
-            continue
-        result.output_ids += out.output_ids
-        result.logprobs += out.logprobs
-        result.versions += [parse_version(v, held_version) for v in out.token_versions()]
-        # Segments are decoded separately; joined they are the response (byte-level tokenizers
-        # may split one multi-byte character across a resubmission).
-        result.text += out.text
-        if out.finish_reason != "abort":
-            result.finish_reason = out.finish_reason
+        result = _absorb(result, outputs[0], mode, held_version)
+        if result.finish_reason:
             return result
-        result.resubmits += 1
     raise GenerationError(f"sample {rid} aborted {MAX_RESUBMITS} times in a row")

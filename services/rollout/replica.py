@@ -19,7 +19,7 @@ from relayrl.schema import Group, PromptSpec, Sample, validate_group
 from relayrl.staleness import check_staleness
 from services.rollout.config import RolloutSettings
 from services.rollout.engine_client import EngineClient, EngineError, PauseMode, SamplingParams
-from services.rollout.generation import GenerationError, SampleResult, generate_sample, parse_version
+from services.rollout.generation import GenerationError, SampleResult, generate_group, parse_version
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.rewards import RewardRunner
 
@@ -238,14 +238,31 @@ class Replica:
                 continue
 
     async def _generate_all(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
-        """The n samples of one prompt as concurrent engine requests; one failure cancels the rest."""
-        tasks = [asyncio.create_task(self._generate(prompt, i)) for i in range(prompt.n_samples)]
+        """The n samples of one prompt, asked of the engine as one request with ``n``."""
+        started = time.time()
+        n = prompt.n_samples
+        self._in_flight += n
+        self.metrics.in_flight.set(self._in_flight)
         try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
+            results = await generate_group(
+                self.engine,
+                prompt.prompt_token_ids,
+                self._sampling(prompt),
+                n,
+                self.settings.partial_rollout_mode,
+                self.held_version,
+                rid=f"{self.settings.replica_id}-{prompt.prompt_id}-{uuid.uuid4().hex[:8]}",
+            )
+        finally:
+            self._in_flight -= n
+            self.metrics.in_flight.set(self._in_flight)
+        for result in results:
+            self.metrics.engine_latency.observe(result.engine_s)
+            self.metrics.generated_tokens.inc(len(result.output_ids))
+            self.metrics.token_rate.add(len(result.output_ids))
+            self.metrics.response_length.observe(len(result.output_ids))
+        self.metrics.tokens_per_s.set(self.metrics.token_rate.rate())
+        return [(result, started) for result in results]
 
     def _sampling(self, prompt: PromptSpec) -> SamplingParams:
         s = self.settings
@@ -255,29 +272,6 @@ class Replica:
             top_p=prompt.top_p or s.top_p,
             top_k=s.top_k if prompt.top_k is None else prompt.top_k,
         )
-
-    async def _generate(self, prompt: PromptSpec, index: int) -> tuple[SampleResult, float]:
-        started = time.time()
-        self._in_flight += 1
-        self.metrics.in_flight.set(self._in_flight)
-        try:
-            result = await generate_sample(
-                self.engine,
-                prompt.prompt_token_ids,
-                self._sampling(prompt),
-                self.settings.partial_rollout_mode,
-                self.held_version,
-                rid=f"{self.settings.replica_id}-{prompt.prompt_id}-{index}-{uuid.uuid4().hex[:8]}",
-            )
-        finally:
-            self._in_flight -= 1
-            self.metrics.in_flight.set(self._in_flight)
-        self.metrics.engine_latency.observe(result.engine_s)
-        self.metrics.generated_tokens.inc(len(result.output_ids))
-        self.metrics.token_rate.add(len(result.output_ids))
-        self.metrics.tokens_per_s.set(self.metrics.token_rate.rate())
-        self.metrics.response_length.observe(len(result.output_ids))
-        return result, started
 
     async def _build_group(self, lease: Lease, results: list[tuple[SampleResult, float]]) -> Group:
         prompt = lease.prompt

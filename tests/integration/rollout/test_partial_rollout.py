@@ -12,7 +12,7 @@ import pytest
 
 from services.paramsync.client import ParamSyncClient
 from services.rollout.engine_client import EngineClient, SamplingParams
-from services.rollout.generation import generate_sample
+from services.rollout.generation import generate_group
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.weight_sync import WeightSync
 from tests.integration.rollout.conftest import EngineProcess
@@ -51,12 +51,12 @@ async def test_partial_rollout_records_per_token_versions(
         )
         syncing = asyncio.create_task(sync.run())
         sample = asyncio.create_task(
-            generate_sample(client, [5, 6, 7], SamplingParams(max_new_tokens=budget, ignore_eos=True), mode, old, "s")
+            generate_group(client, [5, 6, 7], SamplingParams(max_new_tokens=budget, ignore_eos=True), 2, mode, old, "s")
         )
         start = (await client.model_info())["generated_tokens"]
         await wait_until(lambda: _generated_since(client, start, 20), what="generation under way")
         await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))
-        result = await asyncio.wait_for(sample, 60)
+        results = await asyncio.wait_for(sample, 60)
         await wait_until(lambda: held["version"] == old + 1, what="version switch")
         syncing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -65,17 +65,19 @@ async def test_partial_rollout_records_per_token_versions(
         assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=old + 2)).success
 
     new = old + 1
-    assert len(result.output_ids) == budget == len(result.logprobs) == len(result.versions)
-    assert result.finish_reason == "length"
-    assert result.versions == sorted(result.versions), "versions only move forward within a sample"
-    assert set(result.versions) <= {old, new}
-    assert result.versions[-1] == new, "the sample finished after the switch"
-    if mode == "restart":
-        assert result.resubmits >= 1
-        assert set(result.versions) == {new}, "a restarted sample keeps nothing from the old policy"
-    else:
-        assert result.versions[0] == old, "tokens generated before the switch keep their version"
-        assert result.resubmits == (1 if mode == "abort_resume" else 0)
+    assert len(results) == 2, "both samples of the group finish"
+    for result in results:
+        assert len(result.output_ids) == budget == len(result.logprobs) == len(result.versions)
+        assert result.finish_reason == "length"
+        assert result.versions == sorted(result.versions), "versions only move forward within a sample"
+        assert set(result.versions) <= {old, new}
+        assert result.versions[-1] == new, "the sample finished after the switch"
+        if mode == "restart":
+            assert result.resubmits >= 1
+            assert set(result.versions) == {new}, "a restarted sample keeps nothing from the old policy"
+        else:
+            assert result.versions[0] == old, "tokens generated before the switch keep their version"
+            assert result.resubmits == (1 if mode == "abort_resume" else 0)
     assert [(r.replica_id, r.version) for r in table.replicas] == [("r-partial", new)]
 
 
