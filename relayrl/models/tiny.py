@@ -26,8 +26,9 @@ class TinyModelSpec:
     num_kv_heads: int = 2
     intermediate_size: int = 256
     max_positions: int = 512
-    # The tokenizer's 259 tokens rounded up to a multiple of 64 for aligned matmuls.
-    vocab_size: int = 320
+    # Exactly the tokenizer's 259 tokens: padded rows that no text can produce would still be
+    # sampled by an untrained policy and slow down its first steps of RL.
+    vocab_size: int = 259
     seed: int = 0
 
 

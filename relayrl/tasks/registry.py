@@ -1,6 +1,6 @@
 """The built-in tasks. Each is small enough for a tiny model to learn on a CPU in minutes.
 
-Scores are in [0, 1]. ``copy`` and ``reverse`` give partial credit per correct character, so
+Scores are in [0, 1]. ``copy_bits``, ``copy`` and ``reverse`` give partial credit per correct character, so
 group-normalised advantages carry signal from the very first steps of a random model.
 """
 
@@ -50,6 +50,11 @@ def _digits(rng: random.Random, length: int) -> str:
     return "".join(rng.choice("0123456789") for _ in range(length))
 
 
+def _copy_bits(rng: random.Random, length: int) -> tuple[str, str]:
+    bits = "".join(rng.choice("01") for _ in range(length))
+    return f"copy {bits}", bits
+
+
 def _copy(rng: random.Random, length: int) -> tuple[str, str]:
     digits = _digits(rng, length)
     return f"copy {digits}", digits
@@ -69,6 +74,7 @@ def _add(rng: random.Random, length: int) -> tuple[str, str]:
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
+        Task("copy_bits", "copy", _copy_bits, score_positional, "Repeat a string of bits (the demo's task)."),
         Task("copy", "copy", _copy, score_positional, "Repeat a string of digits."),
         Task("reverse", "reverse", _reverse, score_positional, "Reverse a string of digits."),
         Task("add", "arithmetic", _add, score_exact, "Add two non-negative integers."),
