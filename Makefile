@@ -56,5 +56,9 @@ bench: setup
 	$(BIN)/relayrl bench paramsync --size-mb 512 --replicas 1,4 --json
 	$(BIN)/relayrl bench e2e --json
 
+# Async GRPO of the built-in tiny model on a built-in task; writes runs/<id>/report.json and reward.png.
+demo: setup
+	$(BIN)/relayrl demo
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
