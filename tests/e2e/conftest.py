@@ -1,0 +1,85 @@
+"""Running the whole local stack (redis, queue, paramsync, engine, rollout, torchrun trainer) in a test."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relayrl.stack.config import StackConfig, StackSettings
+from relayrl.stack.launch import LocalStack, prepare_model
+from relayrl.stack.report import read_metrics
+from relayrl.stack.supervisor import supervised
+
+TOKEN = "e2e-token"
+
+
+def small_run(runs_dir: Path, model_dir: Path, max_staleness: int, total_steps: int, **trainer: Any) -> StackConfig:
+    """A short GRPO run of the tiny model on copy_bits, sized for CI's two cores."""
+    return StackConfig(
+        stack=StackSettings(
+            run_id=f"eta{max_staleness}",
+            runs_dir=runs_dir,
+            model_dir=model_dir,
+            max_staleness=max_staleness,
+            api_token=TOKEN,
+            ready_timeout_s=120,
+        ),
+        trainer={
+            "dataset": "builtin:copy_bits",
+            "dataset_difficulty": 1,
+            "n_samples": 4,
+            "batch_size": 4,
+            "max_new_tokens": 3,
+            "total_steps": total_steps,
+            "checkpoint_every": 2,
+            "lr": 0.003,
+            **trainer,
+        },
+        rollout={"max_inflight_prompts": 8, "max_new_tokens": 3},
+    )
+
+
+@contextmanager
+def running_stack(config: StackConfig) -> Iterator[LocalStack]:
+    with supervised(None) as supervisor:
+        stack = LocalStack(config, supervisor)
+        stack.start(prepare_model(stack))
+        yield stack
+    for component in supervisor.components:
+        assert component.process is not None
+        assert not _alive(component.process.pid), f"{component.name} outlived the stack"
+
+
+def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stack.supervisor.check_alive(exited_ok=["trainer"])
+        code = stack.trainer_exit_code()
+        if code is not None:
+            return code
+        time.sleep(0.5)
+    raise TimeoutError(f"trainer still running after {timeout_s:.0f}s")
+
+
+def training_rows(stack: LocalStack) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(stack.run_dir / "metrics.jsonl") if "trainer/global_steps" in r]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
