@@ -50,6 +50,11 @@ class RolloutMetrics:
         self.generated_tokens = m.counter("generated_tokens", "Response tokens generated.", "total")
         self.tokens_per_s = m.gauge("tokens_per_s", "Generated tokens per second over the last minute.")
         self.in_flight = m.gauge("in_flight_requests", "Generation requests in flight to the engine.")
+        self.busy_seconds = m.counter(
+            "generation_busy",
+            "Seconds with at least one generation request in flight; 1 − its rate is the rollout idle ratio.",
+            "seconds",
+        )
         self.response_length = m.histogram(
             "response_length", "Response length of each sample.", unit="tokens", buckets=_LENGTH_BUCKETS
         )

@@ -82,6 +82,7 @@ class Replica:
         self._leasable = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
+        self._busy_since = time.monotonic()
         self._generated = 0
         self._errors = 0
 
@@ -241,8 +242,7 @@ class Replica:
         """The n samples of one prompt, asked of the engine as one request with ``n``."""
         started = time.time()
         n = prompt.n_samples
-        self._in_flight += n
-        self.metrics.in_flight.set(self._in_flight)
+        self._change_in_flight(n)
         try:
             results = await generate_group(
                 self.engine,
@@ -254,8 +254,7 @@ class Replica:
                 rid=f"{self.settings.replica_id}-{prompt.prompt_id}-{uuid.uuid4().hex[:8]}",
             )
         finally:
-            self._in_flight -= n
-            self.metrics.in_flight.set(self._in_flight)
+            self._change_in_flight(-n)
         for result in results:
             self.metrics.engine_latency.observe(result.engine_s)
             self.metrics.generated_tokens.inc(len(result.output_ids))
@@ -263,6 +262,15 @@ class Replica:
             self.metrics.response_length.observe(len(result.output_ids))
         self.metrics.tokens_per_s.set(self.metrics.token_rate.rate())
         return [(result, started) for result in results]
+
+    def _change_in_flight(self, delta: int) -> None:
+        """Tracks requests in flight and the time the engine had work (for the rollout idle ratio)."""
+        now = time.monotonic()
+        if self._in_flight > 0:
+            self.metrics.busy_seconds.inc(now - self._busy_since)
+        self._busy_since = now
+        self._in_flight += delta
+        self.metrics.in_flight.set(self._in_flight)
 
     def _sampling(self, prompt: PromptSpec) -> SamplingParams:
         s = self.settings

@@ -62,15 +62,15 @@ def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, name: str, max_pro
             continue
         reward_model = row.get("reward_model") or {}
         extra = row.get("extra_info") or {}
-        out.append(
-            PromptRow(
-                prompt_id=f"{name}/{index}",
-                prompt_ids=list(ids),
-                data_source=str(row.get("data_source", "")),
-                ground_truth=str(reward_model.get("ground_truth", "")),
-                extra_info=dict(extra) if isinstance(extra, dict) else {"value": extra},
-            )
+        prompt_row = PromptRow(
+            prompt_id=f"{name}/{index}",
+            prompt_ids=list(ids),
+            data_source=str(row.get("data_source", "")),
+            ground_truth=str(reward_model.get("ground_truth", "")),
+            extra_info=dict(extra) if isinstance(extra, dict) else {"value": extra},
         )
+        response_budget(prompt_row, 1)  # a bad per-row budget fails at load time, not mid-run
+        out.append(prompt_row)
     if skipped:
         log.warning("%s: skipped %d prompts longer than %d tokens", name, skipped, max_prompt_tokens)
     if not out:
@@ -113,6 +113,17 @@ class PromptDataset:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = DataPosition(int(state["epoch"]), int(state["index"]))
+
+
+def response_budget(row: PromptRow, default: int) -> int:
+    """Response tokens allowed for ``row``: ``extra_info.max_new_tokens`` when a row carries one
+    (datasets whose answers differ in length), never more than the run's ``max_new_tokens``."""
+    budget = row.extra_info.get("max_new_tokens")
+    if budget is None:
+        return default
+    if not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"{row.prompt_id}: extra_info.max_new_tokens must be a positive integer, got {budget!r}")
+    return min(budget, default)
 
 
 def to_spec(

@@ -16,7 +16,7 @@ from relayrl.schema import Group
 from relayrl.staleness import check_staleness, min_start_version
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
-from services.trainer.data import PromptDataset, PromptRow, to_spec
+from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import TrainerState
 
@@ -120,7 +120,7 @@ class Feed:
                 now,
                 temperature=s.temperature,
                 top_p=s.top_p,
-                max_new_tokens=s.max_new_tokens,
+                max_new_tokens=response_budget(row, s.max_new_tokens),
             )
             for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
         ]

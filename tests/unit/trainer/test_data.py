@@ -6,7 +6,7 @@ import pytest
 
 from relayrl.models.tokenizer import build_byte_tokenizer
 from relayrl.tasks import make_rows
-from services.trainer.data import PromptDataset, read_rows, tokenize_rows
+from services.trainer.data import PromptDataset, read_rows, response_budget, tokenize_rows
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,18 @@ def test_position_survives_a_restart_and_epochs_reshuffle(tokenizer):
     epoch0 = [r.prompt_id for r in PromptDataset(rows, seed=3).take(5)]
     epoch1 = [r.prompt_id for r in PromptDataset(rows, seed=3).take(10)[5:]]
     assert sorted(epoch0) == sorted(epoch1) and epoch0 != epoch1
+
+
+def test_a_row_may_carry_a_smaller_response_budget(tokenizer):
+    rows = make_rows("copy", 3)
+    rows[0]["extra_info"]["max_new_tokens"] = 4
+    rows[1]["extra_info"]["max_new_tokens"] = 500
+    prompts = tokenize_rows(rows, tokenizer, "t", max_prompt_tokens=64)
+    assert [response_budget(p, 32) for p in prompts] == [4, 32, 32]
+
+
+def test_a_bad_response_budget_fails_at_load_time(tokenizer):
+    rows = make_rows("copy", 1)
+    rows[0]["extra_info"]["max_new_tokens"] = "lots"
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        tokenize_rows(rows, tokenizer, "t", max_prompt_tokens=64)
