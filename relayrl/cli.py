@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout": "services.rollout.cli:bench",
     "paramsync": "services.paramsync.cli:bench",
     "trainer": "services.trainer.cli:bench",
+    "e2e": "relayrl.stack.bench:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
