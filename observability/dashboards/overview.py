@@ -4,7 +4,7 @@ queue depth and who is waiting for whom."""
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, stat_panel, timeseries_panel
-from observability.dashboards.promql import counter_rate
+from observability.dashboards.promql import ROLLOUT_IDLE_BY_INSTANCE, counter_rate
 from observability.dashboards.trainer import verl
 from relayrl.metrics import key_to_metric_name
 
@@ -57,15 +57,9 @@ def build() -> Board:
         ),
         timeseries_panel(
             "Idle ratios",
-            "Trainer: share of each step spent waiting for data. Rollout: share of recent time a replica had"
-            " no request in flight (blocked by backpressure, the staleness bound, or a pause).",
-            [
-                verl("trainer/idle_ratio", "trainer"),
-                Query(
-                    "avg by (instance) (avg_over_time((relayrl_rollout_in_flight_requests == bool 0)[5m:]))",
-                    "rollout {{instance}}",
-                ),
-            ],
+            "Trainer: share of each step spent waiting for data. Rollout: share of the last 5 minutes a replica"
+            " had no request in flight (blocked by backpressure, the staleness bound, or a pause).",
+            [verl("trainer/idle_ratio", "trainer"), Query(ROLLOUT_IDLE_BY_INSTANCE, "rollout {{instance}}")],
             unit="percentunit",
             min_value=0,
         ),

@@ -30,3 +30,10 @@ def quantiles(histogram: str, by: Sequence[str] = (), levels: Sequence[float] = 
         )
         for level in levels
     ]
+
+
+# The busy-time counter only grows when a request starts or ends, so a window of a few minutes
+# keeps one long generation from reading as idle.
+ROLLOUT_IDLE_BY_INSTANCE = (
+    "1 - clamp_max(sum by (instance) (rate(relayrl_rollout_generation_busy_seconds_total[5m])), 1)"
+)

@@ -10,7 +10,7 @@ the same dashboard works on GPUs and on a CPU machine.
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, timeseries_panel
-from observability.dashboards.promql import counter_rate, quantiles
+from observability.dashboards.promql import ROLLOUT_IDLE_BY_INSTANCE, counter_rate, quantiles
 
 UID = "relayrl-rollout"
 
@@ -43,6 +43,14 @@ def build() -> Board:
             "In-flight requests",
             "Generation requests in flight from each replica to its engine.",
             [Query("sum by (instance) (relayrl_rollout_in_flight_requests)", "{{instance}}")],
+        ),
+        timeseries_panel(
+            "Idle ratio",
+            "Share of the last 5 minutes each replica had no generation in flight: waiting on backpressure,"
+            " the staleness bound, a weight switch or a pause.",
+            [Query(ROLLOUT_IDLE_BY_INSTANCE, "{{instance}}")],
+            unit="percentunit",
+            min_value=0,
         ),
         timeseries_panel(
             "Errors and drops",
