@@ -100,7 +100,13 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
             assert (await eng.get("/get_model_info")).json()["paused"] is None
             (group,) = await pull_groups(rollout.queue.grpc_address, 1)
     assert group.prompt_id == "test/30"
-    status = (await rollout.http.get("/v1/status", headers=auth)).json()
+    # The replica counts a group once the queue has acknowledged its push, a moment after
+    # the queue could hand it to us.
+    for _ in range(50):
+        status = (await rollout.http.get("/v1/status", headers=auth)).json()
+        if status["total_generated_samples"]:
+            break
+        await asyncio.sleep(0.1)
     assert status["total_generated_samples"] == 2 and status["engine_ready"]
     metrics = (await rollout.http.get("/metrics")).text
     assert "relayrl_rollout_total_generated_samples_total 2.0" in metrics
