@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import supervised
+from tests.processes import process_alive
 
 TOKEN = "e2e-token"
 
@@ -53,7 +53,7 @@ def running_stack(config: StackConfig) -> Iterator[LocalStack]:
         yield stack
     for component in supervisor.components:
         assert component.process is not None
-        assert not _alive(component.process.pid), f"{component.name} outlived the stack"
+        assert not process_alive(component.process.pid), f"{component.name} outlived the stack"
 
 
 def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
@@ -69,15 +69,6 @@ def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
 
 def training_rows(stack: LocalStack) -> list[dict[str, Any]]:
     return [r for r in read_metrics(stack.run_dir / "metrics.jsonl") if "trainer/global_steps" in r]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split()[2] != "Z"
 
 
 @pytest.fixture

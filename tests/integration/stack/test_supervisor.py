@@ -1,7 +1,6 @@
 """Process supervision: readiness, failures named by component, and no orphans."""
 
 import io
-import os
 import sys
 import time
 
@@ -9,6 +8,7 @@ import pytest
 
 from relayrl.stack.process import ComponentError, ComponentSpec
 from relayrl.stack.supervisor import supervised
+from tests.processes import process_alive
 
 # A parent that starts a long-lived child, as torchrun does with its workers.
 PARENT_WITH_CHILD = """
@@ -17,15 +17,6 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print("child", child.pid, flush=True)
 time.sleep(600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split()[2] != "Z"
 
 
 def _child_pid(component) -> int:
@@ -44,8 +35,8 @@ def test_stopping_the_stack_leaves_no_process_behind():
         component = stack.start(ComponentSpec("worker", [sys.executable, "-c", PARENT_WITH_CHILD]))
         child = _child_pid(component)
         parent = component.process.pid
-        assert _alive(child)
-    assert not _alive(parent) and not _alive(child)
+        assert process_alive(child)
+    assert not process_alive(parent) and not process_alive(child)
     assert "[worker] child" in sink.getvalue()
 
 
