@@ -68,8 +68,8 @@ def test_not_ready_in_time_stops_the_stack():
 
 def test_a_component_that_dies_later_is_reported():
     with supervised(io.StringIO()) as stack:
-        stack.start(ComponentSpec("rollout-0", [sys.executable, "-c", "import time; time.sleep(0.3)"]))
-        time.sleep(1.0)
+        component = stack.start(ComponentSpec("rollout-0", [sys.executable, "-c", "import time; time.sleep(0.3)"]))
+        component.process.wait(timeout=60)
         with pytest.raises(ComponentError, match="rollout-0: exited with code 0"):
             stack.check_alive()
         stack.check_alive(exited_ok=["rollout-0"])
