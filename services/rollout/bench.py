@@ -70,16 +70,18 @@ def _start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
 async def _direct(engine_url: str, prompts: list[list[int]], n: int, max_new_tokens: int, concurrency: int) -> int:
     from services.rollout.engine_client import EngineClient, SamplingParams
 
+    # The requests the rollout service sends: one /generate with n per prompt, `concurrency`
+    # prompts in flight.
     gate = asyncio.Semaphore(concurrency)
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+    params = SamplingParams(max_new_tokens=max_new_tokens, n=n)
 
     async def one(client: EngineClient, prompt: list[int]) -> int:
         async with gate:
-            (out,) = await client.generate(prompt, params)
-            return len(out.output_ids)
+            outputs = await client.generate(prompt, params)
+            return sum(len(out.output_ids) for out in outputs)
 
     async with EngineClient(engine_url) as client:
-        counts = await asyncio.gather(*(one(client, p) for p in prompts for _ in range(n)))
+        counts = await asyncio.gather(*(one(client, p) for p in prompts))
     return sum(counts)
 
 
@@ -140,11 +142,11 @@ async def _measure(
     engine_url: str, redis_url: str, prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int
 ) -> BenchResult:
     token_lists = [[5 + (i % 50), 6, 7, 8, 9] for i in range(prompts)]
-    await _direct(engine_url, token_lists[:inflight], n, 4, inflight * n)  # warm-up
+    await _direct(engine_url, token_lists[:inflight], n, 4, inflight)  # warm-up
     direct_rates, service_rates, direct_tokens, service_tokens = [], [], 0, 0
     for _ in range(rounds):
         started = time.perf_counter()
-        tokens = await _direct(engine_url, token_lists, n, max_new_tokens, inflight * n)
+        tokens = await _direct(engine_url, token_lists, n, max_new_tokens, inflight)
         direct_rates.append(tokens / (time.perf_counter() - started))
         direct_tokens += tokens
         tokens, seconds = await _through_service(engine_url, redis_url, token_lists, n, max_new_tokens, inflight)
