@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from prometheus_client.parser import text_string_to_metric_families
 
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack
+from relayrl.stack.progress import scrape
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import supervised
 
@@ -77,11 +76,10 @@ def _config(work: Path, model_dir: Path, dataset: Path, eta: int, steps: int) ->
 
 
 def _busy_seconds(rollout_url: str) -> float:
-    text = httpx.get(f"{rollout_url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "relayrl_rollout_generation_busy_seconds":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise RuntimeError("the rollout exports no relayrl_rollout_generation_busy_seconds_total")
+    busy = scrape(rollout_url, "relayrl_rollout_generation_busy_seconds")
+    if busy is None:
+        raise RuntimeError(f"{rollout_url}/metrics has no relayrl_rollout_generation_busy_seconds_total")
+    return busy
 
 
 def _lost_groups(queue_address: str) -> int:

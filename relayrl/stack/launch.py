@@ -16,12 +16,13 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from relayrl.net import free_port
+from relayrl.net import free_port, port_open
 from relayrl.redis_process import INSTALL_HINT, RedisProcess
 from relayrl.stack.config import StackConfig
-from relayrl.stack.process import ComponentSpec, ManagedProcess, http_ready
+from relayrl.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from relayrl.stack.supervisor import Supervisor
 
 HOST = "127.0.0.1"
@@ -106,11 +107,9 @@ class LocalStack:
         try:
             command = redis.command()
         except FileNotFoundError as exc:
-            from relayrl.stack.process import ComponentError
-
             raise ComponentError("redis", str(exc), INSTALL_HINT) from None
         self.endpoints.redis_url = redis.url
-        spec = ComponentSpec("redis", command, ready=_tcp_ready(HOST, redis.port), hint=INSTALL_HINT)
+        spec = ComponentSpec("redis", command, ready=partial(port_open, HOST, redis.port), hint=INSTALL_HINT)
         self.supervisor.start(spec)
 
     def _start_queue_and_paramsync(self) -> None:
@@ -184,19 +183,6 @@ class LocalStack:
     def trainer_exit_code(self) -> int | None:
         assert self.trainer is not None and self.trainer.process is not None
         return self.trainer.process.poll()
-
-
-def _tcp_ready(host: str, port: int):
-    import socket
-
-    def check() -> bool:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    return check
 
 
 def prepare_model(stack: LocalStack) -> Path:

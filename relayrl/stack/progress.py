@@ -35,16 +35,24 @@ class MetricsTail:
         return new
 
 
-def queue_depth(queue_http: str) -> float | None:
-    """Groups waiting in the trajectory queue, from the queue service's Prometheus endpoint."""
+def scrape(base_url: str, family: str) -> float | None:
+    """The sum of a metric family's samples on a service's ``/metrics``; None when unreachable or absent.
+
+    ``family`` is the name without a counter's ``_total`` suffix, as the Prometheus parser names it.
+    """
     try:
-        text = httpx.get(f"{queue_http}/metrics", timeout=1.0).text
+        text = httpx.get(f"{base_url}/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return None
-    for family in text_string_to_metric_families(text):
-        if family.name == "relayrl_queue_queue_size_groups":
-            return sum(sample.value for sample in family.samples)
+    for parsed in text_string_to_metric_families(text):
+        if parsed.name == family:
+            return sum(s.value for s in parsed.samples if not s.name.endswith("_created"))
     return None
+
+
+def queue_depth(queue_http: str) -> float | None:
+    """Groups waiting in the trajectory queue."""
+    return scrape(queue_http, "relayrl_queue_queue_size_groups")
 
 
 @dataclass
