@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -14,10 +13,8 @@ from relayrl.stack.config import StackConfig
 from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.process import ComponentError
 from relayrl.stack.progress import REWARD_KEY, MetricsTail, ProgressLine, queue_depth
-from relayrl.stack.report import RunReport, build_report, plot_reward, write_report
+from relayrl.stack.report import RunReport, build_report, plot_reward, read_metrics, write_report
 from relayrl.stack.supervisor import supervised
-
-log = logging.getLogger(__name__)
 
 # Steps averaged into reward_first and reward_last.
 REPORT_WINDOW = 30
@@ -92,8 +89,6 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
 
 
 def _write_report(stack: LocalStack, started_at: float) -> RunReport:
-    from relayrl.stack.report import read_metrics
-
     rows = read_metrics(stack.run_dir / "metrics.jsonl")
     report = build_report(
         stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
