@@ -14,7 +14,9 @@ def _rows(rewards):
 
 
 def test_first_and_last_are_window_means():
-    report = build_report("r", _rows([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]), "critic/score/mean", window=2, max_staleness=2, started_at=1000.0)
+    report = build_report(
+        "r", _rows([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]), "critic/score/mean", window=2, max_staleness=2, started_at=1000.0
+    )
     assert report.reward_first == pytest.approx(0.1)
     assert report.reward_last == pytest.approx(0.9)
     assert report.reward_rise == pytest.approx(0.8)
