@@ -98,6 +98,20 @@ class LocalStack:
         self._start_engines(model_dir)
         self._start_rollouts()
         self._start_trainer(model_dir)
+        self._write_ctl_env()
+
+    @property
+    def ctl_env_file(self) -> Path:
+        """Endpoints and token for ``relayrl ctl --env-file`` (readable by the owner only: it holds the token)."""
+        return self.run_dir / "ctl.env"
+
+    def _write_ctl_env(self) -> None:
+        from relayrl.ctl.config import env_file_text
+
+        e = self.endpoints
+        text = env_file_text(self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc)
+        self.ctl_env_file.touch(mode=0o600)
+        self.ctl_env_file.write_text(text)
 
     def _start_redis(self) -> None:
         if self.settings.redis_url:

@@ -60,6 +60,7 @@ def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool =
 def _print_endpoints(console: Console, stack: LocalStack) -> None:
     for name, url in stack.endpoints.http_services().items():
         console.print(f"  {name:<10} {url}")
+    console.print(f"  steer it:  relayrl ctl --env-file {stack.ctl_env_file} status --all")
 
 
 def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> int:

@@ -2,6 +2,8 @@
 obeys pause and resume, and η = 0 is strictly on-policy."""
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import httpx
@@ -52,6 +54,15 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         resumed = httpx.post(f"{rollout}/v1/resume", headers=AUTH, timeout=10)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
         _wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume")
+
+        assert stack.ctl_env_file.stat().st_mode & 0o777 == 0o600, "ctl.env holds the token"
+        ctl = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert ctl.returncode == 0, ctl.stdout + ctl.stderr
+        for component in ("queue", "paramsync", "trainer", "rollout-0"):
+            assert component in ctl.stdout, f"`relayrl ctl status --all` left out {component}:\n{ctl.stdout}"
 
         assert wait_for_trainer(stack, timeout_s=240) == 0
         stats = _queue_stats(stack.endpoints.queue_grpc)
