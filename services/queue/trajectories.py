@@ -49,15 +49,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from google.protobuf.message import DecodeError
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from relayrl.schema import validate_group
 from relayrl.staleness import Verdict, check_staleness
-from relayrl.v1 import trajectory_pb2 as pb
 from services.queue.ages import AgeSummary, AgeWindow
 from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest, QueueFull
+from services.queue.groupcheck import GroupHeader, inspect_group
 from services.queue.keys import TRAINER_GROUP, Keys
 
 log = logging.getLogger(__name__)
@@ -83,10 +82,12 @@ redis.call('HINCRBY', KEYS[2], 'produced', n)
 return ids
 """
 
-# KEYS: stream, stats. ARGV: group, then entry ids. Deletes only what this call acknowledged.
+# KEYS: stream, stats, consumers. ARGV: group, consumer, now, then entry ids. Stamps the
+# consumer as alive; deletes only what this call acknowledged.
 _ACK_LUA = """
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 local acked = 0
-for i = 2, #ARGV do
+for i = 4, #ARGV do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
     redis.call('XDEL', KEYS[1], ARGV[i])
     acked = acked + 1
@@ -94,6 +95,27 @@ for i = 2, #ARGV do
 end
 if acked > 0 then redis.call('HINCRBY', KEYS[2], 'consumed', acked) end
 return acked
+"""
+
+# KEYS: consumers, sessions, redeliver_from. ARGV: consumer, now, session id. The start of
+# every pull: stamps the consumer as alive, notes a new session (a restarted consumer: its own
+# pending entries are re-delivered from id 0) and returns {restarted, redelivery cursor}.
+# New entries are read by a plain XREADGROUP: read inside a script, every payload would be
+# copied into Lua and back, which costs more than the round trip it saves.
+_BEGIN_PULL_LUA = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local restarted = 0
+if ARGV[3] ~= '' then
+  local previous = redis.call('HGET', KEYS[2], ARGV[1])
+  if previous ~= ARGV[3] then
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+    if previous then
+      redis.call('HSET', KEYS[3], ARGV[1], '0')
+      restarted = 1
+    end
+  end
+end
+return {restarted, redis.call('HGET', KEYS[3], ARGV[1])}
 """
 
 
@@ -151,18 +173,17 @@ def payload_crc(payload: bytes, v_min: int) -> int:
     return zlib.crc32(str(v_min).encode(), zlib.crc32(payload))
 
 
-def group_header(msg: pb.TrajectoryGroup, payload: bytes, now: float) -> list[Any]:
+def entry_fields(header: GroupHeader, payload: bytes, now: float) -> list[Any]:
     """The header values and payload of one stream entry, in ``_PUSH_LUA``'s order."""
-    tokens = sum(len(t.response_token_ids) for t in msg.trajectories)
     return [
-        msg.min_policy_version,
-        msg.max_policy_version,
-        msg.group_id,
-        len(msg.trajectories),
-        tokens,
-        repr(msg.created_at_unix_s or now),
-        int(msg.is_eval),
-        payload_crc(payload, msg.min_policy_version),
+        header.min_policy_version,
+        header.max_policy_version,
+        header.group_id,
+        header.samples,
+        header.response_tokens,
+        repr(header.created_at_unix_s or now),
+        int(header.is_eval),
+        payload_crc(payload, header.min_policy_version),
         payload,
     ]
 
@@ -177,7 +198,14 @@ class TrajectoryQueue:
         self._ages = AgeWindow(settings.age_window)
         # consumer → entry ids read for it whose pull reply was never received.
         self._undelivered: dict[str, list[str]] = {}
+        # consumer → the session id for which Redis last showed it no redelivery cursor. A
+        # cursor appears only when a consumer shows up with a new session, so a pull with the
+        # same session reads new entries in its first round trip.
+        self._no_cursor: dict[str, str] = {}
         self._next_reclaim_check = 0.0
+        # Deliveries not yet added to the ``delivered`` counter: added by the next pull's first
+        # round trip or the next stats read, which saves a round trip on every pull.
+        self._delivered_unrecorded = 0
 
     async def ensure_group(self) -> None:
         try:
@@ -197,11 +225,11 @@ class TrajectoryQueue:
             raise BadRequest(f"push of {len(payloads)} groups can never fit the capacity of {cap} groups")
         if timeout_s < 0:
             raise BadRequest(f"timeout_s must be >= 0, got {timeout_s}")
-        groups = await self._decode_and_validate(payloads)
+        headers = await self._validated(payloads)
         now = time.time()
-        args: list[Any] = [cap, len(groups)]
-        for msg, payload in zip(groups, payloads, strict=True):
-            args.extend(group_header(msg, payload, now))
+        args: list[Any] = [cap, len(headers)]
+        for header, payload in zip(headers, payloads, strict=True):
+            args.extend(entry_fields(header, payload, now))
         wait_s = min(timeout_s or self._settings.push_timeout_s, self._settings.max_push_timeout_s)
         deadline = time.monotonic() + wait_s
         while True:
@@ -211,27 +239,22 @@ class TrajectoryQueue:
             if time.monotonic() >= deadline:
                 raise QueueFull(
                     f"queue stayed at its capacity of {cap} groups (queued + unacknowledged) for {wait_s:g}s;"
-                    f" none of the {len(groups)} groups was stored"
+                    f" none of the {len(headers)} groups was stored"
                 )
             await asyncio.sleep(self._settings.poll_interval_s)
 
-    async def _decode_and_validate(self, payloads: list[bytes]) -> list[pb.TrajectoryGroup]:
-        groups, problems = [], []
+    async def _validated(self, payloads: list[bytes]) -> list[GroupHeader]:
+        headers, problems = [], []
         for i, payload in enumerate(payloads):
-            msg = pb.TrajectoryGroup()
-            try:
-                msg.ParseFromString(payload)
-            except DecodeError as err:
-                found = [f"does not decode as a TrajectoryGroup: {err}"]
+            found = inspect_group(payload)
+            if found.header is None:
+                problems.append(f"group {i}: {'; '.join(found.problems)}")
+                await self._dead_letter_rejected(payload, found.problems)
             else:
-                found = validate_group(msg)
-            if found:
-                problems.append(f"group {i} ({msg.group_id or 'no id'}): {'; '.join(found)}")
-                await self._dead_letter_rejected(payload, found)
-            groups.append(msg)
+                headers.append(found.header)
         if problems:
             raise BadRequest("malformed trajectory groups, nothing stored: " + " | ".join(problems))
-        return groups
+        return headers
 
     async def _dead_letter_rejected(self, payload: bytes, problems: list[str]) -> None:
         pipe = self._redis.pipeline(transaction=True)
@@ -253,18 +276,24 @@ class TrajectoryQueue:
         block_timeout_s: float,
     ) -> PullResult:
         self._check_pull_args(consumer, current_version, max_staleness, max_groups, block_timeout_s)
-        await self._redis.hset(self._keys.consumers, consumer, repr(time.time()))
-        await self._note_session(consumer, session_id)
         deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
+        # New entries come last: read them up front only when nothing can be owed first.
+        read_now = (
+            self._no_cursor.get(consumer) == session_id
+            and not self._undelivered.get(consumer)
+            and not self._reclaim_due()
+        )
+        cursor, batch = await self._begin_pull(consumer, session_id, max_groups if read_now else 0)
         delivered: list[Delivery] = []
         dropped_stale = 0
         while True:
             want = max_groups - len(delivered)
+            if not batch:
+                batch = await self._undelivered_first(consumer, want)
+            if not batch and cursor is not None:
+                batch, cursor = await self._own_pending(consumer, want, cursor)
             batch = (
-                await self._undelivered_first(consumer, want)
-                or await self._own_pending(consumer, want)
-                or await self._reclaim_from_dead(consumer, want)
-                or await self._read_new(consumer, want, deadline)
+                batch or await self._reclaim_from_dead(consumer, want) or await self._read_new(consumer, want, deadline)
             )
             for raw in batch:
                 outcome = await self._judge(consumer, raw, current_version, max_staleness)
@@ -275,8 +304,8 @@ class TrajectoryQueue:
             # A batch that was all stale says nothing about what follows it: keep reading.
             if delivered or (not batch and time.monotonic() >= deadline):
                 break
-        if delivered:
-            await self._redis.hincrby(self._keys.stats, "delivered", len(delivered))
+            batch = []
+        self._delivered_unrecorded += len(delivered)
         return PullResult(delivered, dropped_stale)
 
     def not_received(self, consumer: str, deliveries: list[Delivery]) -> None:
@@ -317,30 +346,54 @@ class TrajectoryQueue:
         if block_timeout_s < 0:
             raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
 
-    async def _note_session(self, consumer: str, session_id: str) -> None:
-        if not session_id:
-            return
-        previous = await self._redis.hget(self._keys.sessions, consumer)
-        if previous is not None and _text(previous) == session_id:
-            return
-        await self._redis.hset(self._keys.sessions, consumer, session_id)
-        if previous is not None:
-            log.info("consumer %s restarted (new session): re-delivering its pending entries first", consumer)
-            await self._redis.hset(self._keys.redeliver_from, consumer, "0")
+    async def _begin_pull(self, consumer: str, session_id: str, count: int) -> tuple[str | None, list[_RawEntry]]:
+        """Runs ``_BEGIN_PULL_LUA`` and, when ``count`` > 0, reads new entries in the same round trip.
 
-    async def _own_pending(self, consumer: str, want: int) -> list[_RawEntry]:
-        cursor = await self._redis.hget(self._keys.redeliver_from, consumer)
-        if cursor is None:
-            return []
+        Returns the consumer's redelivery cursor and the new entries to judge. Should a cursor
+        turn up all the same (another service instance saw this consumer restart), what was
+        read stays pending on this consumer after the cursor, and the walk through its own
+        pending entries delivers it in order.
+        """
+        keys = [self._keys.consumers, self._keys.sessions, self._keys.redeliver_from]
+        pipe = self._redis.pipeline(transaction=False)
+        recorded = self._record_deliveries(pipe)
+        # EVAL, not EVALSHA: a pipeline holding a registered script first asks SCRIPT EXISTS.
+        pipe.eval(_BEGIN_PULL_LUA, len(keys), *keys, consumer, repr(time.time()), session_id)
+        if count:
+            pipe.xreadgroup(TRAINER_GROUP, consumer, {self._keys.trajectories: ">"}, count=count)
+        try:
+            replies = await pipe.execute()
+        except Exception as err:
+            self._delivered_unrecorded += recorded
+            if not isinstance(err, ResponseError) or not _stream_gone(err):
+                raise
+            # The stream was deleted under us (FLUSHALL, a manual DEL): start afresh.
+            await self.ensure_group()
+            return await self._begin_pull(consumer, session_id, 0)
+        replies = replies[1:] if recorded else replies
+        (restarted, cursor), new = replies[0], replies[1] if count else None
+        if restarted:
+            log.info("consumer %s restarted (new session): re-delivering its pending entries first", consumer)
+        if cursor is not None:
+            self._no_cursor.pop(consumer, None)
+            return _text(cursor), []
+        self._no_cursor[consumer] = session_id
+        return None, [_RawEntry(_text(i), fields or None, 1) for i, fields in _entries(new)]
+
+    async def _own_pending(self, consumer: str, want: int, cursor: str) -> tuple[list[_RawEntry], str | None]:
+        """This consumer's pending entries after ``cursor``, and where the next read starts (None: done)."""
         reply = await self._redis.xreadgroup(TRAINER_GROUP, consumer, {self._keys.trajectories: cursor}, count=want)
         entries = _entries(reply)
         if not entries:
             await self._redis.hdel(self._keys.redeliver_from, consumer)
-            return []
+            return [], None
         ids = [_text(e[0]) for e in entries]
         await self._redis.hset(self._keys.redeliver_from, consumer, ids[-1])
         counts = await self._delivery_counts(consumer, ids[0], ids[-1], len(ids))
-        return [_RawEntry(i, fields or None, counts.get(i, 1)) for i, (_, fields) in zip(ids, entries, strict=True)]
+        entries_out = [
+            _RawEntry(i, fields or None, counts.get(i, 1)) for i, (_, fields) in zip(ids, entries, strict=True)
+        ]
+        return entries_out, ids[-1]
 
     async def _delivery_counts(self, consumer: str, first: str, last: str, count: int) -> dict[str, int]:
         pending = await self._redis.xpending_range(
@@ -348,12 +401,14 @@ class TrajectoryQueue:
         )
         return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
 
+    def _reclaim_due(self) -> bool:
+        return time.monotonic() >= self._next_reclaim_check
+
     async def _reclaim_from_dead(self, consumer: str, want: int) -> list[_RawEntry]:
-        now_mono = time.monotonic()
-        if now_mono < self._next_reclaim_check:
+        if not self._reclaim_due():
             return []
         idle_s = self._settings.consumer_idle_timeout_s
-        self._next_reclaim_check = now_mono + min(1.0, idle_s / 4)
+        self._next_reclaim_check = time.monotonic() + min(1.0, idle_s / 4)
         seen = await self._redis.hgetall(self._keys.consumers)
         try:
             infos = await self._redis.xinfo_consumers(self._keys.trajectories, TRAINER_GROUP)
@@ -458,12 +513,25 @@ class TrajectoryQueue:
             log.debug("entry %s dropped (%s): %s", raw.entry_id, reason, detail)
         return reason
 
+    def _record_deliveries(self, pipe: Pipeline) -> int:
+        """Queues the increment of the ``delivered`` counter on ``pipe``; returns how much it adds."""
+        count, self._delivered_unrecorded = self._delivered_unrecorded, 0
+        if count:
+            pipe.hincrby(self._keys.stats, "delivered", count)
+        return count
+
     async def _read_stats(self) -> list[Any]:
         pipe = self._redis.pipeline(transaction=False)
+        recorded = self._record_deliveries(pipe)
         pipe.xlen(self._keys.trajectories)
         pipe.xpending(self._keys.trajectories, TRAINER_GROUP)
         pipe.hgetall(self._keys.stats)
-        return await pipe.execute()
+        try:
+            replies = await pipe.execute()
+        except Exception:
+            self._delivered_unrecorded += recorded
+            raise
+        return replies[1:] if recorded else replies
 
     # Ack and stats ----------------------------------------------------------------------
 
@@ -473,11 +541,8 @@ class TrajectoryQueue:
         bad = [i for i in entry_ids if not ENTRY_ID.match(i)]
         if bad:
             raise BadRequest(f"not stream entry ids (want '<ms>-<seq>'): {bad[:5]}")
-        await self._redis.hset(self._keys.consumers, consumer, repr(time.time()))
-        if not entry_ids:
-            return 0
-        keys = [self._keys.trajectories, self._keys.stats]
-        return int(await self._ack_script(keys=keys, args=[TRAINER_GROUP, *entry_ids]))
+        keys = [self._keys.trajectories, self._keys.stats, self._keys.consumers]
+        return int(await self._ack_script(keys=keys, args=[TRAINER_GROUP, consumer, repr(time.time()), *entry_ids]))
 
     async def stats(self) -> TrajectoryStats:
         try:
@@ -507,15 +572,12 @@ class TrajectoryQueue:
 
 def _problem_with(payload: bytes, v_min: int) -> str:
     """Why a stored payload is not a trainable group with this header; empty when it is one."""
-    msg = pb.TrajectoryGroup()
-    try:
-        msg.ParseFromString(payload)
-    except DecodeError as err:
-        return f"payload does not decode: {err!r}"
-    problems = validate_group(msg)
-    if not problems and msg.min_policy_version != v_min:
-        problems.append(f"header v_min {v_min} != payload min_policy_version {msg.min_policy_version}")
-    return "; ".join(problems)
+    found = inspect_group(payload)
+    if found.header is None:
+        return "; ".join(found.problems)
+    if found.header.min_policy_version != v_min:
+        return f"header v_min {v_min} != payload min_policy_version {found.header.min_policy_version}"
+    return ""
 
 
 def _stream_gone(err: ResponseError) -> bool:

@@ -58,10 +58,6 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _len_field(field: int, body: bytes) -> bytes:
-    return _varint(field << 3 | _LEN) + _varint(len(body)) + body
-
-
 def parse_push_request(data: bytes) -> RawPushRequest:
     """Splits a serialized ``PushRequest``; raises ValueError on a broken encoding."""
     groups: list[bytes] = []
@@ -103,12 +99,15 @@ def _decode_push(data: bytes) -> RawPushRequest | ValueError:
 
 
 def encode_pull_response(reply: RawPullResponse) -> bytes:
-    parts = []
+    # One join at the end: each payload is copied once, not once per enclosing message.
+    parts: list[bytes] = []
     for d in reply.groups:
         head = qpb.DeliveredGroup(
             entry_id=d.entry_id, delivery_count=d.delivery_count, age_versions=d.age_versions
         ).SerializeToString()
-        parts.append(_len_field(1, head + _len_field(2, d.payload)))
+        payload_key = _varint(2 << 3 | _LEN) + _varint(len(d.payload))
+        size = len(head) + len(payload_key) + len(d.payload)
+        parts += (_varint(1 << 3 | _LEN), _varint(size), head, payload_key, d.payload)
     parts.append(qpb.PullResponse(dropped_stale=reply.dropped_stale).SerializeToString())
     return b"".join(parts)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from relayrl.schema import Group, Sample
 from relayrl.v1 import trajectory_pb2 as pb
 from services.queue.ages import AgeWindow
+from services.queue.groupcheck import inspect_group
 from services.queue.prompts import LEASE_ID, _prompt_problems
-from services.queue.trajectories import group_header, payload_crc
+from services.queue.trajectories import entry_fields, payload_crc
 
 
 def _group() -> pb.TrajectoryGroup:
@@ -23,7 +24,9 @@ def _group() -> pb.TrajectoryGroup:
 def test_header_carries_versions_sizes_and_a_checksum_of_the_payload():
     msg = _group()
     received = msg.SerializeToString()
-    v_min, v_max, gid, n, tokens, created, is_eval, crc, payload = group_header(msg, received, now=123.5)
+    header = inspect_group(received).header
+    assert header is not None
+    v_min, v_max, gid, n, tokens, created, is_eval, crc, payload = entry_fields(header, received, now=123.5)
     assert (v_min, v_max, gid, n, tokens, is_eval) == (4, 6, "g", 2, 4, 1)
     # A group without a push time is stamped with the time the queue accepted it.
     assert float(created) == 123.5
