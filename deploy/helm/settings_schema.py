@@ -5,7 +5,7 @@ service ignores variables it does not know, so a misspelled field would be lost 
 the chart's schema lists exactly the fields of each settings class (types, enums, bounds,
 descriptions), and ``helm install`` rejects anything else. Left out on purpose:
 
-- ``host``, ``grpc_port``, ``http_port``: the chart sets them to match the Services;
+- ``host``, ``grpc_port``, ``http_port``, ``data_port``: the chart sets them to match the Services;
 - shared fields (``RELAYRL_<NAME>``, e.g. max_staleness, redis_url): set once under ``run``/``redis``;
 - secrets (SecretStr fields): they come from Secrets only, never from a ConfigMap.
 
@@ -35,7 +35,7 @@ SETTINGS_CLASSES = {
     "trainer": "services.trainer.config:TrainerSettings",
 }
 
-CHART_OWNED = frozenset({"host", "grpc_port", "http_port"})
+CHART_OWNED = frozenset({"host", "grpc_port", "http_port", "data_port"})
 # Set per pod by the chart (the pod name), so not a release-wide setting.
 POD_OWNED = {"rollout": frozenset({"replica_id"})}
 _KEPT_KEYWORDS = (

@@ -145,3 +145,33 @@ class ListReplicasResponse(_message.Message):
     latest_version: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaVersion]
     def __init__(self, latest_version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ...) -> None: ...
+
+class DataPlaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataPlaneInfo(_message.Message):
+    __slots__ = ("data_port",)
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    data_port: int
+    def __init__(self, data_port: _Optional[int] = ...) -> None: ...
+
+class BulkRequest(_message.Message):
+    __slots__ = ("publish", "fetch")
+    PUBLISH_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    publish: WeightManifest
+    fetch: FetchRequest
+    def __init__(self, publish: _Optional[_Union[WeightManifest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ...) -> None: ...
+
+class BulkReply(_message.Message):
+    __slots__ = ("code", "message", "manifest", "bytes_received")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    manifest: WeightManifest
+    bytes_received: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., bytes_received: _Optional[int] = ...) -> None: ...

@@ -59,6 +59,11 @@ class ParamSyncStub:
                 request_serializer=relayrl_dot_v1_dot_paramsync__pb2.ListReplicasRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_paramsync__pb2.ListReplicasResponse.FromString,
                 _registered_method=True)
+        self.DataPlane = channel.unary_unary(
+                '/relayrl.v1.ParamSync/DataPlane',
+                request_serializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.FromString,
+                _registered_method=True)
 
 
 class ParamSyncServicer:
@@ -102,6 +107,15 @@ class ParamSyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DataPlane(self, request, context):
+        """Where the bulk data plane listens. Publish and Fetch carry weights over gRPC from any
+        language; the data plane moves the same bytes over a plain TCP connection at close to
+        socket speed (see BulkRequest). Clients ask once and fall back to gRPC when data_port is 0.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParamSyncServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +143,11 @@ def add_ParamSyncServicer_to_server(servicer, server):
                     servicer.ListReplicas,
                     request_deserializer=relayrl_dot_v1_dot_paramsync__pb2.ListReplicasRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_paramsync__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'DataPlane': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataPlane,
+                    request_deserializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +285,33 @@ class ParamSync:
             '/relayrl.v1.ParamSync/ListReplicas',
             relayrl_dot_v1_dot_paramsync__pb2.ListReplicasRequest.SerializeToString,
             relayrl_dot_v1_dot_paramsync__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DataPlane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.ParamSync/DataPlane',
+            relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.SerializeToString,
+            relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.FromString,
             options,
             channel_credentials,
             insecure,

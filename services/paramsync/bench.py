@@ -2,8 +2,11 @@
 
 Everything runs as separate processes on this machine, like a real deployment on one node: a
 ``relayrl paramsync serve`` process, N replica processes (subscribe → fetch with checksum
-verification → report, as the rollout service does) and the trainer (this process). For each
-replica count a new version of ``size_mb`` is published; the figures:
+verification → report, as the rollout service does) and the trainer (this process), all with the
+client's defaults (the bulk data plane, xxh3_128 checksums). For each replica count the replicas
+start, a first version is published and reaches them all (reported as ``first_version_*``), then
+``rounds`` more versions of ``size_mb`` each are published one after the other, as a training run
+does; the figures are medians over those rounds:
 
 - ``seconds_by_replicas``: from the trainer's publish call until every replica reported the version;
 - ``publish_s_by_replicas``: the trainer's publish call alone (manifest hashing included);
@@ -11,6 +14,10 @@ replica count a new version of ``size_mb`` is published; the figures:
   loopback TCP socket into another process, measured in the same run; ``ratio_to_raw`` their ratio;
 - ``fanout_ratio``: publish_s with the most replicas / publish_s with one (target ≤ 1.2: the trainer
   uploads once whatever the number of replicas).
+
+The first version is kept apart because it pays one-off costs a running job does not: memory
+that paramsync and each replica fault in for the first time (afterwards paramsync reuses the
+memory of the version it evicts and replicas keep a spare ready), connections and imports.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -107,40 +115,56 @@ async def _until_all_hold(client: object, replica_ids: list[str], version: int, 
     raise TimeoutError(f"replicas did not all reach version {version} in {timeout_s:.0f}s")
 
 
-async def _measure(address: str, tensors: dict[str, object], counts: list[int], checksum: str) -> dict[str, dict]:
+async def _publish_until_held(trainer: object, tensors: dict, version: int, ids: list[str]) -> tuple[float, float]:
+    """(publish seconds, seconds until every replica in ``ids`` holds ``version``)."""
+    started = time.perf_counter()
+    result = await trainer.publish(version, tensors)
+    await _until_all_hold(trainer, ids, version, 600)
+    return result.seconds, time.perf_counter() - started
+
+
+async def _measure(
+    address: str, tensors: dict[str, object], counts: list[int], checksum: str, rounds: int
+) -> dict[str, dict[str, float]]:
     from services.paramsync.client import ParamSyncClient
 
-    seconds: dict[str, float] = {}
-    publish_s: dict[str, float] = {}
+    figures: dict[str, dict[str, float]] = {"seconds": {}, "publish_s": {}, "first_seconds": {}, "first_publish_s": {}}
+    version = 0
     async with ParamSyncClient(address, checksum_algorithm=checksum, sync_timeout=600) as trainer:
-        for version, count in enumerate(counts, start=1):
-            ids = [f"bench-{version}-{i}" for i in range(count)]
+        for count in counts:
+            ids = [f"bench-{count}-{i}" for i in range(count)]
             replicas = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "services.paramsync.bench", "replica", address, rid, str(version - 1)],
+                    [sys.executable, "-m", "services.paramsync.bench", "replica", address, rid, str(version)],
                     env=_env(),
                     cwd=REPO,
                 )
                 for rid in ids
             ]
             try:
-                # Every replica is subscribed (and so in the table) before the clock starts; each
-                # holds the previous version, so it fetches only the one being measured.
+                # Every replica is subscribed (and so in the table) before the clock starts.
                 while not set(ids) <= {r.replica_id for r in (await trainer.list_replicas()).replicas}:
                     await asyncio.sleep(0.05)
-                started = time.perf_counter()
-                result = await trainer.publish(version, tensors)
-                publish_s[str(count)] = result.seconds
-                await _until_all_hold(trainer, ids, version, 600)
-                seconds[str(count)] = time.perf_counter() - started
+                version += 1
+                first = await _publish_until_held(trainer, tensors, version, ids)
+                measured = []
+                for _ in range(rounds):
+                    version += 1
+                    measured.append(await _publish_until_held(trainer, tensors, version, ids))
             finally:
                 for proc in replicas:
                     proc.kill()
                     proc.wait()
-    return {"seconds": seconds, "publish_s": publish_s}
+            key = str(count)
+            figures["first_publish_s"][key], figures["first_seconds"][key] = first
+            figures["publish_s"][key] = statistics.median(p for p, _ in measured)
+            figures["seconds"][key] = statistics.median(h for _, h in measured)
+    return figures
 
 
-def run_bench(size_mb: int, replica_counts: list[int], checksum: str = "sha256") -> dict[str, object]:
+def run_bench(
+    size_mb: int, replica_counts: list[int], checksum: str = "xxh3_128", rounds: int = 3
+) -> dict[str, object]:
     import torch
 
     from services.paramsync.tensors import as_pairs, raw_bytes
@@ -166,12 +190,13 @@ def run_bench(size_mb: int, replica_counts: list[int], checksum: str = "sha256")
     )
     try:
         wait_for_port("127.0.0.1", grpc_port, 60)
-        measured = asyncio.run(_measure(f"127.0.0.1:{grpc_port}", tensors, replica_counts, checksum))
+        measured = asyncio.run(_measure(f"127.0.0.1:{grpc_port}", tensors, replica_counts, checksum, rounds))
     finally:
         server.terminate()
         server.wait(30)
 
     seconds, publish_s = measured["seconds"], measured["publish_s"]
+    rounded = {name: {k: round(v, 4) for k, v in values.items()} for name, values in measured.items()}
     one, most = str(min(replica_counts)), str(max(replica_counts))
     gb = size_bytes / 1e9
     gb_per_s = gb / seconds[one]
@@ -180,8 +205,11 @@ def run_bench(size_mb: int, replica_counts: list[int], checksum: str = "sha256")
         "benchmark": "paramsync",
         "size_mb": size_mb,
         "checksum_algorithm": checksum,
-        "seconds_by_replicas": seconds,
-        "publish_s_by_replicas": publish_s,
+        "rounds": rounds,
+        "seconds_by_replicas": rounded["seconds"],
+        "publish_s_by_replicas": rounded["publish_s"],
+        "first_version_seconds_by_replicas": rounded["first_seconds"],
+        "first_version_publish_s_by_replicas": rounded["first_publish_s"],
         "gb_per_s": round(gb_per_s, 4),
         "raw_gb_per_s": round(raw_gb_per_s, 4),
         "ratio_to_raw": round(gb_per_s / raw_gb_per_s, 4),

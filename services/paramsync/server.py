@@ -10,6 +10,7 @@ from pathlib import Path
 from relayrl.http_app import create_http_app
 from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
 from services.paramsync.config import ParamSyncSettings
+from services.paramsync.dataplane_server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
@@ -54,20 +55,26 @@ async def serve(settings: ParamSyncSettings) -> None:
         # Ready while every background task is alive: a dead delivery loop would silently stop syncs.
         return not any(t.done() for t in tasks)
 
+    data_plane = DataPlaneServer(service, settings.fanout_nice)
+    if settings.data_plane:
+        await data_plane.start(settings.host, settings.data_port)
+
     app = create_http_app("paramsync", service.metrics.service, ready, settings.api_token)
     http_server = await start_http_server(app, settings.host, settings.http_port)
     log.info(
-        "paramsync ready: transport=%s grpc=%s:%d http=%s:%d",
+        "paramsync ready: transport=%s grpc=%s:%d http=%s:%d data plane port=%s",
         settings.transport,
         settings.host,
         grpc_server.port,
         settings.host,
         http_server.port,
+        service.data_port or "off",
     )
     try:
         await wait_for_shutdown_signal()
     finally:
         await grpc_server.stop(grace_s=2.0)
+        await data_plane.stop()
         await http_server.stop()
         for task in tasks:
             task.cancel()

@@ -60,6 +60,11 @@ def add_to_server(service: ParamSyncService, server: grpc.aio.Server) -> None:
             request_deserializer=pb.ListReplicasRequest.FromString,
             response_serializer=pb.ListReplicasResponse.SerializeToString,
         ),
+        "DataPlane": grpc.unary_unary_rpc_method_handler(
+            service.DataPlane,
+            request_deserializer=pb.DataPlaneRequest.FromString,
+            response_serializer=pb.DataPlaneInfo.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -103,6 +108,8 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
         self.upload_idle_timeout_s = upload_idle_timeout_s
         self.store_dir = store_dir
         self.announcer = Announcer()
+        # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
+        self.data_port = 0
         self._delivered: Announcement | None = None
         self._delivery_wanted = asyncio.Event()
 
@@ -132,10 +139,11 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
             if stored is None:
                 continue
             try:
-                if self.store_dir is not None:
-                    await asyncio.to_thread(safetensors_io.write_version, stored, self.store_dir)
-                    await asyncio.to_thread(safetensors_io.prune, self.store_dir, self.store.keep_versions)
-                announcement = await self.transport.deliver(stored, self.table.endpoints())
+                with stored.reading():
+                    if self.store_dir is not None:
+                        await asyncio.to_thread(safetensors_io.write_version, stored, self.store_dir)
+                        await asyncio.to_thread(safetensors_io.prune, self.store_dir, self.store.keep_versions)
+                    announcement = await self.transport.deliver(stored, self.table.endpoints())
             except Exception:
                 log.exception("delivering version %d failed", stored.version)
                 self.metrics.sync_failures.labels("delivery").inc()
@@ -199,36 +207,59 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
             self.metrics.publish_failures.labels("invalid_manifest").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}")
         try:
-            stored = self.store.begin(manifest)
+            stored = self.begin_upload(manifest)
         except StoreError as err:
-            self.metrics.publish_failures.labels(err.reason).inc()
             await self._abort(context, err)
         if stored is None:
-            log.info("version %d re-published with identical content; nothing to do", manifest.version)
             return pb.PublishResponse(version=manifest.version, bytes_received=0)
-        if self.transport.forwards_uploads:
-            self.announcer.announce(self.transport.announcement(stored))
         started = time.perf_counter()
         try:
             await self._receive(stored, messages)
-            if stored.state is VersionState.FAILED:  # superseded while its last bytes arrived
-                raise StoreError(grpc.StatusCode.ABORTED, "superseded", stored.error)
+            self.commit_upload(stored, started)
         except StoreError as err:
-            self.store.fail(stored, str(err))
-            self.metrics.publish_failures.labels(err.reason).inc()
-            log.warning("upload of version %d failed: %s", stored.version, err)
+            self.fail_upload(stored, err)
             await self._abort(context, err)
         except asyncio.CancelledError:
+            self.fail_upload(stored, None)
+            raise
+        return pb.PublishResponse(version=stored.version, bytes_received=stored.received)
+
+    # --- the upload life cycle, shared by the Publish RPC and the bulk data plane --------------
+
+    def begin_upload(self, manifest: Manifest) -> StoredVersion | None:
+        """Opens the upload of ``manifest`` (None: the same bytes are already the latest version)."""
+        try:
+            stored = self.store.begin(manifest)
+        except StoreError as err:
+            self.metrics.publish_failures.labels(err.reason).inc()
+            raise
+        if stored is None:
+            log.info("version %d re-published with identical content; nothing to do", manifest.version)
+            return None
+        if self.transport.forwards_uploads:
+            self.announcer.announce(self.transport.announcement(stored))
+        return stored
+
+    def fail_upload(self, stored: StoredVersion, err: StoreError | None) -> None:
+        """Drops a failed upload (``err`` None: the trainer went away); the previous version stays."""
+        if err is None:
             self.store.fail(stored, "the trainer disconnected mid-upload")
             self.metrics.publish_failures.labels("disconnected").inc()
             log.warning("upload of version %d cancelled after %d bytes", stored.version, stored.received)
-            raise
+            return
+        self.store.fail(stored, str(err))
+        self.metrics.publish_failures.labels(err.reason).inc()
+        log.warning("upload of version %d failed: %s", stored.version, err)
+
+    def commit_upload(self, stored: StoredVersion, started: float) -> None:
+        """Makes a fully received, verified upload the latest version; StoreError if it was superseded."""
+        if stored.state is VersionState.FAILED:  # superseded while its last bytes arrived
+            raise StoreError(grpc.StatusCode.ABORTED, "superseded", stored.error)
         self.store.commit(stored)
         self.metrics.versions_published.inc()
         self.metrics.publish_duration.observe(time.perf_counter() - started)
         self._on_committed(stored)
         log.info("version %d committed (%d bytes)", stored.version, stored.received)
-        return pb.PublishResponse(version=stored.version, bytes_received=stored.received)
 
     async def _receive(self, stored: StoredVersion, messages: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> None:
         writer = UploadWriter(stored)
@@ -265,19 +296,20 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
         yield pb.WeightStreamMessage(manifest=stored.manifest.to_proto())
         # Chunks sit on a fixed grid (multiples of chunk_bytes inside each tensor) so replicas
         # fetching together share one serialized copy of each chunk.
-        for index, (spec, start) in enumerate(zip(stored.manifest.tensors, stored.manifest.offsets(), strict=True)):
-            for offset in range(0, spec.num_bytes, self.chunk_bytes):
-                stop = min(offset + self.chunk_bytes, spec.num_bytes)
-                try:
-                    await stored.wait_past(start + stop - 1, self.upload_idle_timeout_s)
-                except TimeoutError:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"version {stored.version} stalled")
-                if stored.state is VersionState.FAILED:
-                    await context.abort(
-                        grpc.StatusCode.ABORTED, f"upload of version {stored.version} failed: {stored.error}"
-                    )
-                yield stored.serialized_chunk(index, offset, stop)
-                self.metrics.bytes_sent.labels("grpc").inc(stop - offset)
+        with stored.reading():
+            for index, (spec, start) in enumerate(zip(stored.manifest.tensors, stored.manifest.offsets(), strict=True)):
+                for offset in range(0, spec.num_bytes, self.chunk_bytes):
+                    stop = min(offset + self.chunk_bytes, spec.num_bytes)
+                    try:
+                        await stored.wait_past(start + stop - 1, self.upload_idle_timeout_s)
+                    except TimeoutError:
+                        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"version {stored.version} stalled")
+                    if stored.state is VersionState.FAILED:
+                        await context.abort(
+                            grpc.StatusCode.ABORTED, f"upload of version {stored.version} failed: {stored.error}"
+                        )
+                    yield stored.serialized_chunk(index, offset, stop)
+                    self.metrics.bytes_sent.labels("grpc").inc(stop - offset)
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -318,3 +350,6 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
         return pb.ListReplicasResponse(
             latest_version=self.store.latest_version, replicas=[r.to_proto() for r in self.table.snapshot()]
         )
+
+    async def DataPlane(self, request: pb.DataPlaneRequest, context: grpc.aio.ServicerContext) -> pb.DataPlaneInfo:
+        return pb.DataPlaneInfo(data_port=self.data_port)

@@ -1,7 +1,8 @@
 """The versioned weight store: the last K complete versions plus at most one upload in progress.
 
-Each version is one ``bytearray`` holding its tensors back to back in manifest order, so an
-upload writes every byte once and fetchers slice it without further copies. Readers of a
+Each version is one buffer (:class:`~services.paramsync.memory.VersionMemory`) holding its
+tensors back to back in manifest order, so an upload writes every byte once and fetchers slice
+it, or sendfile it, without further copies. Readers of a
 version that is still uploading wait on :meth:`StoredVersion.wait_past` and receive bytes as
 they arrive; that is how chunks are forwarded before the upload finishes.
 """
@@ -9,15 +10,18 @@ they arrive; that is how chunks are forwarded before the upload finishes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
+from services.paramsync.memory import VersionMemory
 from services.paramsync.wire import encode_chunk
 
 # Serialized Fetch chunks kept per version. Replicas fetching together read the same chunks at
@@ -43,10 +47,12 @@ class StoreError(Exception):
 @dataclass(eq=False)
 class StoredVersion:
     manifest: Manifest
-    data: bytearray
+    memory: VersionMemory
     state: VersionState = VersionState.UPLOADING
     received: int = 0
     error: str = ""
+    # Fetches, disk writes and broadcasts reading ``data`` right now (see ``reading``).
+    readers: int = 0
     published_at_unix_s: float = field(default_factory=time.time)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _serialized: OrderedDict[tuple[int, int], bytes] = field(default_factory=OrderedDict)
@@ -57,11 +63,25 @@ class StoredVersion:
 
     @classmethod
     def empty(cls, manifest: Manifest) -> StoredVersion:
-        return cls(manifest, bytearray(manifest.total_bytes))
+        return cls(manifest, VersionMemory(manifest.total_bytes))
+
+    @property
+    def data(self) -> memoryview:
+        """The version's bytes, tensors back to back in manifest order (writable while uploading)."""
+        return self.memory.view
 
     @property
     def version(self) -> int:
         return self.manifest.version
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[memoryview]:
+        """Marks a use of the bytes, so the store never recycles this memory under a reader."""
+        self.readers += 1
+        try:
+            yield self.data
+        finally:
+            self.readers -= 1
 
     def pulse(self) -> None:
         """Wakes every reader waiting for more bytes or for the upload to end."""
@@ -80,7 +100,7 @@ class StoredVersion:
         cached = self._serialized.get(key)
         if cached is None:
             spec, start = self.manifest.tensors[index], self._offsets[index]
-            data = memoryview(self.data)[start + offset : start + stop]
+            data = self.data[start + offset : start + stop]
             cached = self._serialized[key] = encode_chunk(spec.name, offset, data)
             while len(self._serialized) > SERIALIZED_CHUNKS_KEPT:
                 self._serialized.popitem(last=False)
@@ -135,6 +155,30 @@ class UploadWriter:
         self._skip_finished()
         self.stored.pulse()
 
+    def check_in_place(self, position: int, nbytes: int) -> None:
+        """Hashes ``nbytes`` the data plane received straight into the version's memory at ``position``.
+
+        They follow the bytes checked so far (the raw stream is in manifest order) and tensor
+        boundaries may fall anywhere inside them. Only the hashers change, not the version, so
+        the receiving thread calls this; the loop then publishes the progress (``stored.received``).
+        """
+        end = position + nbytes
+        if end > self.stored.manifest.total_bytes:
+            raise StoreError(
+                grpc.StatusCode.DATA_LOSS,
+                "overflow",
+                f"upload of version {self.stored.version} runs past its {self.stored.manifest.total_bytes} bytes",
+            )
+        tensors, data = self.stored.manifest.tensors, self.stored.data
+        while position < end:
+            self._skip_finished()
+            tensor_end = self._offsets[self._index] + tensors[self._index].num_bytes
+            take = min(end, tensor_end) - position
+            self._hasher.update(data[position : position + take])
+            self._filled += take
+            position += take
+        self._skip_finished()
+
     def finish(self) -> None:
         self._skip_finished()
         if self.stored.received != self.stored.manifest.total_bytes:
@@ -153,6 +197,9 @@ class VersionStore:
         self.keep_versions = keep_versions
         self._complete: dict[int, StoredVersion] = {}
         self.uploading: StoredVersion | None = None
+        # The memory of the last evicted version, reused by the next upload of the same size:
+        # fresh memory costs about 0.45 s of page faults per 512 MiB on the upload's path.
+        self._recycled: VersionMemory | None = None
 
     @property
     def latest(self) -> StoredVersion | None:
@@ -186,7 +233,10 @@ class VersionStore:
                 )
             # Only a restarted trainer re-sends while an upload is open; its new stream wins.
             self.fail(self.uploading, f"superseded by a new upload of version {manifest.version}")
-        self.uploading = StoredVersion.empty(manifest)
+        memory, self._recycled = self._recycled, None
+        if memory is None or memory.size != manifest.total_bytes:
+            memory = VersionMemory(manifest.total_bytes)
+        self.uploading = StoredVersion(manifest, memory)
         return self.uploading
 
     def commit(self, stored: StoredVersion) -> None:
@@ -195,7 +245,9 @@ class VersionStore:
         if self.uploading is stored:
             self.uploading = None
         for old in sorted(self._complete)[: -self.keep_versions]:
-            del self._complete[old]
+            evicted = self._complete.pop(old)
+            if evicted.readers == 0:
+                self._recycled = evicted.memory
         stored.pulse()
 
     def fail(self, stored: StoredVersion, reason: str) -> None:

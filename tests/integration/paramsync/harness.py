@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
 from services.paramsync.config import ParamSyncSettings
+from services.paramsync.dataplane_server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.server import build_service
 from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
@@ -23,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @contextlib.asynccontextmanager
 async def running_service(**overrides: object) -> AsyncIterator[tuple[str, ParamSyncService]]:
-    """The service with its background tasks on this loop; yields (address, service)."""
+    """The service with its background tasks and data plane on this loop; yields (address, service)."""
     settings = ParamSyncSettings(**overrides)
     service = build_service(settings)
     service.restore_from_disk()
@@ -33,10 +35,14 @@ async def running_service(**overrides: object) -> AsyncIterator[tuple[str, Param
         asyncio.create_task(service.watch_deadlines(0.1)),
     ]
     server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
+    data_plane = DataPlaneServer(service, settings.fanout_nice)
+    if settings.data_plane:
+        await data_plane.start("127.0.0.1", 0)
     try:
         yield f"127.0.0.1:{server.port}", service
     finally:
         await server.stop(0)
+        await data_plane.stop()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -76,3 +82,15 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    """Polls the coroutine function ``predicate`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

@@ -1,11 +1,13 @@
 """A trainer that uploads half of a version and then hangs, so a test can SIGKILL it mid-upload.
 
-``python stalled_trainer.py ADDRESS VERSION``: prints ``HALF`` once half of the chunks are sent.
+``python stalled_trainer.py ADDRESS VERSION [grpc|dataplane]``: prints ``HALF`` once half of the
+bytes are sent, over the Publish RPC (default) or over the bulk data plane.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 import torch
@@ -13,15 +15,25 @@ import torch
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.dataplane_frames import frame, recv_frame
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
 
 CHUNK = 1024
 
 
-async def main(address: str, version: int) -> None:
+async def main(address: str, version: int, path: str) -> None:
     pairs = as_pairs({"w": torch.full((4096,), float(version))})
     manifest = build_manifest(version, pairs, 0, "sha256")
     data = raw_bytes(pairs[0][1])
+    if path == "dataplane":
+        async with grpc_channel(address) as channel:
+            port = (await pb_grpc.ParamSyncStub(channel).DataPlane(pb.DataPlaneRequest())).data_port
+        with socket.create_connection((address.rpartition(":")[0], port)) as sock:
+            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+            assert recv_frame(sock, pb.BulkReply).code == 0
+            sock.sendall(data[: data.nbytes // 2])
+            print("HALF", flush=True)
+            await asyncio.Event().wait()
     half_sent = asyncio.Event()
 
     async def messages():
@@ -41,4 +53,4 @@ async def main(address: str, version: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "grpc"))

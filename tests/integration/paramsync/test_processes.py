@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import VersionUnavailable
-from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop
+from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop, wait_until
 
 pytestmark = pytest.mark.paramsync
 
@@ -37,26 +37,16 @@ def start_replica(address: str, replica_id: str, state_dir: Path) -> subprocess.
     )
 
 
-async def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def table_of(ps: ParamSyncClient) -> dict[str, object]:
     return {r.replica_id: r for r in (await ps.list_replicas()).replicas}
 
 
-async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served():
-    async with running_service() as (address, _), ParamSyncClient(address, max_sync_retries=0) as ps:
+@pytest.mark.parametrize("path", ["grpc", "dataplane"])
+async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served(path):
+    async with running_service() as (address, service), ParamSyncClient(address, max_sync_retries=0) as ps:
         await ps.publish(1, weights(1))
         trainer = subprocess.Popen(
-            [sys.executable, str(HERE / "stalled_trainer.py"), address, "2"],
+            [sys.executable, str(HERE / "stalled_trainer.py"), address, "2", path],
             env=python_env(),
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -79,6 +69,8 @@ async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served():
             return False
 
         await wait_until(aborted, what="the half upload to be dropped")
+        metrics = service.metrics.service.render()[0].decode()
+        assert 'relayrl_paramsync_publish_failures_total{reason="incomplete"} 1.0' in metrics
         fetched = await ps.fetch_version(0)
         assert fetched.manifest.version == 1 and torch.equal(fetched.tensors["w"], weights(1)["w"])
         assert (await ps.list_replicas()).latest_version == 1

@@ -1,4 +1,8 @@
-"""Publishing and fetching against a real gRPC server: checks, refusals, forwarding and bad input."""
+"""Publishing and fetching against a real gRPC server: checks, refusals, forwarding and bad input.
+
+Tests that drive the Publish and Fetch RPCs directly cover the gRPC streams; the bulk data plane
+has its own module (test_dataplane.py).
+"""
 
 from __future__ import annotations
 
@@ -52,8 +56,12 @@ async def stream(messages):
         yield m
 
 
-async def test_published_version_is_fetched_exactly_and_versions_only_move_forward():
-    async with running_service(chunk_bytes=4096) as (address, _), ParamSyncClient(address, chunk_bytes=3000) as ps:
+@pytest.mark.parametrize("data_plane", [False, True], ids=["grpc-streams", "data-plane"])
+async def test_published_version_is_fetched_exactly_and_versions_only_move_forward(data_plane):
+    async with (
+        running_service(chunk_bytes=4096) as (address, _),
+        ParamSyncClient(address, chunk_bytes=3000, data_plane=data_plane) as ps,
+    ):
         v1 = weights(1)
         result = await ps.publish(1, v1, trainer_step=10)
         assert result.version == 1 and result.bytes_received == result.total_bytes > 0

@@ -16,7 +16,7 @@ def manifest(version: int, payload: dict[str, bytes]) -> Manifest:
         TensorSpec(name, "uint8", (len(data),), len(data), hashlib.sha256(data).hexdigest())
         for name, data in payload.items()
     )
-    return Manifest(version, specs)
+    return Manifest(version, specs, checksum_algorithm="sha256")
 
 
 def upload(store: VersionStore, version: int, payload: dict[str, bytes]) -> None:
@@ -99,3 +99,39 @@ def test_a_new_upload_supersedes_an_unfinished_one_of_the_same_version():
     assert store.uploading is second
     with pytest.raises(StoreError, match="older than version 2 being uploaded"):
         store.begin(manifest(1, {"w": b"abc"}))
+
+
+def test_bytes_received_in_place_are_checked_across_tensor_boundaries():
+    payload = {"a": b"abc", "empty": b"", "b": b"defgh"}
+    store = VersionStore(keep_versions=1)
+    stored = store.begin(manifest(1, payload))
+    writer = UploadWriter(stored)
+    stored.data[:] = b"abcdefgh"
+    writer.check_in_place(0, 2)  # inside "a"
+    writer.check_in_place(2, 4)  # the end of "a", the empty tensor, the start of "b"
+    writer.check_in_place(6, 2)
+    stored.received = 8
+    writer.finish()
+
+    corrupt = VersionStore(keep_versions=1).begin(manifest(1, payload))
+    corrupt.data[:] = b"abXdefgh"
+    with pytest.raises(StoreError, match="'a'") as err:
+        UploadWriter(corrupt).check_in_place(0, 8)
+    assert err.value.reason == "checksum"
+    with pytest.raises(StoreError) as err:
+        UploadWriter(corrupt).check_in_place(4, 5)
+    assert err.value.reason == "overflow"
+
+
+def test_an_evicted_version_memory_is_reused_only_when_nobody_reads_it():
+    store = VersionStore(keep_versions=1)
+    upload(store, 1, {"w": b"one"})
+    first = store.get(1)
+    upload(store, 2, {"w": b"two"})  # evicts version 1, nobody reading: its memory is reused next
+    upload(store, 3, {"w": b"333"})
+    assert store.get(3).memory is first.memory and bytes(store.get(3).data) == b"333"
+
+    with store.get(3).reading():
+        upload(store, 4, {"w": b"444"})  # evicts version 3 while it is read
+        upload(store, 5, {"w": b"555"})
+    assert store.get(5).memory is not first.memory

@@ -1,0 +1,170 @@
+"""The bulk data plane over real TCP sockets: the same rules as the gRPC streams, and its own bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import grpc
+import pytest
+import torch
+
+from relayrl.net import free_port
+from relayrl.v1 import paramsync_pb2 as pb
+from services.paramsync import dataplane_client
+from services.paramsync.client import ParamSyncClient
+from services.paramsync.dataplane_client import DataPlaneAddress
+from services.paramsync.dataplane_frames import LENGTH, MAX_FRAME_BYTES, frame, recv_exactly, recv_frame
+from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
+from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+from tests.integration.paramsync.harness import running_service, wait_until
+from tests.integration.paramsync.test_publish_fetch import same, weights
+
+
+def data_plane_of(service) -> DataPlaneAddress:
+    assert service.data_port > 0
+    return DataPlaneAddress("127.0.0.1", service.data_port)
+
+
+def ps_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def exchange(address: DataPlaneAddress, payload: bytes) -> pb.BulkReply:
+    with socket.create_connection((address.host, address.port), timeout=10) as sock:
+        sock.sendall(payload)
+        return recv_frame(sock, pb.BulkReply)
+
+
+async def test_the_client_uses_the_data_plane_and_gets_exact_tensors():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        await ps.publish(1, weights(1))
+        assert same(await ps.fetch(1), weights(1))
+        sent = f'relayrl_paramsync_bytes_sent_bytes_total{{transport="dataplane"}} {float(ps_bytes(weights(1)))}'
+
+        async def counted() -> str:
+            metrics = service.metrics.service.render()[0].decode()
+            return metrics if sent in metrics else ""
+
+        assert 'transport="grpc"' not in await wait_until(counted, 5, "bytes_sent to count the fetch")
+
+
+async def test_corrupt_bytes_are_refused_and_the_previous_version_stays_served():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        await ps.publish(1, weights(1))
+        pairs = as_pairs(weights(2))
+        manifest = build_manifest(2, pairs, 0, "xxh3_128")
+        views = [memoryview(bytearray(raw_bytes(t))) for _, t in pairs]
+        views[0][100] ^= 0x01  # embed.weight
+        with pytest.raises(ChecksumMismatch, match=r"embed\.weight"):
+            await dataplane_client.publish(data_plane_of(service), manifest, views, timeout_s=10)
+
+        assert same(await ps.fetch(), weights(1))
+        with pytest.raises(VersionUnavailable):
+            await ps.fetch(2)
+        metrics = service.metrics.service.render()[0].decode()
+        assert 'relayrl_paramsync_publish_failures_total{reason="checksum"} 1.0' in metrics
+        await ps.publish(2, weights(2))
+        assert same(await ps.fetch(2), weights(2))
+
+
+async def test_a_fetch_receives_bytes_while_the_upload_is_still_arriving():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        plane = data_plane_of(service)
+        pairs = as_pairs(weights(1))
+        manifest = build_manifest(1, pairs, 0, "xxh3_128")
+        first = bytes(raw_bytes(pairs[0][1]))
+        rest = b"".join(bytes(raw_bytes(t)) for _, t in pairs[1:])
+
+        def upload_first_tensor() -> socket.socket:
+            sock = socket.create_connection((plane.host, plane.port), timeout=10)
+            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+            assert recv_frame(sock, pb.BulkReply).code == 0
+            sock.sendall(first)
+            return sock
+
+        uploader = await asyncio.to_thread(upload_first_tensor)
+        with uploader:
+
+            def fetch_first_tensor() -> bytes:
+                with socket.create_connection((plane.host, plane.port), timeout=10) as sock:
+                    sock.sendall(frame(pb.BulkRequest(fetch=pb.FetchRequest(replica_id="r0", version=1))))
+                    reply = recv_frame(sock, pb.BulkReply)
+                    assert reply.manifest.version == 1
+                    got = bytearray(len(first))
+                    recv_exactly(sock, memoryview(got))
+                    return bytes(got)
+
+            assert await asyncio.to_thread(fetch_first_tensor) == first
+            assert service.store.latest is None  # the trainer has not finished
+
+            fetching = asyncio.ensure_future(ps.fetch(1))
+            await asyncio.sleep(0.1)
+            assert not fetching.done()
+            await asyncio.to_thread(uploader.sendall, rest)
+            final = await asyncio.to_thread(recv_frame, uploader, pb.BulkReply)
+        assert final.code == 0 and final.bytes_received == ps_bytes(weights(1))
+        assert same(await asyncio.wait_for(fetching, 10), weights(1))
+
+
+async def test_an_evicted_version_being_fetched_is_not_overwritten_by_newer_uploads():
+    big = {"w": torch.arange(4 * 1024 * 1024, dtype=torch.float32)}  # 16 MiB: more than socket buffers hold
+    async with running_service(keep_versions=1) as (address, service), ParamSyncClient(address) as ps:
+        plane = data_plane_of(service)
+        await ps.publish(1, big)
+        slow = socket.create_connection((plane.host, plane.port), timeout=10)
+        with slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            slow.sendall(frame(pb.BulkRequest(fetch=pb.FetchRequest(replica_id="slow", version=1))))
+            assert (await asyncio.to_thread(recv_frame, slow, pb.BulkReply)).manifest.version == 1
+            # Version 1 is evicted by version 2; version 3 would reuse its memory if nobody read it.
+            await ps.publish(2, {"w": big["w"] + 1})
+            await ps.publish(3, {"w": big["w"] + 2})
+            got = bytearray(ps_bytes(big))
+            await asyncio.to_thread(recv_exactly, slow, memoryview(got))
+        assert torch.equal(torch.frombuffer(got, dtype=torch.float32), big["w"])
+        assert torch.equal((await ps.fetch(3))["w"], big["w"] + 2)
+
+
+async def test_bad_requests_get_a_status_and_the_data_plane_keeps_serving():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        plane = data_plane_of(service)
+        no_checksums = pb.WeightManifest(
+            version=1, total_bytes=4, tensors=[pb.TensorSpec(name="w", dtype="uint8", shape=[4], num_bytes=4)]
+        )
+        cases = [
+            (LENGTH.pack(5) + b"\xff\xff\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "does not decode"),
+            (LENGTH.pack(MAX_FRAME_BYTES + 1), grpc.StatusCode.INVALID_ARGUMENT, "exceeds"),
+            (frame(pb.BulkRequest()), grpc.StatusCode.INVALID_ARGUMENT, "no operation"),
+            (frame(pb.BulkRequest(publish=no_checksums)), grpc.StatusCode.INVALID_ARGUMENT, "invalid manifest"),
+            (frame(pb.BulkRequest(fetch=pb.FetchRequest(version=-1))), grpc.StatusCode.INVALID_ARGUMENT, ">= 0"),
+            (frame(pb.BulkRequest(fetch=pb.FetchRequest(version=7))), grpc.StatusCode.NOT_FOUND, "not held"),
+        ]
+        for payload, code, text in cases:
+            reply = await asyncio.to_thread(exchange, plane, payload)
+            assert reply.code == code.value[0] and text in reply.message, (code, reply)
+
+        await ps.publish(1, weights(1))
+        stale = frame(pb.BulkRequest(publish=build_manifest(1, as_pairs(weights(2)), 0, "xxh3_128").to_proto()))
+        reply = await asyncio.to_thread(exchange, plane, stale)
+        assert reply.code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "content differs" in reply.message
+        assert same(await ps.fetch(1), weights(1))
+
+
+async def test_without_a_reachable_data_plane_the_client_falls_back_to_grpc(caplog):
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        service.data_port = free_port()  # advertised, but nothing listens there
+        with caplog.at_level(logging.WARNING, logger="services.paramsync.client"):
+            await ps.publish(1, weights(1))
+            assert same(await ps.fetch(1), weights(1))
+        assert "using gRPC streams" in caplog.text
+        metrics = service.metrics.service.render()[0].decode()
+        assert 'relayrl_paramsync_bytes_sent_bytes_total{transport="grpc"}' in metrics
+
+
+async def test_a_paramsync_without_data_plane_is_reached_over_grpc():
+    async with running_service(data_plane=False) as (address, service), ParamSyncClient(address) as ps:
+        assert service.data_port == 0
+        await ps.publish(1, weights(1))
+        assert same(await ps.fetch(1), weights(1))
