@@ -3,23 +3,24 @@
 :func:`relayrl.schema.validate_group` is the definition of a well-formed group, but it needs
 the parsed message, and a parse plus a per-trajectory numpy pass costs ~0.4 ms for a group of
 8 × 1024 tokens, the largest part of a push. Here the same rules run on the packed fields as
-they arrive: the payload is parsed into a *view* of ``TrajectoryGroup`` whose token ids,
-log-probs and token rewards are declared ``repeated bytes`` (the same wire encoding, so the
-parser still checks every tag, length, string and nested message), and numpy checks those
-bytes for the whole group at once: log-probs as float32, token ids by counting varint ends.
+they arrive: the payload is parsed into a *view* of ``TrajectoryGroup`` whose packed repeated
+scalars are declared ``repeated bytes`` (the same wire encoding, so the parser still checks
+every tag, length, string and nested message), and numpy checks those bytes for the whole
+group at once: log-probs as float32, token ids by counting varint ends, policy versions by
+reading their varints column by column. ~60 µs instead of ~400 µs for 8 × 1024 tokens.
 
 The fast path only ever says "well formed" or "look closer". Anything unusual (a parse error,
-a field encoded unpacked, unknown fields, a token id of 2**28 or more, any failed rule) goes
-to the slow path: the real parse and ``validate_group``, whose messages are the ones
-reported. A group the fast path accepts is one ``validate_group`` accepts;
-``tests/unit/queue/test_groupcheck.py`` holds them to that, including over corrupted bytes.
+a field encoded unpacked or in several parts, unknown fields, a token id of 2**28 or more,
+versions whose varints differ in length, any failed rule) goes to the slow path: the real
+parse and ``validate_group``, whose messages are the ones reported. A group the fast path
+accepts is one ``validate_group`` accepts; ``tests/unit/queue/test_groupcheck.py`` holds
+them to that, including over corrupted bytes.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ from relayrl.v1 import trajectory_pb2 as pb
 
 _VIEW_PACKAGE = "relayrl.queue.view"
 # Left packed as bytes in the view: parsing them into Python containers is what costs.
-_RAW_FIELDS = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "token_rewards")
+_RAW_FIELDS = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "policy_versions", "token_rewards")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,65 +117,84 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         return None
     if view.extra_info_json and not _json_object(view.extra_info_json):
         return None
+    # Encoders write each packed field as one part; several parts take the slow path.
     id_parts: list[bytes] = []
+    response_parts: list[int] = []
+    lengths: list[int] = []
+    version_parts: list[bytes] = []
     logprob_parts: list[bytes] = []
-    versions: list[np.ndarray] = []
-    # Per trajectory: how many packed parts its prompt and response ids came in, and its length.
-    layout: list[tuple[int, int, int]] = []
     for t in trajectories:
-        if unknown_fields.UnknownFieldSet(t) or not t.prompt_token_ids or not math.isfinite(t.reward):
+        prompt, response, logprobs = t.prompt_token_ids, t.response_token_ids, t.behavior_logprobs
+        versions, rewards = t.policy_versions, t.token_rewards
+        if (
+            len(prompt) != 1
+            or len(response) > 1
+            or len(logprobs) > 1
+            or len(versions) > 1
+            or len(rewards) > 1
+            or unknown_fields.UnknownFieldSet(t)
+            or not math.isfinite(t.reward)
+        ):
             return None
-        n_logprobs = _floats(t.behavior_logprobs)
-        n_rewards = _floats(t.token_rewards)
-        n = len(t.policy_versions)
-        if n_logprobs != n or n_rewards not in (0, n):
+        id_parts.append(prompt[0])
+        if not response:
+            if logprobs or versions or rewards:
+                return None
+            continue
+        if not (logprobs and versions):
             return None
-        layout.append((len(t.prompt_token_ids), len(t.response_token_ids), n))
-        id_parts.extend(t.prompt_token_ids)
-        id_parts.extend(t.response_token_ids)
-        logprob_parts.extend(t.behavior_logprobs)
-        if n:
-            versions.append(np.asarray(t.policy_versions, dtype=np.int64))
-    if not versions:
+        n, odd = divmod(len(logprobs[0]), 4)
+        if odd or (rewards and len(rewards[0]) != 4 * n):
+            return None
+        response_parts.append(len(id_parts))
+        id_parts.append(response[0])
+        lengths.append(n)
+        version_parts.append(versions[0])
+        logprob_parts.append(logprobs[0])
+    if not lengths:
         return None
     counts = _small_varint_counts(id_parts)
-    if counts is None:
+    if counts is None or counts[response_parts].tolist() != lengths:
         return None
-    part = response_tokens = 0
-    for n_prompt_parts, n_response_parts, n in layout:
-        n_prompt = int(counts[part : part + n_prompt_parts].sum())
-        part += n_prompt_parts
-        n_response = int(counts[part : part + n_response_parts].sum())
-        part += n_response_parts
-        if n_prompt == 0 or n_response != n:
-            return None
-        response_tokens += n_response
-    all_versions = np.concatenate(versions)
-    low, high = int(all_versions.min()), int(all_versions.max())
-    if low < 0 or (view.min_policy_version, view.max_policy_version) != (low, high):
+    versions_range = _version_range(version_parts, lengths)
+    if versions_range is None or (view.min_policy_version, view.max_policy_version) != versions_range:
         return None
-    logprobs = np.frombuffer(b"".join(logprob_parts), dtype="<f4")
-    if not (np.isfinite(logprobs).all() and (logprobs <= 0).all()):
+    all_logprobs = np.frombuffer(b"".join(logprob_parts), dtype="<f4")
+    if not (np.isfinite(all_logprobs).all() and (all_logprobs <= 0).all()):
         return None
     return GroupHeader(
         group_id=view.group_id,
-        min_policy_version=low,
-        max_policy_version=high,
+        min_policy_version=versions_range[0],
+        max_policy_version=versions_range[1],
         samples=len(trajectories),
-        response_tokens=response_tokens,
+        response_tokens=sum(lengths),
         created_at_unix_s=view.created_at_unix_s,
         is_eval=view.is_eval,
     )
 
 
-def _floats(parts: Sequence[bytes]) -> int:
-    """How many float32 values packed ``parts`` hold; -1 when one is not a whole number of them."""
-    total = 0
-    for p in parts:
-        if len(p) % 4:
-            return -1
-        total += len(p)
-    return total // 4
+def _version_range(parts: list[bytes], lengths: list[int]) -> tuple[int, int] | None:
+    """(min, max) of packed int64 ``parts`` holding ``lengths`` values each, or None: look closer.
+
+    A group's versions are a few neighbouring values, so their varints nearly always share
+    one length L (1 byte below 128, 2 below 16384, ...): then each part is L × its length in
+    bytes and the values are read column by column. Mixed lengths take the slow path.
+    """
+    width, odd = divmod(len(parts[0]), lengths[0]) if lengths[0] else (0, 1)
+    if odd or not 1 <= width <= 9 or any(len(p) != width * n for p, n in zip(parts, lengths, strict=True)):
+        return None
+    data = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    if width == 1:
+        if data.max() >= 0x80:
+            return None
+        return int(data.min()), int(data.max())
+    rows = data.reshape(-1, width)
+    if (rows[:, -1] >= 0x80).any() or (rows[:, :-1] < 0x80).any():
+        return None
+    values = np.zeros(len(rows), dtype=np.int64)
+    for k in range(width):
+        values |= (rows[:, k] & 0x7F).astype(np.int64) << (7 * k)
+    return int(values.min()), int(values.max())
 
 
 def _json_object(text: str) -> bool:

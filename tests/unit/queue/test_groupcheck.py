@@ -137,6 +137,14 @@ def test_large_token_ids_take_the_slow_path_and_pass():
     assert inspect_group(payload).header is not None
 
 
+def test_versions_of_mixed_varint_lengths_take_the_slow_path_and_pass():
+    msg = _group(tokens=5, version=127)  # versions 127 (1 byte) and 128 (2 bytes)
+    payload = msg.SerializeToString()
+    assert _fast_header(payload) is None
+    header = inspect_group(payload).header
+    assert header is not None and (header.min_policy_version, header.max_policy_version) == (127, 128)
+
+
 def test_garbage_does_not_decode():
     found = inspect_group(b"\x0a\xff\xff")
     assert found.header is None and "does not decode" in found.problems[0]
