@@ -22,6 +22,11 @@ class Keys:
         return self._key("trajectories")
 
     @property
+    def push_reservations(self) -> str:
+        """Sorted set "token:groups" → expiry (ms): room held by pushes between check and append."""
+        return self._key("push_reservations")
+
+    @property
     def stale(self) -> str:
         """Stream of groups dropped by the staleness check, with the reason and versions."""
         return self._key("stale")

@@ -70,3 +70,36 @@ async def test_acked_entries_are_trimmed_and_unacked_ones_survive(start_queue, r
         assert again[0].group.samples == kept[0].group.samples
         new = await restarted.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
         assert [d.group.group_id for d in new] == ["g6"]
+
+
+async def test_concurrent_pushes_never_overshoot_capacity(start_queue, raw_redis):
+    server = await start_queue(capacity=5)
+    stream = Keys(server.settings.run_id).trajectories
+    clients = [QueueClient(server.grpc_address) for _ in range(6)]
+    try:
+        results = await asyncio.gather(
+            *(c.push([make_group(2 * i), make_group(2 * i + 1)], timeout_s=0.3) for i, c in enumerate(clients)),
+            return_exceptions=True,
+        )
+    finally:
+        for c in clients:
+            await c.close()
+    accepted = [r for r in results if not isinstance(r, BaseException)]
+    assert len(accepted) == 2
+    assert all(isinstance(r, QueueFullError) for r in results if isinstance(r, BaseException))
+    assert await raw_redis.xlen(stream) == 4
+
+
+async def test_room_held_by_a_push_that_died_midway_is_freed_when_its_reservation_expires(start_queue, raw_redis):
+    server = await start_queue(capacity=4)
+    reservations = Keys(server.settings.run_id).push_reservations
+    now_ms = int(time.time() * 1000)
+    # A live reservation for the whole capacity (a push between its check and its append)...
+    await raw_redis.zadd(reservations, {"live:4": now_ms + 60_000})
+    async with QueueClient(server.grpc_address) as client:
+        with pytest.raises(QueueFullError):
+            await client.push([make_group(0)], timeout_s=0.2)
+        # ...and the same left behind by a service that died: expired, it holds nothing.
+        await raw_redis.zadd(reservations, {"live:4": now_ms - 1})
+        assert len(await client.push([make_group(0)], timeout_s=0.2)) == 1
+    assert await raw_redis.zcard(reservations) == 0

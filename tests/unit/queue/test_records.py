@@ -26,7 +26,11 @@ def test_header_carries_versions_sizes_and_a_checksum_of_the_payload():
     received = msg.SerializeToString()
     header = inspect_group(received).header
     assert header is not None
-    v_min, v_max, gid, n, tokens, created, is_eval, crc, payload = entry_fields(header, received, now=123.5)
+    fields = entry_fields(header, received, now=123.5)
+    v_min, v_max, gid, n, tokens, created, is_eval = (
+        fields[k] for k in ("v_min", "v_max", "gid", "n", "tokens", "t", "eval")
+    )
+    crc, payload = fields["crc"], fields["payload"]
     assert (v_min, v_max, gid, n, tokens, is_eval) == (4, 6, "g", 2, 4, 1)
     # A group without a push time is stamped with the time the queue accepted it.
     assert float(created) == 123.5
