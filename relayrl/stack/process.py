@@ -136,6 +136,7 @@ class ManagedProcess:
         # Children may outlive the leader (torchrun workers); the group is killed either way.
         self._signal_group(signal.SIGKILL)
         self.process.wait()
+        self._wait_group_gone()
         self._join_pump()
 
     def kill(self) -> None:
@@ -143,6 +144,7 @@ class ManagedProcess:
         if self.process is not None:
             self._signal_group(signal.SIGKILL)
             self.process.wait()
+            self._wait_group_gone()
             self._join_pump()
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -150,9 +152,29 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
 
+    def _wait_group_gone(self, timeout_s: float = 5.0) -> None:
+        """Returns once no process of the group runs: SIGKILL is delivered asynchronously, and an
+        orphaned child may still be running for a moment after the signal was sent."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while _group_running(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def _join_pump(self) -> None:
         if self._pump is not None:
             self._pump.join(timeout=5)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (zombies waiting to be reaped are not)."""
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_path.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 class ComponentError(RuntimeError):

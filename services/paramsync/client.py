@@ -118,7 +118,7 @@ class ParamSyncClient:
         # costs about 0.3 s of CPU here. It costs that much memory; turn it off to save it.
         self.keep_spare_memory = keep_spare_memory
         self._spare = SpareMemory()
-        # None: not asked yet; False: paramsync serves none (or it proved unreachable).
+        # None: not asked yet (or to be asked again); False: this paramsync serves none.
         self._data_address: DataPlaneAddress | bool | None = None
         self._channel = grpc_channel(address)
         self._stub = pb_grpc.ParamSyncStub(self._channel)
@@ -135,6 +135,7 @@ class ParamSyncClient:
         )
 
     async def close(self) -> None:
+        self._spare.discard()
         await self._channel.close()
 
     async def __aenter__(self) -> ParamSyncClient:

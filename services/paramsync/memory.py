@@ -67,6 +67,12 @@ class SpareMemory:
             return
         self._preparing = asyncio.create_task(self._prepare(size), name="paramsync-spare-memory")
 
+    def discard(self) -> None:
+        """Drops the spare and stops waiting for one being prepared."""
+        if self._preparing is not None:
+            self._preparing.cancel()
+        self._ready = None
+
     async def _prepare(self, size: int) -> None:
         memory = VersionMemory(size)
         await asyncio.to_thread(memory.populate)

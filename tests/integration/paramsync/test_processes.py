@@ -69,8 +69,9 @@ async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served(pa
             return False
 
         await wait_until(aborted, what="the half upload to be dropped")
-        metrics = service.metrics.service.render()[0].decode()
-        assert 'relayrl_paramsync_publish_failures_total{reason="incomplete"} 1.0' in metrics
+        failures = service.metrics.publish_failures
+        # A stream cut by SIGKILL ends early or is cancelled, depending on which the server sees first.
+        assert failures.labels("incomplete")._value.get() + failures.labels("disconnected")._value.get() == 1
         fetched = await ps.fetch_version(0)
         assert fetched.manifest.version == 1 and torch.equal(fetched.tensors["w"], weights(1)["w"])
         assert (await ps.list_replicas()).latest_version == 1
