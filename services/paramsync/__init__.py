@@ -10,12 +10,15 @@ Rules every caller can rely on:
   same bytes succeeds without an upload (a restarted trainer does this); an older version, or the
   latest with different bytes, is FAILED_PRECONDITION. Corrupt or missing bytes are DATA_LOSS;
   a failed, partial or killed upload never replaces the version being served.
-- Each tensor carries a checksum (sha256 by default, crc32 on request; see ``digest.py``);
-  paramsync checks it on upload and the client checks it again on fetch, so a replica never
-  receives a corrupt version.
+- Each tensor carries a checksum (xxh3_128 by default, sha256 or crc32 on request; see
+  ``digest.py``); paramsync checks it on upload and the client checks it again on fetch, so a
+  replica never receives a corrupt version.
+- Weight bytes travel over the bulk data plane (plain TCP, ``dataplane_server.py``) when the
+  client can reach it, else over the Publish and Fetch gRPC streams; both follow these rules.
 - With the ``grpc`` transport a version is announced when its upload *starts* and Fetch streams
   its chunks as they arrive; if that upload then fails the Fetch ends with ABORTED and the same
-  version may be announced again when the trainer re-sends it. A replica should therefore skip
+  version may be announced again when the trainer re-sends it (on the data plane paramsync
+  closes the connection early instead). A replica should therefore skip
   announcements at or below the version it holds, and never load anything it has not fully
   fetched (``ParamSyncClient.fetch`` returns only complete, verified versions).
 - A replica that subscribes (first start or restart) is told the newest version at once.
