@@ -168,3 +168,42 @@ async def test_a_paramsync_without_data_plane_is_reached_over_grpc():
         assert service.data_port == 0
         await ps.publish(1, weights(1))
         assert same(await ps.fetch(1), weights(1))
+
+
+async def test_cancelling_a_fetch_stops_it_at_once_and_paramsync_serves_on():
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        plane = data_plane_of(service)
+        pairs = as_pairs(weights(1))
+        manifest = build_manifest(1, pairs, 0, "xxh3_128")
+        payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
+
+        def start_upload() -> socket.socket:  # paramsync runs on this loop: block in a thread
+            sock = socket.create_connection((plane.host, plane.port), timeout=10)
+            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+            assert recv_frame(sock, pb.BulkReply).code == 0
+            sock.sendall(payload[:100])  # the rest is held back: the fetch below waits for it
+            return sock
+
+        uploader = await asyncio.to_thread(start_upload)
+        with uploader:
+            fetching = asyncio.ensure_future(ps.fetch(1))
+            await asyncio.sleep(0.3)
+            fetching.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(fetching, 2)
+
+            await asyncio.to_thread(uploader.sendall, payload[100:])
+            assert (await asyncio.to_thread(recv_frame, uploader, pb.BulkReply)).code == 0
+        assert same(await ps.fetch(1), weights(1))
+
+
+async def test_tensors_a_replica_holds_are_never_overwritten_by_later_fetches():
+    async with running_service(keep_versions=3) as (address, _), ParamSyncClient(address) as ps:
+        for version in (1, 2, 3):
+            await ps.publish(version, weights(version))
+        held_one = await ps.fetch(1)
+        held_two = await ps.fetch(2)  # version 1's memory is still in use: fresh memory
+        assert same(held_one, weights(1))
+        del held_one  # its memory may now be reused
+        held_three = await ps.fetch(3)
+        assert same(held_two, weights(2)) and same(held_three, weights(3))
