@@ -37,13 +37,11 @@ class ParamSyncSettings(ServiceSettings):
     data_port: int = Field(
         0, ge=0, le=65535, description="TCP port of the bulk data plane (same host as gRPC); 0 picks a free port."
     )
-    fanout_nice: int = Field(
-        10,
+    forward_streams: int = Field(
+        1,
         ge=0,
-        le=19,
-        description="Niceness of the data plane threads that send versions to replicas, relative to the upload"
-        " (0: same priority). When CPU is short the trainer's upload, which paces training, goes first and the"
-        " replicas get their bytes a little later.",
+        description="Data plane: replicas fed a version while it is still uploading; the others start when it is"
+        " complete (0: all). Each stream fed during the upload slows it: the trainer's upload comes first.",
     )
     keep_versions: int = Field(2, ge=1, le=64, description="K: how many recent versions stay in memory.")
     store_dir: str = Field(

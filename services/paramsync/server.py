@@ -55,7 +55,7 @@ async def serve(settings: ParamSyncSettings) -> None:
         # Ready while every background task is alive: a dead delivery loop would silently stop syncs.
         return not any(t.done() for t in tasks)
 
-    data_plane = DataPlaneServer(service, settings.fanout_nice)
+    data_plane = DataPlaneServer(service, settings.forward_streams)
     if settings.data_plane:
         await data_plane.start(settings.host, settings.data_port)
 

@@ -35,7 +35,7 @@ async def running_service(**overrides: object) -> AsyncIterator[tuple[str, Param
         asyncio.create_task(service.watch_deadlines(0.1)),
     ]
     server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
-    data_plane = DataPlaneServer(service, settings.fanout_nice)
+    data_plane = DataPlaneServer(service, settings.forward_streams)
     if settings.data_plane:
         await data_plane.start("127.0.0.1", 0)
     try:

@@ -207,3 +207,46 @@ async def test_tensors_a_replica_holds_are_never_overwritten_by_later_fetches():
         del held_one  # its memory may now be reused
         held_three = await ps.fetch(3)
         assert same(held_two, weights(2)) and same(held_three, weights(3))
+
+
+@pytest.mark.parametrize("forward_streams", [1, 0])
+async def test_only_forward_streams_fetches_are_fed_while_the_upload_runs(forward_streams):
+    async with running_service(forward_streams=forward_streams) as (_, service):
+        plane = data_plane_of(service)
+        pairs = as_pairs(weights(1))
+        manifest = build_manifest(1, pairs, 0, "xxh3_128")
+        payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
+        half = len(payload) // 2
+
+        def start_upload() -> socket.socket:
+            sock = socket.create_connection((plane.host, plane.port), timeout=10)
+            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+            assert recv_frame(sock, pb.BulkReply).code == 0
+            sock.sendall(payload[:half])
+            return sock
+
+        def start_fetch() -> socket.socket:
+            sock = socket.create_connection((plane.host, plane.port), timeout=10)
+            sock.sendall(frame(pb.BulkRequest(fetch=pb.FetchRequest(version=1))))
+            assert recv_frame(sock, pb.BulkReply).manifest.version == 1
+            return sock
+
+        def bytes_waiting(sock: socket.socket) -> int:
+            sock.settimeout(0.5)
+            try:
+                return len(sock.recv(len(payload), socket.MSG_PEEK))
+            except TimeoutError:
+                return 0
+
+        uploader = await asyncio.to_thread(start_upload)
+        first, second = [await asyncio.to_thread(start_fetch) for _ in range(2)]
+        with uploader, first, second:
+            assert await asyncio.to_thread(bytes_waiting, first) == half
+            assert await asyncio.to_thread(bytes_waiting, second) == (half if forward_streams == 0 else 0)
+            await asyncio.to_thread(uploader.sendall, payload[half:])
+            assert (await asyncio.to_thread(recv_frame, uploader, pb.BulkReply)).code == 0
+            for sock in (first, second):
+                got = bytearray(len(payload))
+                sock.settimeout(10)
+                await asyncio.to_thread(recv_exactly, sock, memoryview(got))
+                assert got == payload
