@@ -163,7 +163,7 @@ async def _measure(
 
 
 def run_bench(
-    size_mb: int, replica_counts: list[int], checksum: str = "xxh3_128", rounds: int = 3
+    size_mb: int, replica_counts: list[int], checksum: str = "xxh3_128", rounds: int = 5
 ) -> dict[str, object]:
     import torch
 

@@ -60,7 +60,7 @@ def bench(
     size_mb: int = typer.Option(512, min=1, help="Size of the published version, MiB."),
     replicas: str = typer.Option("1,4", help="Replica counts to measure, comma separated."),
     checksum: str = typer.Option("xxh3_128", help="Per-tensor digest: xxh3_128, sha256 or crc32."),
-    rounds: int = typer.Option(3, min=1, help="Versions timed per replica count after the first (medians)."),
+    rounds: int = typer.Option(5, min=1, help="Versions timed per replica count after the first (medians)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line (the only output format)."),
 ) -> None:
     """Time versions reaching 1 and N replicas, next to raw loopback TCP in the same run."""
