@@ -13,6 +13,11 @@ starts, and the consumer decodes every group it receives into a ``TrajectoryGrou
 a trainer must do either way); dataclass conversion is left out of both.
 
 Latency is per group, from the start of its push to the end of its ack.
+
+The two paths run in alternating rounds (raw, service, raw, service, ...) against the same
+redis-server and service process, and the figures are medians over the rounds: a single raw
+run of a few hundred groups lasts about 0.1 s, so one burst of load elsewhere on the machine
+swung the ratio anywhere between 0.19 and 0.65.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class BenchSpec:
     samples: int = 8
     response_tokens: int = 1024
     prompt_tokens: int = 256
+    rounds: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +131,8 @@ async def _service_path(address: str, groups: list[pb.TrajectoryGroup], spec: Be
             await c.close()
 
 
-async def _raw_path(url: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec) -> PathResult:
-    stream, group_name = "bench:raw", "bench"
+async def _raw_path(url: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec, stream: str) -> PathResult:
+    group_name = "bench"
     payloads = [(g.group_id, g.SerializeToString()) for g in groups]
     client = aioredis.Redis.from_url(url)
     pushed_at: dict[bytes, float] = {}
@@ -155,7 +161,9 @@ async def _raw_path(url: str, groups: list[pb.TrajectoryGroup], spec: BenchSpec)
 
         started = time.perf_counter()
         await asyncio.gather(consume(), *(produce(mine) for mine in _split(payloads, spec.producers)))
-        return PathResult(time.perf_counter() - started, latencies)
+        result = PathResult(time.perf_counter() - started, latencies)
+        await client.delete(stream)  # after the clock: the service path finds Redis as empty as raw did
+        return result
     finally:
         await client.aclose()
 
@@ -197,15 +205,22 @@ async def run_bench(spec: BenchSpec) -> dict[str, float | int | str]:
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-queue-") as tmp:
         redis = RedisProcess(data_dir=Path(tmp)).start()
         proc = None
+        raw_rounds: list[PathResult] = []
+        service_rounds: list[PathResult] = []
         try:
-            raw = await _raw_path(redis.url, groups, spec)
             proc, address = await _start_service(redis.url)
-            service = await _service_path(address, groups, spec)
+            for round_index in range(spec.rounds):
+                raw_rounds.append(await _raw_path(redis.url, groups, spec, f"bench:raw:{round_index}"))
+                service_rounds.append(await _service_path(address, groups, spec))
         finally:
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)
             redis.stop()
+    service_s = statistics.median(r.seconds for r in service_rounds)
+    raw_s = statistics.median(r.seconds for r in raw_rounds)
+    service = PathResult(service_s, [x for r in service_rounds for x in r.latencies_s])
+    raw = PathResult(raw_s, [x for r in raw_rounds for x in r.latencies_s])
     groups_per_s = spec.groups / service.seconds
     raw_groups_per_s = spec.groups / raw.seconds
     return {
@@ -224,4 +239,6 @@ async def run_bench(spec: BenchSpec) -> dict[str, float | int | str]:
         "raw_p50_ms": round(_percentile_ms(raw.latencies_s, 0.5), 2),
         "raw_p99_ms": round(_percentile_ms(raw.latencies_s, 0.99), 2),
         "ratio_to_raw": round(groups_per_s / raw_groups_per_s, 3),
+        "rounds": spec.rounds,
+        "ratio_by_round": [round(r.seconds / s.seconds, 3) for r, s in zip(raw_rounds, service_rounds, strict=True)],
     }

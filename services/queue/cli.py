@@ -44,6 +44,7 @@ def bench(
     batch: Annotated[int, typer.Option(help="Groups per push and per pull.")] = 8,
     samples: Annotated[int, typer.Option(help="Samples per group.")] = 8,
     response_tokens: Annotated[int, typer.Option(help="Response tokens per sample.")] = 1024,
+    rounds: Annotated[int, typer.Option(min=1, help="Alternating raw/service rounds; figures are medians.")] = 3,
 ) -> None:
     """Queue throughput end to end (push → pull → ack over gRPC) against raw Redis, same run, same payload."""
     import asyncio
@@ -51,6 +52,13 @@ def bench(
 
     from services.queue.bench import BenchSpec, run_bench
 
-    spec = BenchSpec(groups=groups, producers=producers, batch=batch, samples=samples, response_tokens=response_tokens)
+    spec = BenchSpec(
+        groups=groups,
+        producers=producers,
+        batch=batch,
+        samples=samples,
+        response_tokens=response_tokens,
+        rounds=rounds,
+    )
     result = asyncio.run(run_bench(spec))
     typer.echo(json.dumps(result) if json_output else "\n".join(f"{k}: {v}" for k, v in result.items()))
