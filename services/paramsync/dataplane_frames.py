@@ -1,13 +1,12 @@
 """Framing of the bulk data plane's control messages: a 4-byte big-endian length, then the protobuf.
 
 Only :class:`BulkRequest` and :class:`BulkReply` (``protos/relayrl/v1/paramsync.proto``) are
-framed; the weight bytes between them travel raw. Blocking helpers serve the client, which moves
-bytes from a thread; ``read_frame`` serves paramsync's asyncio loop.
+framed; the weight bytes between them travel raw. Both ends do their socket work in threads with
+blocking calls, so these helpers block.
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 from typing import TypeVar
@@ -59,19 +58,3 @@ def recv_frame(sock: socket.socket, message_type: type[M]) -> M:
     body = bytearray(_check_length(LENGTH.unpack(header)[0]))
     recv_exactly(sock, memoryview(body))
     return _parse(bytes(body), message_type)
-
-
-async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view, filled = memoryview(buffer), 0
-    while filled < size:
-        received = await loop.sock_recv_into(sock, view[filled:])
-        if received == 0:
-            raise ConnectionError(f"connection closed after {filled} of {size} bytes")
-        filled += received
-    return bytes(buffer)
-
-
-async def read_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message_type: type[M]) -> M:
-    length = _check_length(LENGTH.unpack(await _read_exactly(loop, sock, LENGTH.size))[0])
-    return _parse(await _read_exactly(loop, sock, length), message_type)
