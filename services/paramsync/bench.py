@@ -17,7 +17,8 @@ does; the figures are medians over those rounds:
 
 The first version is kept apart because it pays one-off costs a running job does not: memory
 that paramsync and each replica fault in for the first time (afterwards paramsync reuses the
-memory of the version it evicts and replicas keep a spare ready), connections and imports.
+memory of the version it evicts, and each replica that of the version it dropped), connections
+and imports. The raw baseline's receiver likewise allocates its buffer before the clock starts.
 """
 
 from __future__ import annotations
