@@ -2,9 +2,9 @@
 
 Each version is one buffer (:class:`~services.paramsync.memory.VersionMemory`) holding its
 tensors back to back in manifest order, so an upload writes every byte once and fetchers slice
-it, or sendfile it, without further copies. Readers of a
-version that is still uploading wait on :meth:`StoredVersion.wait_past` and receive bytes as
-they arrive; that is how chunks are forwarded before the upload finishes.
+it without further copies. Readers of a version that is still uploading wait on
+:meth:`StoredVersion.wait_past` and receive bytes as they arrive; that is how chunks are
+forwarded before the upload finishes.
 """
 
 from __future__ import annotations
