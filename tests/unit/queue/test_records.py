@@ -7,7 +7,7 @@ from relayrl.v1 import trajectory_pb2 as pb
 from services.queue.ages import AgeWindow
 from services.queue.groupcheck import inspect_group
 from services.queue.prompts import LEASE_ID, _prompt_problems
-from services.queue.trajectories import entry_fields, payload_crc
+from services.queue.trajectories import entry_fields, payload_digest
 
 
 def _group() -> pb.TrajectoryGroup:
@@ -30,13 +30,13 @@ def test_header_carries_versions_sizes_and_a_checksum_of_the_payload():
     v_min, v_max, gid, n, tokens, created, is_eval = (
         fields[k] for k in ("v_min", "v_max", "gid", "n", "tokens", "t", "eval")
     )
-    crc, payload = fields["crc"], fields["payload"]
+    digest, payload = fields["digest"], fields["payload"]
     assert (v_min, v_max, gid, n, tokens, is_eval) == (4, 6, "g", 2, 4, 1)
     # A group without a push time is stamped with the time the queue accepted it.
     assert float(created) == 123.5
     # The payload is stored byte for byte as received; the checksum also covers the staleness header.
     assert payload is received
-    assert crc == payload_crc(received, 4) != payload_crc(received, 5)
+    assert digest == payload_digest(received, 4) != payload_digest(received, 5)
 
 
 def test_prompt_problems_name_each_bad_field():
