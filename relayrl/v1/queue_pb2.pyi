@@ -166,6 +166,22 @@ class CompleteResponse(_message.Message):
     completed: int
     def __init__(self, completed: _Optional[int] = ...) -> None: ...
 
+class RenewRequest(_message.Message):
+    __slots__ = ("replica_id", "lease_ids")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("renewed", "expires_at_unix_s")
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    renewed: _containers.RepeatedScalarFieldContainer[str]
+    expires_at_unix_s: float
+    def __init__(self, renewed: _Optional[_Iterable[str]] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
+
 class PromptStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -255,6 +255,11 @@ class PromptQueueStub:
                 request_serializer=relayrl_dot_v1_dot_queue__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_queue__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/relayrl.v1.PromptQueue/Renew',
+                request_serializer=relayrl_dot_v1_dot_queue__pb2.RenewRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_queue__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/relayrl.v1.PromptQueue/Stats',
                 request_serializer=relayrl_dot_v1_dot_queue__pb2.PromptStatsRequest.SerializeToString,
@@ -286,6 +291,15 @@ class PromptQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Renew(self, request, context):
+        """Extends leases the replica still holds, for generations that outlast the lease timeout.
+        A lease that was re-issued (it expired) or is not this replica's is not extended: the
+        prompt is another lease's now, and the replica should drop it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -309,6 +323,11 @@ def add_PromptQueueServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=relayrl_dot_v1_dot_queue__pb2.CompleteRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_queue__pb2.CompleteResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=relayrl_dot_v1_dot_queue__pb2.RenewRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_queue__pb2.RenewResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -397,6 +416,33 @@ class PromptQueue:
             '/relayrl.v1.PromptQueue/Complete',
             relayrl_dot_v1_dot_queue__pb2.CompleteRequest.SerializeToString,
             relayrl_dot_v1_dot_queue__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.PromptQueue/Renew',
+            relayrl_dot_v1_dot_queue__pb2.RenewRequest.SerializeToString,
+            relayrl_dot_v1_dot_queue__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -208,6 +208,12 @@ class QueueClient:
         request = qpb.CompleteRequest(replica_id=replica_id, lease_ids=lease_ids)
         return (await self._prompts.Complete(request, timeout=60.0)).completed
 
+    async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]:
+        """Extends the leases this replica still holds; returns (renewed lease ids, their new expiry)."""
+        request = qpb.RenewRequest(replica_id=replica_id, lease_ids=lease_ids)
+        reply = await self._prompts.Renew(request, timeout=60.0)
+        return list(reply.renewed), reply.expires_at_unix_s
+
     async def prompt_stats(self) -> PromptQueueStats:
         msg = await self._prompts.Stats(qpb.PromptStatsRequest(), timeout=30.0)
         return PromptQueueStats(

@@ -84,6 +84,23 @@ return done
 """
 
 
+# KEYS: leased, deliveries, owner. ARGV: expires_at, replica, then key and delivery pairs.
+# A lease is extended only while nobody else can hold it: still in ``leased``, same owner,
+# same delivery (an expired lease not yet re-issued is still this replica's alone).
+_RENEW_LUA = """
+local renewed = {}
+for i = 3, #ARGV, 2 do
+  local k, d = ARGV[i], ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[1], k) and redis.call('HGET', KEYS[3], k) == ARGV[2]
+      and redis.call('HGET', KEYS[2], k) == d then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], k)
+    table.insert(renewed, k .. '.' .. d)
+  end
+end
+return renewed
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseGrant:
     lease_id: str
@@ -119,6 +136,7 @@ class PromptQueue:
         self._requeue = redis.register_script(_REQUEUE_LUA)
         self._lease = redis.register_script(_LEASE_LUA)
         self._complete = redis.register_script(_COMPLETE_LUA)
+        self._renew = redis.register_script(_RENEW_LUA)
 
     async def release(self, prompts: list[pb.PromptGroup]) -> int:
         if not prompts:
@@ -162,15 +180,25 @@ class PromptQueue:
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
         if not replica_id:
             raise BadRequest("replica_id must be set")
-        keys = []
-        for lease_id in lease_ids:
-            match = LEASE_ID.match(lease_id)
-            if match is None:
-                raise BadRequest(f"not a lease id (want '<12 digits>.<delivery>'): {lease_id!r}")
-            keys.append(match.group(1))
+        keys = [key for key, _ in _parse_lease_ids(lease_ids)]
         if not keys:
             return 0
         return int(await self._complete(keys=self._script_keys, args=keys))
+
+    async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]:
+        """Extends the leases ``replica_id`` still holds by ``lease_timeout_s``; (renewed ids, new expiry)."""
+        if not replica_id:
+            raise BadRequest("replica_id must be set")
+        pairs = _parse_lease_ids(lease_ids)
+        expires = time.time() + self._settings.lease_timeout_s
+        if not pairs:
+            return [], expires
+        keys = [self._keys.prompts_leased, self._keys.prompt_deliveries, self._keys.prompt_owner]
+        args: list[str] = [repr(expires), replica_id]
+        for key, delivery in pairs:
+            args += [key, delivery]
+        renewed = await self._renew(keys=keys, args=args)
+        return [r.decode() for r in renewed], expires
 
     async def stats(self) -> PromptStats:
         await self._requeue(keys=self._script_keys[:4], args=[repr(time.time())])
@@ -187,6 +215,17 @@ class PromptQueue:
             total_completed=values.get("completed", 0),
             total_reissued=values.get("reissued", 0),
         )
+
+
+def _parse_lease_ids(lease_ids: list[str]) -> list[tuple[str, str]]:
+    """(prompt key, delivery) of each lease id; BadRequest on anything else."""
+    pairs = []
+    for lease_id in lease_ids:
+        match = LEASE_ID.match(lease_id)
+        if match is None:
+            raise BadRequest(f"not a lease id (want '<12 digits>.<delivery>'): {lease_id!r}")
+        pairs.append((match.group(1), match.group(2)))
+    return pairs
 
 
 def _grant(key: bytes, delivery: int, payload: bytes, expires: float) -> LeaseGrant:

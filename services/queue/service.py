@@ -150,6 +150,11 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
         return qpb.CompleteResponse(completed=await self._store.complete(request.replica_id, list(request.lease_ids)))
 
     @_status_mapped
+    async def Renew(self, request: qpb.RenewRequest, context: grpc.aio.ServicerContext) -> qpb.RenewResponse:
+        renewed, expires = await self._store.renew(request.replica_id, list(request.lease_ids))
+        return qpb.RenewResponse(renewed=renewed, expires_at_unix_s=expires)
+
+    @_status_mapped
     async def Stats(self, request: qpb.PromptStatsRequest, context: grpc.aio.ServicerContext) -> qpb.PromptQueueStats:
         s = await self._store.stats()
         return qpb.PromptQueueStats(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+import pytest
+
 from relayrl.schema import PromptSpec
 from services.queue.client import QueueClient
 
@@ -63,3 +66,25 @@ async def test_lease_blocks_until_a_prompt_is_released(start_queue):
         await trainer.release([prompt(7)])
         leases = await asyncio.wait_for(waiting, 5)
         assert [lease.prompt.prompt_id for lease in leases] == ["ds/7"]
+
+
+async def test_a_renewed_lease_outlives_its_timeout_and_a_reissued_one_cannot_be_renewed(start_queue):
+    server = await start_queue(lease_timeout_s=0.6)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0), prompt(1)])
+        (slow,) = await client.lease("replica-a", max_prompts=1, held_version=0)
+        (lost,) = await client.lease("replica-a", max_prompts=1, held_version=0)
+        for _ in range(4):  # a generation four times as long as the lease timeout
+            await asyncio.sleep(0.3)
+            renewed, expires_at = await client.renew("replica-a", [slow.lease_id])
+            assert renewed == [slow.lease_id] and expires_at > slow.expires_at
+        # Not renewed: it expired and went to another replica, who now holds it alone.
+        other = await client.lease("replica-b", max_prompts=5, held_version=0)
+        assert [lease.prompt.prompt_id for lease in other] == ["ds/1"]
+        renewed, _ = await client.renew("replica-a", [slow.lease_id, lost.lease_id])
+        assert renewed == [slow.lease_id]
+        assert (await client.renew("replica-a", [other[0].lease_id]))[0] == []  # not replica-a's
+        assert (await client.prompt_stats()).total_reissued == 1
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.renew("replica-a", ["not-a-lease"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a lease id" in err.value.details()
