@@ -16,7 +16,9 @@ unfinished, or handed to two replicas at once. A lease first moves expired lease
 ``waiting`` (re-issue), then takes up to ``max_prompts`` keys with score <= held_version.
 Prompts a replica may not start stay in ``waiting``; nothing is lost. A lease id is
 ``<key>.<delivery>``; completing any lease of a prompt finishes the prompt (its group was
-pushed), so a late completion by a replica whose lease had expired still counts once.
+pushed), so a late completion by a replica whose lease had expired still counts once. A
+replica renews the leases of prompts still in flight (``renew``); a lease that was re-issued
+meanwhile is not renewed, which tells the replica to drop that prompt.
 Lease expiry is judged by the clock of the service instance handling the call, so instances
 sharing a run need synchronised clocks (NTP); the lease timeout dwarfs ordinary skew.
 """

@@ -1,13 +1,15 @@
 """One rollout replica's main loop: lease prompts, generate n samples each, score, push, complete.
 
 The loop only starts a prompt the engine's version may start (``min_start_version``), keeps
-up to ``max_inflight_prompts`` prompts in flight, and never completes a lease whose group was
-not accepted by the queue: a prompt whose generation fails is left to expire and be re-issued.
+up to ``max_inflight_prompts`` prompts in flight, renews their leases while they run, and never
+completes a lease whose group was not accepted by the queue: a prompt whose generation fails is
+left to expire and be re-issued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -41,7 +43,22 @@ class PromptQueue(Protocol):
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int: ...
 
+    async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]: ...
+
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
+
+
+@dataclass(slots=True)
+class HeldLease:
+    task: asyncio.Task[None]
+    expires_at: float
+    # The lease's full length: it is renewed when half of it is left.
+    span_s: float
+
+
+# Bounds on the lease keeper's sleep between checks, seconds.
+LEASE_CHECK_MIN_S = 0.05
+LEASE_CHECK_MAX_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +98,8 @@ class Replica:
         self.engine_restarted = asyncio.Event()
         self._leasable = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held: dict[str, HeldLease] = {}
+        self._lease_added = asyncio.Event()
         self._in_flight = 0
         self._busy_since = time.monotonic()
         self._generated = 0
@@ -172,7 +191,8 @@ class Replica:
         self.engine_restarted.set()
 
     async def run(self) -> None:
-        """Leases and starts prompts until cancelled."""
+        """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""
+        keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
         try:
             while True:
                 await self._leasable.wait()
@@ -189,12 +209,60 @@ class Replica:
                     await asyncio.sleep(1.0)
                     continue
                 for lease in leases:
-                    task = asyncio.create_task(self.process(lease))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._start(lease)
         finally:
+            keeper.cancel()
             for task in list(self._tasks):
                 task.cancel()
+
+    def _start(self, lease: Lease) -> None:
+        task = asyncio.create_task(self.process(lease))
+        self._tasks.add(task)
+        self._held[lease.lease_id] = HeldLease(task, lease.expires_at, max(0.0, lease.expires_at - time.time()))
+
+        def finished(done: asyncio.Task[None]) -> None:
+            self._tasks.discard(done)
+            self._held.pop(lease.lease_id, None)
+
+        task.add_done_callback(finished)
+        self._lease_added.set()
+
+    async def _keep_leases(self) -> None:
+        """Renews each lease in flight when half its time is left; drops prompts whose lease was lost.
+
+        Without renewal a generation that outlasts the queue's lease timeout is re-issued to
+        another replica and its group pushed twice. A lease the queue refuses to renew was
+        re-issued already: its prompt is dropped here, since the other lease will deliver it.
+        """
+        while True:
+            self._lease_added.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lease_added.wait(), self._until_next_renewal())
+            now = time.time()
+            due = [lease_id for lease_id, held in self._held.items() if held.expires_at - now <= held.span_s / 2]
+            if not due:
+                continue
+            try:
+                renewed, expires_at = await self.queue.renew(self.settings.replica_id, due)
+            except Exception as exc:  # a queue outage: the leases run on, try again shortly
+                log.warning("renewing %d leases failed: %r", len(due), exc)
+                await asyncio.sleep(1.0)
+                continue
+            kept = set(renewed)
+            for lease_id in due:
+                held = self._held.get(lease_id)
+                if held is None:  # finished meanwhile
+                    continue
+                if lease_id in kept:
+                    held.expires_at, held.span_s = expires_at, max(0.0, expires_at - now)
+                else:
+                    log.warning("lease %s was re-issued to another replica; dropping its prompt", lease_id)
+                    held.task.cancel()
+
+    def _until_next_renewal(self) -> float:
+        now = time.time()
+        wait = min((held.expires_at - held.span_s / 2 - now for held in self._held.values()), default=LEASE_CHECK_MAX_S)
+        return min(max(wait, LEASE_CHECK_MIN_S), LEASE_CHECK_MAX_S)
 
     async def process(self, lease: Lease) -> None:
         """Generates, scores and pushes one prompt group; completes the lease only once it is pushed."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from relayrl.redis_process import RedisProcess
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
+from services.queue.keys import Keys
 from services.queue.server import QueueServer, start_queue_server
 from services.rollout.engine_client import EngineClient
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
@@ -106,3 +108,68 @@ async def test_group_already_stale_is_dropped_counted_and_left_to_be_reissued(
         assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=0.2) == []
         stats = await q.prompt_stats()
     assert stats.total_completed == 0 and stats.leased + stats.waiting == 1
+
+
+async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
+    engine: EngineProcess, queue: QueueServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "slow_reward.py").write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    time.sleep(2.5)\n"  # the queue's lease timeout is 2 s
+        "    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    async with QueueClient(queue.grpc_address) as q:
+        await q.release([prompt(30)])
+        async with running_replica(
+            engine.url, queue.grpc_address, reward_function="slow_reward:compute_score", reward_timeout_s=10
+        ):
+            (group,) = await pull_groups(queue.grpc_address, 1)
+            # Without renewal the expired lease is re-issued and the prompt generated again.
+            assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=1.0) == []
+            stats = await q.prompt_stats()
+    assert group.prompt_id == "test/30"
+    assert (stats.total_reissued, stats.total_completed, stats.leased, stats.waiting) == (0, 1, 0, 0)
+
+
+async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
+    engine: EngineProcess,
+    queue: QueueServer,
+    redis_server: RedisProcess,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "slower_reward.py").write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    time.sleep(3)\n"
+        "    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    redis = aioredis.Redis.from_url(redis_server.url)
+    async with QueueClient(queue.grpc_address) as q:
+        await q.release([prompt(40)])
+        async with running_replica(
+            engine.url,
+            queue.grpc_address,
+            reward_function="slower_reward:compute_score",
+            reward_timeout_s=10,
+            max_inflight_prompts=1,
+        ) as replica:
+            await wait_until(lambda: replica.status().leases_held == 1, what="the replica to lease the prompt")
+            # The replica's lease lapses as if its renewals had not reached the queue, and another
+            # replica gets the prompt.
+            leased_key = Keys(run_id).prompts_leased
+            (key,) = await redis.zrange(leased_key, 0, -1)
+            await redis.zadd(leased_key, {key: 0})
+            (other,) = await q.lease("replica-other", max_prompts=1, held_version=0)
+            assert other.delivery_count == 2
+            await wait_until(lambda: replica.status().leases_held == 0, what="the lost prompt to be dropped")
+            assert await q.complete("replica-other", [other.lease_id]) == 1
+            # The dropped generation would have pushed its group about 3 s after it started.
+            assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=4.0) == []
+            stats = await q.prompt_stats()
+    await redis.aclose()
+    assert (stats.total_reissued, stats.total_completed, stats.leased, stats.waiting) == (1, 1, 0, 0)
