@@ -9,13 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from services.paramsync.client import ParamSyncClient
-from services.paramsync.errors import VersionUnavailable
+from services.paramsync.errors import ParamSyncError, VersionUnavailable
 from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop, wait_until
 
 pytestmark = pytest.mark.paramsync
@@ -66,6 +67,9 @@ async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served(pa
                 await ps.fetch(2)
             except VersionUnavailable:
                 return True
+            except ParamSyncError as err:
+                # A data-plane fetch cut when the upload failed under it: the next one is refused.
+                assert err.code == grpc.StatusCode.UNAVAILABLE, err
             return False
 
         await wait_until(aborted, what="the half upload to be dropped")
