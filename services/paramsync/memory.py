@@ -4,9 +4,12 @@ A fresh buffer costs more than moving the bytes: CPython zero-fills a new ``byte
 kernel then faults each 4 KiB page in, about 0.45 s per 512 MiB on the 2-core CI machine, where
 loopback TCP moves 512 MiB in 0.23 s. Memory that already held a version has its pages in, so:
 
-- paramsync reuses the memory of the version it just evicted (see ``VersionStore``);
+- paramsync reuses the memory of the version it just evicted, unless something still reads it
+  (``VersionStore``);
 - a replica's client reuses the memory of the version it fetched before, once the caller has
-  dropped every tensor of it (:class:`RecycledMemory`).
+  dropped every tensor of it.
+
+Both keep that memory in a :class:`RecycledMemory`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ class VersionMemory:
 
 
 class RecycledMemory:
-    """At most one buffer whose version nobody uses any more, kept for the next fetch."""
+    """At most one buffer whose version nobody uses any more, kept for the next version."""
 
     def __init__(self) -> None:
         self._free: VersionMemory | None = None
@@ -36,7 +39,7 @@ class RecycledMemory:
         return free if free is not None and free.size == size else VersionMemory(size)
 
     def give_back(self, memory: VersionMemory) -> None:
-        """Called (from any thread) when the last tensor viewing ``memory`` is gone."""
+        """Keeps ``memory``, which nothing uses any more; may be called from any thread."""
         self._free = memory
 
     def discard(self) -> None:

@@ -21,7 +21,7 @@ import grpc
 
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
-from services.paramsync.memory import VersionMemory
+from services.paramsync.memory import RecycledMemory, VersionMemory
 from services.paramsync.wire import encode_chunk
 
 # Serialized Fetch chunks kept per version. Replicas fetching together read the same chunks at
@@ -156,11 +156,12 @@ class UploadWriter:
         self.stored.pulse()
 
     def check_in_place(self, position: int, nbytes: int) -> None:
-        """Hashes ``nbytes`` the data plane received straight into the version's memory at ``position``.
+        """Hashes ``nbytes`` already in the version's memory at ``position``.
 
-        They follow the bytes checked so far (the raw stream is in manifest order) and tensor
+        They follow the bytes checked so far (both uploads arrive in manifest order) and tensor
         boundaries may fall anywhere inside them. Only the hashers change, not the version, so
-        the receiving thread calls this; the loop then publishes the progress (``stored.received``).
+        the data plane's receiving thread calls this; the loop then publishes the progress
+        (``stored.received``).
         """
         end = position + nbytes
         if end > self.stored.manifest.total_bytes:
@@ -199,7 +200,7 @@ class VersionStore:
         self.uploading: StoredVersion | None = None
         # The memory of the last evicted version, reused by the next upload of the same size:
         # fresh memory costs about 0.45 s of page faults per 512 MiB on the upload's path.
-        self._recycled: VersionMemory | None = None
+        self._recycled = RecycledMemory()
 
     @property
     def latest(self) -> StoredVersion | None:
@@ -233,10 +234,7 @@ class VersionStore:
                 )
             # Only a restarted trainer re-sends while an upload is open; its new stream wins.
             self.fail(self.uploading, f"superseded by a new upload of version {manifest.version}")
-        memory, self._recycled = self._recycled, None
-        if memory is None or memory.size != manifest.total_bytes:
-            memory = VersionMemory(manifest.total_bytes)
-        self.uploading = StoredVersion(manifest, memory)
+        self.uploading = StoredVersion(manifest, self._recycled.take(manifest.total_bytes))
         return self.uploading
 
     def commit(self, stored: StoredVersion) -> None:
@@ -247,7 +245,7 @@ class VersionStore:
         for old in sorted(self._complete)[: -self.keep_versions]:
             evicted = self._complete.pop(old)
             if evicted.readers == 0:
-                self._recycled = evicted.memory
+                self._recycled.give_back(evicted.memory)
         stored.pulse()
 
     def fail(self, stored: StoredVersion, reason: str) -> None:
