@@ -149,10 +149,8 @@ class UploadWriter:
             )
         start = self._offsets[self._index] + self._filled
         self.stored.data[start : start + len(data)] = data
-        self._hasher.update(data)
-        self._filled += len(data)
+        self.check_in_place(start, len(data))
         self.stored.received += len(data)
-        self._skip_finished()
         self.stored.pulse()
 
     def check_in_place(self, position: int, nbytes: int) -> None:
