@@ -97,7 +97,7 @@ class Replica:
         # Set when the engine came back holding an older version than before (it restarted).
         self.engine_restarted = asyncio.Event()
         self._leasable = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # lease id → the prompt in flight under it.
         self._held: dict[str, HeldLease] = {}
         self._lease_added = asyncio.Event()
         self._in_flight = 0
@@ -114,7 +114,7 @@ class Replica:
             paused=self.paused,
             pause_mode=self.pause_mode,
             in_flight=self._in_flight,
-            leases_held=len(self._tasks),
+            leases_held=len(self._held),
             tokens_per_s=self.metrics.token_rate.rate(),
             samples_per_s=self.metrics.sample_rate.rate(),
             total_generated_samples=self._generated,
@@ -196,9 +196,9 @@ class Replica:
         try:
             while True:
                 await self._leasable.wait()
-                free = self.settings.max_inflight_prompts - len(self._tasks)
+                free = self.settings.max_inflight_prompts - len(self._held)
                 if free <= 0:
-                    await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait([h.task for h in self._held.values()], return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
                     leases = await self.queue.lease(
@@ -212,19 +212,13 @@ class Replica:
                     self._start(lease)
         finally:
             keeper.cancel()
-            for task in list(self._tasks):
-                task.cancel()
+            for held in list(self._held.values()):
+                held.task.cancel()
 
     def _start(self, lease: Lease) -> None:
         task = asyncio.create_task(self.process(lease))
-        self._tasks.add(task)
         self._held[lease.lease_id] = HeldLease(task, lease.expires_at, max(0.0, lease.expires_at - time.time()))
-
-        def finished(done: asyncio.Task[None]) -> None:
-            self._tasks.discard(done)
-            self._held.pop(lease.lease_id, None)
-
-        task.add_done_callback(finished)
+        task.add_done_callback(lambda _: self._held.pop(lease.lease_id, None))
         self._lease_added.set()
 
     async def _keep_leases(self) -> None:
