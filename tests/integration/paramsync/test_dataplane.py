@@ -17,6 +17,7 @@ from services.paramsync.client import ParamSyncClient
 from services.paramsync.dataplane_client import DataPlaneAddress
 from services.paramsync.dataplane_frames import LENGTH, MAX_FRAME_BYTES, frame, recv_exactly, recv_frame
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
+from services.paramsync.manifest import Manifest
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
 from tests.integration.paramsync.harness import running_service, wait_until
 from tests.integration.paramsync.test_publish_fetch import same, weights
@@ -29,6 +30,16 @@ def data_plane_of(service) -> DataPlaneAddress:
 
 def ps_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def start_upload(address: DataPlaneAddress, manifest: Manifest, first_bytes: bytes) -> socket.socket:
+    """An upload that sent ``first_bytes`` and holds the rest back (blocking: call it from a thread,
+    since paramsync serves on the test's loop)."""
+    sock = socket.create_connection((address.host, address.port), timeout=10)
+    sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+    assert recv_frame(sock, pb.BulkReply).code == 0
+    sock.sendall(first_bytes)
+    return sock
 
 
 def exchange(address: DataPlaneAddress, payload: bytes) -> pb.BulkReply:
@@ -77,14 +88,7 @@ async def test_a_fetch_receives_bytes_while_the_upload_is_still_arriving():
         first = bytes(raw_bytes(pairs[0][1]))
         rest = b"".join(bytes(raw_bytes(t)) for _, t in pairs[1:])
 
-        def upload_first_tensor() -> socket.socket:
-            sock = socket.create_connection((plane.host, plane.port), timeout=10)
-            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
-            assert recv_frame(sock, pb.BulkReply).code == 0
-            sock.sendall(first)
-            return sock
-
-        uploader = await asyncio.to_thread(upload_first_tensor)
+        uploader = await asyncio.to_thread(start_upload, plane, manifest, first)
         with uploader:
 
             def fetch_first_tensor() -> bytes:
@@ -177,14 +181,8 @@ async def test_cancelling_a_fetch_stops_it_at_once_and_paramsync_serves_on():
         manifest = build_manifest(1, pairs, 0, "xxh3_128")
         payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
 
-        def start_upload() -> socket.socket:  # paramsync runs on this loop: block in a thread
-            sock = socket.create_connection((plane.host, plane.port), timeout=10)
-            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
-            assert recv_frame(sock, pb.BulkReply).code == 0
-            sock.sendall(payload[:100])  # the rest is held back: the fetch below waits for it
-            return sock
-
-        uploader = await asyncio.to_thread(start_upload)
+        # The rest is held back: the fetch below waits for it.
+        uploader = await asyncio.to_thread(start_upload, plane, manifest, payload[:100])
         with uploader:
             fetching = asyncio.ensure_future(ps.fetch(1))
             await asyncio.sleep(0.3)
@@ -218,13 +216,6 @@ async def test_only_forward_streams_fetches_are_fed_while_the_upload_runs(forwar
         payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
         half = len(payload) // 2
 
-        def start_upload() -> socket.socket:
-            sock = socket.create_connection((plane.host, plane.port), timeout=10)
-            sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
-            assert recv_frame(sock, pb.BulkReply).code == 0
-            sock.sendall(payload[:half])
-            return sock
-
         def start_fetch() -> socket.socket:
             sock = socket.create_connection((plane.host, plane.port), timeout=10)
             sock.sendall(frame(pb.BulkRequest(fetch=pb.FetchRequest(version=1))))
@@ -238,7 +229,7 @@ async def test_only_forward_streams_fetches_are_fed_while_the_upload_runs(forwar
             except TimeoutError:
                 return 0
 
-        uploader = await asyncio.to_thread(start_upload)
+        uploader = await asyncio.to_thread(start_upload, plane, manifest, payload[:half])
         first, second = [await asyncio.to_thread(start_fetch) for _ in range(2)]
         with uploader, first, second:
             assert await asyncio.to_thread(bytes_waiting, first) == half
