@@ -55,6 +55,14 @@ class ServiceSettings(BaseSettings):
         "Bearer token required on control routes (pause, resume, checkpoint). Empty disables auth,"
         " which is only sensible on a developer machine.",
     )
+    stall_warn_s: float = shared_field(
+        "stall_warn_s",
+        30.0,
+        "A wait on another service (groups, prompts, weights, an engine, the queue) that makes no progress"
+        " for this many seconds is logged once, naming what is awaited and from whom, and exported as"
+        " relayrl_<service>_stalled_seconds.",
+        gt=0,
+    )
     host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to.")
     grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free port.")
     http_port: int = Field(

@@ -182,20 +182,58 @@ class RenewResponse(_message.Message):
     expires_at_unix_s: float
     def __init__(self, renewed: _Optional[_Iterable[str]] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
 
+class AbandonRequest(_message.Message):
+    __slots__ = ("replica_id", "lease_ids", "reason", "min_start_version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MIN_START_VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    min_start_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., min_start_version: _Optional[int] = ...) -> None: ...
+
+class AbandonResponse(_message.Message):
+    __slots__ = ("requeued", "dropped")
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    requeued: _containers.RepeatedScalarFieldContainer[str]
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, requeued: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PromptStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PromptQueueStats(_message.Message):
-    __slots__ = ("waiting", "leased", "total_released", "total_completed", "total_reissued")
+    __slots__ = ("waiting", "leased", "total_released", "total_completed", "total_reissued", "abandoned_by_reason", "dropped_by_reason")
+    class AbandonedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DroppedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WAITING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RELEASED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_REISSUED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     waiting: int
     leased: int
     total_released: int
     total_completed: int
     total_reissued: int
-    def __init__(self, waiting: _Optional[int] = ..., leased: _Optional[int] = ..., total_released: _Optional[int] = ..., total_completed: _Optional[int] = ..., total_reissued: _Optional[int] = ...) -> None: ...
+    abandoned_by_reason: _containers.ScalarMap[str, int]
+    dropped_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, waiting: _Optional[int] = ..., leased: _Optional[int] = ..., total_released: _Optional[int] = ..., total_completed: _Optional[int] = ..., total_reissued: _Optional[int] = ..., abandoned_by_reason: _Optional[_Mapping[str, int]] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...

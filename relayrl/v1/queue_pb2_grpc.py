@@ -260,6 +260,11 @@ class PromptQueueStub:
                 request_serializer=relayrl_dot_v1_dot_queue__pb2.RenewRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_queue__pb2.RenewResponse.FromString,
                 _registered_method=True)
+        self.Abandon = channel.unary_unary(
+                '/relayrl.v1.PromptQueue/Abandon',
+                request_serializer=relayrl_dot_v1_dot_queue__pb2.AbandonRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_queue__pb2.AbandonResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/relayrl.v1.PromptQueue/Stats',
                 request_serializer=relayrl_dot_v1_dot_queue__pb2.PromptStatsRequest.SerializeToString,
@@ -300,6 +305,17 @@ class PromptQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abandon(self, request, context):
+        """Gives leases back at once, for prompts whose group will not be pushed under them (the
+        group was dropped as stale, or generation failed): the prompt is leased again now instead
+        of after the lease timeout. Only leases the replica still holds (same owner, same
+        delivery) are given back. A prompt given back `max_prompt_abandons` times is dropped and
+        counted under dropped_by_reason, so the trainer releases a replacement.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -328,6 +344,11 @@ def add_PromptQueueServicer_to_server(servicer, server):
                     servicer.Renew,
                     request_deserializer=relayrl_dot_v1_dot_queue__pb2.RenewRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_queue__pb2.RenewResponse.SerializeToString,
+            ),
+            'Abandon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abandon,
+                    request_deserializer=relayrl_dot_v1_dot_queue__pb2.AbandonRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_queue__pb2.AbandonResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -443,6 +464,33 @@ class PromptQueue:
             '/relayrl.v1.PromptQueue/Renew',
             relayrl_dot_v1_dot_queue__pb2.RenewRequest.SerializeToString,
             relayrl_dot_v1_dot_queue__pb2.RenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abandon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.PromptQueue/Abandon',
+            relayrl_dot_v1_dot_queue__pb2.AbandonRequest.SerializeToString,
+            relayrl_dot_v1_dot_queue__pb2.AbandonResponse.FromString,
             options,
             channel_credentials,
             insecure,

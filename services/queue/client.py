@@ -92,6 +92,9 @@ class PromptQueueStats:
     total_released: int
     total_completed: int
     total_reissued: int
+    # Leases given back by replicas, and prompts dropped after too many give-backs, by reason.
+    abandoned_by_reason: dict[str, int]
+    dropped_by_reason: dict[str, int]
 
 
 @dataclass
@@ -214,6 +217,16 @@ class QueueClient:
         reply = await self._prompts.Renew(request, timeout=60.0)
         return list(reply.renewed), reply.expires_at_unix_s
 
+    async def abandon(
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0
+    ) -> tuple[list[str], list[str]]:
+        """Gives leases back for leasing again now; returns (requeued lease ids, dropped lease ids)."""
+        request = qpb.AbandonRequest(
+            replica_id=replica_id, lease_ids=lease_ids, reason=reason, min_start_version=min_start_version
+        )
+        reply = await self._prompts.Abandon(request, timeout=60.0)
+        return list(reply.requeued), list(reply.dropped)
+
     async def prompt_stats(self) -> PromptQueueStats:
         msg = await self._prompts.Stats(qpb.PromptStatsRequest(), timeout=30.0)
         return PromptQueueStats(
@@ -222,6 +235,8 @@ class QueueClient:
             total_released=msg.total_released,
             total_completed=msg.total_completed,
             total_reissued=msg.total_reissued,
+            abandoned_by_reason=dict(msg.abandoned_by_reason),
+            dropped_by_reason=dict(msg.dropped_by_reason),
         )
 
 

@@ -78,6 +78,12 @@ class QueueSettings(ServiceSettings):
     lease_timeout_s: float = Field(
         600.0, gt=0, description="A prompt lease not completed within this many seconds is re-issued."
     )
+    max_prompt_abandons: int = Field(
+        8,
+        ge=1,
+        description="Times a prompt's lease may be given back (a stale drop or a failed generation) before the"
+        " prompt is dropped and counted as dropped:<reason>; the trainer then releases a replacement.",
+    )
     poll_interval_s: float = Field(
         0.05, gt=0, le=5, description="How often a blocked Push or Lease re-checks Redis, seconds."
     )

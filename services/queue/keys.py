@@ -92,6 +92,11 @@ class Keys:
         return self._key("prompts:owner")
 
     @property
+    def prompt_abandons(self) -> str:
+        """Hash prompt key → times its lease was given back (Abandon)."""
+        return self._key("prompts:abandons")
+
+    @property
     def prompt_stats(self) -> str:
-        """Hash of durable counters (released, completed, reissued)."""
+        """Hash of durable counters (released, completed, reissued, abandoned:<reason>, dropped:<reason>)."""
         return self._key("prompts:stats")

@@ -18,7 +18,10 @@ Prompts a replica may not start stay in ``waiting``; nothing is lost. A lease id
 ``<key>.<delivery>``; completing any lease of a prompt finishes the prompt (its group was
 pushed), so a late completion by a replica whose lease had expired still counts once. A
 replica renews the leases of prompts still in flight (``renew``); a lease that was re-issued
-meanwhile is not renewed, which tells the replica to drop that prompt.
+meanwhile is not renewed, which tells the replica to drop that prompt. A replica that will not
+push a group for its lease (the group was stale, or generation failed) gives the lease back
+(``abandon``): the prompt waits again at once, never for the lease timeout, and is dropped
+(counted) only after ``max_prompt_abandons`` give-backs.
 Lease expiry is judged by the clock of the service instance handling the call, so instances
 sharing a run need synchronised clocks (NTP); the lease timeout dwarfs ordinary skew.
 """
@@ -68,7 +71,7 @@ return out
 """
 )
 
-# KEYS: waiting, leased, min_start, stats, data, deliveries, owner. ARGV: prompt keys.
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons. ARGV: prompt keys.
 _COMPLETE_LUA = """
 local done = 0
 for _, k in ipairs(ARGV) do
@@ -78,6 +81,7 @@ for _, k in ipairs(ARGV) do
     redis.call('HDEL', KEYS[3], k)
     redis.call('HDEL', KEYS[6], k)
     redis.call('HDEL', KEYS[7], k)
+    redis.call('HDEL', KEYS[8], k)
     done = done + 1
   end
 end
@@ -103,6 +107,40 @@ return renewed
 """
 
 
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons.
+# ARGV: replica, reason, min_start_version, max_abandons, then key and delivery pairs.
+# Only a lease this replica still holds is given back (as in renew). Returns the requeued and
+# the dropped lease ids, each list prefixed by its length.
+_ABANDON_LUA = """
+local requeued, dropped = {}, {}
+for i = 5, #ARGV, 2 do
+  local k, d = ARGV[i], ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[2], k) and redis.call('HGET', KEYS[7], k) == ARGV[1]
+      and redis.call('HGET', KEYS[6], k) == d then
+    redis.call('ZREM', KEYS[2], k)
+    redis.call('HDEL', KEYS[7], k)
+    if redis.call('HINCRBY', KEYS[8], k, 1) >= tonumber(ARGV[4]) then
+      for _, h in ipairs({KEYS[3], KEYS[5], KEYS[6], KEYS[8]}) do redis.call('HDEL', h, k) end
+      redis.call('HINCRBY', KEYS[4], 'dropped:' .. ARGV[2], 1)
+      table.insert(dropped, k .. '.' .. d)
+    else
+      local start = math.max(tonumber(redis.call('HGET', KEYS[3], k)), tonumber(ARGV[3]))
+      redis.call('HSET', KEYS[3], k, start)
+      redis.call('ZADD', KEYS[1], start, k)
+      redis.call('HINCRBY', KEYS[4], 'abandoned:' .. ARGV[2], 1)
+      table.insert(requeued, k .. '.' .. d)
+    end
+  end
+end
+local out = {#requeued}
+for _, v in ipairs(requeued) do table.insert(out, v) end
+for _, v in ipairs(dropped) do table.insert(out, v) end
+return out
+"""
+
+ABANDON_REASON = re.compile(r"^[a-z_]{1,32}$")
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseGrant:
     lease_id: str
@@ -118,6 +156,8 @@ class PromptStats:
     total_released: int
     total_completed: int
     total_reissued: int
+    abandoned_by_reason: dict[str, int]
+    dropped_by_reason: dict[str, int]
 
 
 class PromptQueue:
@@ -134,11 +174,13 @@ class PromptQueue:
             k.prompt_data,
             k.prompt_deliveries,
             k.prompt_owner,
+            k.prompt_abandons,
         ]
         self._requeue = redis.register_script(_REQUEUE_LUA)
         self._lease = redis.register_script(_LEASE_LUA)
         self._complete = redis.register_script(_COMPLETE_LUA)
         self._renew = redis.register_script(_RENEW_LUA)
+        self._abandon = redis.register_script(_ABANDON_LUA)
 
     async def release(self, prompts: list[pb.PromptGroup]) -> int:
         if not prompts:
@@ -202,6 +244,26 @@ class PromptQueue:
         renewed = await self._renew(keys=keys, args=args)
         return [r.decode() for r in renewed], expires
 
+    async def abandon(
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int
+    ) -> tuple[list[str], list[str]]:
+        """Gives back leases ``replica_id`` still holds; (requeued lease ids, dropped lease ids)."""
+        if not replica_id:
+            raise BadRequest("replica_id must be set")
+        if not ABANDON_REASON.match(reason):
+            raise BadRequest(f"reason must be 1-32 lower-case letters or underscores, got {reason!r}")
+        if min_start_version < 0:
+            raise BadRequest(f"min_start_version must be >= 0, got {min_start_version}")
+        pairs = _parse_lease_ids(lease_ids)
+        if not pairs:
+            return [], []
+        args: list[str | int] = [replica_id, reason, min_start_version, self._settings.max_prompt_abandons]
+        for key, delivery in pairs:
+            args += [key, delivery]
+        out = await self._abandon(keys=self._script_keys, args=args)
+        ids = [item.decode() for item in out[1:]]
+        return ids[: int(out[0])], ids[int(out[0]) :]
+
     async def stats(self) -> PromptStats:
         await self._requeue(keys=self._script_keys[:4], args=[repr(time.time())])
         pipe = self._redis.pipeline(transaction=False)
@@ -210,12 +272,18 @@ class PromptQueue:
         pipe.hgetall(self._keys.prompt_stats)
         waiting, leased, counters = await pipe.execute()
         values = {k.decode(): int(v) for k, v in counters.items()}
+
+        def by_reason(prefix: str) -> dict[str, int]:
+            return {k.removeprefix(prefix): v for k, v in values.items() if k.startswith(prefix)}
+
         return PromptStats(
             waiting=int(waiting),
             leased=int(leased),
             total_released=values.get("released", 0),
             total_completed=values.get("completed", 0),
             total_reissued=values.get("reissued", 0),
+            abandoned_by_reason=by_reason("abandoned:"),
+            dropped_by_reason=by_reason("dropped:"),
         )
 
 

@@ -155,6 +155,13 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
         return qpb.RenewResponse(renewed=renewed, expires_at_unix_s=expires)
 
     @_status_mapped
+    async def Abandon(self, request: qpb.AbandonRequest, context: grpc.aio.ServicerContext) -> qpb.AbandonResponse:
+        requeued, dropped = await self._store.abandon(
+            request.replica_id, list(request.lease_ids), request.reason, request.min_start_version
+        )
+        return qpb.AbandonResponse(requeued=requeued, dropped=dropped)
+
+    @_status_mapped
     async def Stats(self, request: qpb.PromptStatsRequest, context: grpc.aio.ServicerContext) -> qpb.PromptQueueStats:
         s = await self._store.stats()
         return qpb.PromptQueueStats(
@@ -163,4 +170,6 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
             total_released=s.total_released,
             total_completed=s.total_completed,
             total_reissued=s.total_reissued,
+            abandoned_by_reason=s.abandoned_by_reason,
+            dropped_by_reason=s.dropped_by_reason,
         )

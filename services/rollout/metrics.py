@@ -39,6 +39,18 @@ class RolloutMetrics:
         self.dropped_stale_samples = m.counter(
             "dropped_stale_samples", "Samples dropped before pushing because they broke the staleness bound.", "total"
         )
+        self.abandoned_leases = m.counter(
+            "abandoned_leases",
+            "Leases given back to the queue (group dropped as stale, or generation failed), by reason.",
+            "total",
+            labels=("reason",),
+        )
+        self.stalled = m.gauge(
+            "stalled",
+            "Seconds the longest wait on another service has gone without progress (0: none waiting).",
+            "seconds",
+            labels=("waiting_for", "peer"),
+        )
         self.param_sync_requests = m.counter(
             "param_sync_requests", "Weight versions the replica tried to load.", "total"
         )

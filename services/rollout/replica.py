@@ -2,8 +2,10 @@
 
 The loop only starts a prompt the engine's version may start (``min_start_version``), keeps
 up to ``max_inflight_prompts`` prompts in flight, renews their leases while they run, and never
-completes a lease whose group was not accepted by the queue: a prompt whose generation fails is
-left to expire and be re-issued.
+completes a lease whose group was not accepted by the queue. A prompt whose group is dropped
+as stale or whose generation fails is given back to the queue at once (``abandon``), so it is
+leased again now rather than after the queue's lease timeout; only when the queue cannot be
+reached is it left to its lease.
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ from typing import Protocol
 
 from relayrl.schema import Group, PromptSpec, Sample, validate_group
 from relayrl.staleness import check_staleness
+from relayrl.stalls import StallWatch
 from services.rollout.config import RolloutSettings
-from services.rollout.engine_client import EngineClient, EngineError, PauseMode, SamplingParams
+from services.rollout.engine_client import (
+    EngineClient,
+    EngineError,
+    EngineUnavailableError,
+    PauseMode,
+    SamplingParams,
+)
 from services.rollout.generation import GenerationError, SampleResult, generate_group, parse_version
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.rewards import RewardRunner
@@ -45,6 +54,10 @@ class PromptQueue(Protocol):
 
     async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]: ...
 
+    async def abandon(
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0
+    ) -> tuple[list[str], list[str]]: ...
+
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
 
 
@@ -59,6 +72,8 @@ class HeldLease:
 # Bounds on the lease keeper's sleep between checks, seconds.
 LEASE_CHECK_MIN_S = 0.05
 LEASE_CHECK_MAX_S = 30.0
+# How often a wait on another service checks whether it has stalled, seconds.
+STALL_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +101,7 @@ class Replica:
         self.queue = queue
         self.rewards = rewards
         self.metrics = RolloutMetrics()
+        self.stalls = StallWatch(self.metrics.stalled, settings.stall_warn_s, log)
         self.held_version = 0
         # Newest version paramsync has announced; the staleness reference for outgoing groups.
         self.latest_version = 0
@@ -194,26 +210,45 @@ class Replica:
         """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""
         keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
         try:
-            while True:
-                await self._leasable.wait()
-                free = self.settings.max_inflight_prompts - len(self._held)
-                if free <= 0:
-                    await asyncio.wait([h.task for h in self._held.values()], return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                try:
-                    leases = await self.queue.lease(
-                        self.settings.replica_id, free, self.held_version, self.settings.lease_block_timeout_s
-                    )
-                except Exception as exc:
-                    log.warning("lease failed: %r", exc)
-                    await asyncio.sleep(1.0)
-                    continue
-                for lease in leases:
-                    self._start(lease)
+            with self.stalls.waiting("prompts", "trainer") as prompts:
+                while True:
+                    await self._wait_leasable()
+                    free = self.settings.max_inflight_prompts - len(self._held)
+                    if free <= 0:
+                        prompts.progress()  # busy, not waiting
+                        await asyncio.wait([h.task for h in self._held.values()], return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    try:
+                        leases = await self.queue.lease(
+                            self.settings.replica_id, free, self.held_version, self.settings.lease_block_timeout_s
+                        )
+                    except Exception as exc:
+                        log.warning("lease failed: %r", exc)
+                        await asyncio.sleep(1.0)
+                        continue
+                    if leases or self._held:
+                        prompts.progress()
+                    else:
+                        prompts.tick()
+                    for lease in leases:
+                        self._start(lease)
         finally:
             keeper.cancel()
             for held in list(self._held.values()):
                 held.task.cancel()
+
+    async def _wait_leasable(self) -> None:
+        """Waits for a ready engine and no pause; a pause is asked for, so only the engine can stall it."""
+        if self._leasable.is_set():
+            return
+        with self.stalls.waiting("a ready engine", "engine") as wait:
+            while not self._leasable.is_set():
+                if self.paused:
+                    wait.progress()
+                else:
+                    wait.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._leasable.wait(), STALL_CHECK_S)
 
     def _start(self, lease: Lease) -> None:
         task = asyncio.create_task(self.process(lease))
@@ -266,6 +301,8 @@ class Replica:
             results = await self._generate_all(prompt)
             group = await self._build_group(lease, results)
             if not self._fresh(group):
+                # Started again only by a replica whose weights keep it within the bound.
+                await self._give_back(lease, "stale", self.latest_version - self.settings.max_staleness)
                 return
             problems = validate_group(group.to_proto())
             if problems:
@@ -273,32 +310,61 @@ class Replica:
             await self.queue.push([group], timeout_s=self.settings.push_timeout_s)
             await self.queue.complete(self.settings.replica_id, [lease.lease_id])
         except (EngineError, GenerationError, TimeoutError) as exc:
-            self._errors += 1
-            self.metrics.generation_errors.inc()
-            log.warning("prompt %s left to its lease (%s): %r", prompt.prompt_id, lease.lease_id, exc)
+            self._count_error()
+            log.warning("prompt %s failed (%s): %r", prompt.prompt_id, lease.lease_id, exc)
+            if isinstance(exc, EngineUnavailableError):
+                # Stop leasing until the engine answers /health again, or the prompts given back
+                # now would come straight back to this replica and fail again.
+                self._engine_down()
+            await self._give_back(lease, "generation_error")
             return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a queue outage or a bug must not take the loop down
-            self._errors += 1
-            self.metrics.generation_errors.inc()
+            self._count_error()
             log.exception("prompt %s failed: %r", prompt.prompt_id, exc)
+            await self._give_back(lease, "generation_error")
             return
         self.metrics.pushed_groups.inc()
         self._generated += len(group.samples)
         self.metrics.total_generated_samples.inc(len(group.samples))
         self.metrics.sample_rate.add(len(group.samples))
 
+    def _engine_down(self) -> None:
+        if self.engine_ready:
+            log.warning("engine down")
+        self.engine_ready = False
+        self.metrics.engine_ready.set(0)
+        self._update_leasable()
+
+    def _count_error(self) -> None:
+        self._errors += 1
+        self.metrics.generation_errors.inc()
+
+    async def _give_back(self, lease: Lease, reason: str, min_start_version: int = 0) -> None:
+        """Returns a lease whose group will not be pushed, so its prompt is leased again at once."""
+        try:
+            _, dropped = await self.queue.abandon(
+                self.settings.replica_id, [lease.lease_id], reason, max(min_start_version, 0)
+            )
+        except Exception as exc:  # the queue is unreachable: the lease expires and is re-issued
+            log.warning("could not give back lease %s (%r); it will be re-issued when it expires", lease.lease_id, exc)
+            return
+        self.metrics.abandoned_leases.labels(reason=reason).inc()
+        if dropped:
+            log.warning("prompt %s was given back too often and was dropped (%s)", lease.prompt.prompt_id, reason)
+
     async def _wait_for_version(self, min_start_version: int, expires_at: float) -> None:
-        while self.held_version < min_start_version:
-            remaining = expires_at - time.time()
-            if remaining <= 0:
-                raise TimeoutError(f"engine still at version {self.held_version} < {min_start_version}")
-            waiter = self._version_changed
-            try:
-                await asyncio.wait_for(waiter.wait(), remaining)
-            except TimeoutError:
-                continue
+        if self.held_version >= min_start_version:
+            return
+        with self.stalls.waiting("a newer weight version", "paramsync") as wait:
+            while self.held_version < min_start_version:
+                remaining = expires_at - time.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"engine still at version {self.held_version} < {min_start_version}")
+                wait.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._version_changed.wait(), min(remaining, STALL_CHECK_S))
 
     async def _generate_all(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
         """The n samples of one prompt, asked of the engine as one request with ``n``."""
@@ -392,7 +458,7 @@ class Replica:
             return True
         self.metrics.dropped_stale_samples.inc(len(group.samples))
         log.info(
-            "dropped stale group of %s (oldest version %d, newest %d, η=%d); its lease will be re-issued",
+            "dropped stale group of %s (oldest version %d, newest %d, η=%d); its prompt goes back to the queue",
             group.prompt_id,
             group.min_policy_version,
             self.latest_version,

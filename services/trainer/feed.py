@@ -14,6 +14,7 @@ import grpc
 
 from relayrl.schema import Group
 from relayrl.staleness import check_staleness, min_start_version
+from relayrl.stalls import StallWatch
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
@@ -70,6 +71,7 @@ class Feed:
     dataset: PromptDataset
     control: Control
     state: TrainerState
+    stalls: StallWatch
     buffer: list[Delivered] = field(default_factory=list)
     unacked: list[str] = field(default_factory=list)  # trained on, waiting for a durable checkpoint
     seen: set[str] = field(default_factory=set)
@@ -83,15 +85,17 @@ class Feed:
         the state), so the trainer waits rather than crashing; a stop request ends the wait.
         """
         delay = 0.5
-        while True:
-            try:
-                return self.io.call(call())
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in RETRIED or self.control.stop_requested.is_set():
-                    raise
-                log.warning("queue call failed (%s); retrying in %.1fs", err.code().name, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        with self.stalls.waiting("an answer", "queue") as wait:
+            while True:
+                try:
+                    return self.io.call(call())
+                except grpc.aio.AioRpcError as err:
+                    if err.code() not in RETRIED or self.control.stop_requested.is_set():
+                        raise
+                    log.warning("queue call failed (%s); retrying in %.1fs", err.code().name, delay)
+                    wait.tick()
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
 
     # --- releasing ----------------------------------------------------------------------
 
@@ -129,18 +133,22 @@ class Feed:
         return len(specs)
 
     def refresh_dropped(self) -> None:
-        stats = self._rpc(self.queue.stats)
-        self.queue_dropped = int(sum(stats.dropped_by_reason.values()))
+        """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
+        groups = self._rpc(self.queue.stats).dropped_by_reason
+        prompts = self._rpc(self.queue.prompt_stats).dropped_by_reason
+        self.queue_dropped = int(sum(groups.values()) + sum(prompts.values()))
 
     # --- pulling ------------------------------------------------------------------------
 
-    def _pull(self, max_groups: int) -> None:
+    def _pull(self, max_groups: int) -> int:
+        """Pulls and routes up to ``max_groups`` groups; returns how many came."""
         s = self.settings
         got = self._rpc(
             lambda: self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
         )
         for delivered in got:
             self._route(delivered)
+        return len(got)
 
     def _route(self, d: Delivered) -> None:
         if d.entry_id in self.seen:
@@ -167,16 +175,22 @@ class Feed:
         started = time.perf_counter()
         size = self.settings.batch_size
         self._drop_stale()
-        while len(self.buffer) < size:
-            if self.control.stop_requested.is_set():
-                return None
-            if not self.control.consuming.is_set():
-                time.sleep(0.1)
-                continue
-            self.refresh_dropped()
-            self.release_ahead()
-            self._pull(size - len(self.buffer))
-            self._drop_stale()
+        with self.stalls.waiting("trajectory groups", "rollout") as wait:
+            while len(self.buffer) < size:
+                if self.control.stop_requested.is_set():
+                    return None
+                if not self.control.consuming.is_set():
+                    wait.progress()  # paused on request: not a stall
+                    time.sleep(0.1)
+                    continue
+                self.refresh_dropped()
+                self.release_ahead()
+                came = self._pull(size - len(self.buffer))
+                self._drop_stale()
+                if came:
+                    wait.progress()
+                else:
+                    wait.tick()
         taken, self.buffer = self.buffer[:size], self.buffer[size:]
         for d in taken:
             verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)

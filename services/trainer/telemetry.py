@@ -18,6 +18,12 @@ SERVICE = "trainer"
 class Telemetry:
     def __init__(self, run_dir: Path) -> None:
         self.metrics = ServiceMetrics(SERVICE)
+        self.stalled = self.metrics.gauge(
+            "stalled",
+            "Seconds the longest wait on another service has gone without progress (0: none waiting).",
+            "seconds",
+            labels=("waiting_for", "peer"),
+        )
         self._gauges: dict[str, Gauge] = {}
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from relayrl.stalls import StallWatch
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample, samples_from_groups
@@ -108,10 +109,11 @@ class Trainer:
                 name,
                 settings.max_prompt_tokens,
             )
-            self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state)
+            self.telemetry = Telemetry(settings.resolved_run_dir())
+            stalls = StallWatch(self.telemetry.stalled, settings.stall_warn_s, log)
+            self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state, stalls)
             self.val_rows = self._val_rows(tokenizer)
             self.publisher = Publisher(io, sink)
-            self.telemetry = Telemetry(settings.resolved_run_dir())
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s

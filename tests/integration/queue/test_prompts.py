@@ -88,3 +88,70 @@ async def test_a_renewed_lease_outlives_its_timeout_and_a_reissued_one_cannot_be
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await client.renew("replica-a", ["not-a-lease"])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a lease id" in err.value.details()
+
+
+async def test_an_abandoned_lease_is_leased_again_at_once_not_after_its_timeout(start_queue):
+    server = await start_queue(lease_timeout_s=600)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0), prompt(1)])
+        first, second = await client.lease("replica-a", max_prompts=2, held_version=0)
+        requeued, dropped = await client.abandon("replica-a", [first.lease_id], "generation_error")
+        assert (requeued, dropped) == ([first.lease_id], [])
+        (again,) = await client.lease("replica-b", max_prompts=5, held_version=0)
+        assert again.prompt.prompt_id == "ds/0" and again.delivery_count == 2
+        # Only the current holder gives a lease back: the old lease id and another replica are refused.
+        assert await client.abandon("replica-a", [first.lease_id], "stale") == ([], [])
+        assert await client.abandon("replica-a", [again.lease_id], "stale") == ([], [])
+        assert await client.complete("replica-b", [again.lease_id]) == 1
+        assert await client.complete("replica-a", [second.lease_id]) == 1
+        stats = await client.prompt_stats()
+    assert (stats.waiting, stats.leased, stats.total_completed, stats.total_reissued) == (0, 0, 2, 0)
+    assert stats.abandoned_by_reason == {"generation_error": 1} and stats.dropped_by_reason == {}
+
+
+async def test_a_stale_give_back_raises_the_start_version_so_the_old_replica_cannot_retake_it(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0, min_start=1)])
+        (lease,) = await client.lease("replica-old", max_prompts=1, held_version=1)
+        await client.abandon("replica-old", [lease.lease_id], "stale", min_start_version=3)
+        assert await client.lease("replica-old", max_prompts=1, held_version=2) == []
+        (fresh,) = await client.lease("replica-new", max_prompts=1, held_version=3)
+        # A lower start version never lowers the prompt's own.
+        await client.abandon("replica-new", [fresh.lease_id], "stale", min_start_version=0)
+        assert await client.lease("replica-old", max_prompts=1, held_version=2) == []
+        assert len(await client.lease("replica-new", max_prompts=1, held_version=3)) == 1
+
+
+async def test_a_prompt_given_back_too_often_is_dropped_and_counted(start_queue):
+    server = await start_queue(max_prompt_abandons=3)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0)])
+        outcomes = []
+        for _ in range(3):
+            (lease,) = await client.lease("replica-a", max_prompts=1, held_version=0)
+            outcomes.append(await client.abandon("replica-a", [lease.lease_id], "generation_error"))
+        assert [bool(requeued) for requeued, _ in outcomes] == [True, True, False]
+        assert outcomes[-1][1] == [lease.lease_id]
+        assert await client.lease("replica-a", max_prompts=1, held_version=0) == []
+        stats = await client.prompt_stats()
+    assert (stats.waiting, stats.leased, stats.total_completed) == (0, 0, 0)
+    assert stats.abandoned_by_reason == {"generation_error": 2}
+    assert stats.dropped_by_reason == {"generation_error": 1}
+
+
+@pytest.mark.parametrize(
+    ("reason", "lease_ids", "min_start", "message"),
+    [
+        ("Stale!", ["000000000001.1"], 0, "reason must be"),
+        ("", ["000000000001.1"], 0, "reason must be"),
+        ("stale", ["not-a-lease"], 0, "not a lease id"),
+        ("stale", ["000000000001.1"], -1, "min_start_version must be >= 0"),
+    ],
+)
+async def test_a_bad_give_back_is_invalid_argument(start_queue, reason, lease_ids, min_start, message):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.abandon("replica-a", lease_ids, reason, min_start_version=min_start)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ async def test_reward_that_raises_or_hangs_gives_zero_and_is_counted(
     assert errors == 4
 
 
-async def test_group_already_stale_is_dropped_counted_and_left_to_be_reissued(
+async def test_group_already_stale_is_dropped_counted_and_given_back_for_newer_weights(
     engine: EngineProcess, queue: QueueServer
 ) -> None:
     async with (
@@ -101,13 +102,37 @@ async def test_group_already_stale_is_dropped_counted_and_left_to_be_reissued(
         running_replica(engine.url, queue.grpc_address, max_staleness=0) as replica,
     ):
         await wait_until(replica.ready, what="engine ready")
+        held = replica.held_version
         # Paramsync has announced a version newer than the one the engine still serves.
-        replica.note_latest(replica.held_version + 1)
+        replica.note_latest(held + 1)
         await q.release([prompt(50, n=2)])
         await wait_until(lambda: replica.metrics.dropped_stale_samples._value.get() >= 2, what="stale drop")
+        await wait_until(lambda: replica.status().leases_held == 0, what="the lease to be given back")
         assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=0.2) == []
         stats = await q.prompt_stats()
-    assert stats.total_completed == 0 and stats.leased + stats.waiting == 1
+        # Given back at once (not after the lease timeout), waiting for weights that keep it fresh.
+        assert (stats.waiting, stats.leased, stats.total_completed) == (1, 0, 0)
+        assert stats.abandoned_by_reason == {"stale": 1}
+        assert await q.lease("replica-other", max_prompts=1, held_version=held) == []
+        (lease,) = await q.lease("replica-other", max_prompts=1, held_version=held + 1)
+    assert lease.prompt.prompt_id == "test/50" and lease.delivery_count == 2
+
+
+async def test_a_failing_prompt_is_given_back_at_once_until_the_queue_drops_it(
+    engine: EngineProcess, queue: QueueServer
+) -> None:
+    async def dropped() -> bool:
+        return (await q.prompt_stats()).dropped_by_reason == {"generation_error": 1}
+
+    async with QueueClient(queue.grpc_address) as q, running_replica(engine.url, queue.grpc_address) as replica:
+        await wait_until(replica.ready, what="engine ready")
+        # A token id outside the vocabulary: the engine answers 400 to every attempt.
+        await q.release([replace(prompt(60, n=1), prompt_token_ids=[1_000_000])])
+        await wait_until(dropped, what="the failing prompt to be dropped after its give-backs")
+        stats = await q.prompt_stats()
+    # Each attempt was given back at once (the lease timeout here is 2 s, and nothing expired).
+    assert stats.abandoned_by_reason == {"generation_error": QueueSettings().max_prompt_abandons - 1}
+    assert (stats.total_reissued, stats.total_completed, stats.waiting, stats.leased) == (0, 0, 0, 0)
 
 
 async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
