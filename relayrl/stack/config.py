@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.stack.cpus import CpusSetting
+
 SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer")
 
 
@@ -37,6 +39,12 @@ class StackSettings(BaseModel):
     redis_appendfsync: str = Field("everysec", pattern="^(always|everysec|no)$", description="AOF fsync policy.")
     api_token: str = Field("", description="Bearer token for control routes; empty generates one per run.")
     ready_timeout_s: float = Field(180.0, gt=0, description="Longest wait for one component to become ready.")
+    cpus: CpusSetting = Field(
+        "auto",
+        description="CPU sets of the engines and the trainer: 'auto' (half each), 'off' (no pinning, one torch"
+        " thread each), or {engines: [ids], trainer: [ids]}; torch threads follow each set's size"
+        " (see relayrl/stack/cpus.py).",
+    )
 
 
 class StackConfig(BaseModel):

@@ -22,6 +22,7 @@ from pathlib import Path
 from relayrl.net import free_port, port_open
 from relayrl.redis_process import INSTALL_HINT, RedisProcess
 from relayrl.stack.config import StackConfig
+from relayrl.stack.cpus import plan_cpus
 from relayrl.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from relayrl.stack.supervisor import Supervisor
 
@@ -60,6 +61,7 @@ class LocalStack:
         self.api_token = self.settings.api_token or secrets.token_urlsafe(16)
         self.endpoints = Endpoints()
         self.trainer: ManagedProcess | None = None
+        self.cpus = plan_cpus(self.settings.cpus, self.settings.rollout_replicas, self.settings.trainer_procs)
 
     # -- plan ---------------------------------------------------------------------------
 
@@ -71,7 +73,15 @@ class LocalStack:
             "RELAYRL_REDIS_URL": self.endpoints.redis_url,
         }
 
-    def _spec(self, name: str, argv: list[str], service: str, wiring: dict[str, str], ready_url: str | None):
+    def _spec(
+        self,
+        name: str,
+        argv: list[str],
+        service: str,
+        wiring: dict[str, str],
+        ready_url: str | None,
+        cpus: tuple[int, ...] | None = None,
+    ) -> ComponentSpec:
         # Section values first, the stack's wiring last: ports and addresses must stay consistent.
         env = {**self._shared_env(), **self.config.section_env(service), **wiring}
         return ComponentSpec(
@@ -81,6 +91,7 @@ class LocalStack:
             ready=http_ready(ready_url) if ready_url else None,
             ready_timeout_s=self.settings.ready_timeout_s,
             log_file=self.run_dir / "logs" / f"{name}.log",
+            cpus=cpus,
         )
 
     def _ports(self, prefix: str) -> tuple[int, int, dict[str, str]]:
@@ -90,14 +101,20 @@ class LocalStack:
 
     # -- start --------------------------------------------------------------------------
 
-    def start(self, model_dir: Path) -> None:
-        """Starts every component and returns once each is ready (the trainer once launched)."""
+    def start(self, model_dir: Path, generation: bool = True, training: bool = True) -> None:
+        """Starts every component and returns once each is ready (the trainer once launched).
+
+        ``generation=False`` leaves out the engines and rollouts, ``training=False`` the trainer:
+        the bench measures each stage alone with the same services and CPU sets.
+        """
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._start_redis()
         self._start_queue_and_paramsync()
-        self._start_engines(model_dir)
-        self._start_rollouts()
-        self._start_trainer(model_dir)
+        if generation:
+            self._start_engines(model_dir)
+            self._start_rollouts()
+        if training:
+            self._start_trainer(model_dir)
         self._write_ctl_env()
 
     @property
@@ -153,9 +170,14 @@ class LocalStack:
             port = free_port(HOST)
             url = f"http://{HOST}:{port}"
             self.endpoints.engines.append(url)
-            wiring = {"RELAYRL_ENGINE_HOST": HOST, "RELAYRL_ENGINE_HTTP_PORT": str(port), "RELAYRL_ENGINE_SEED": str(i)}
+            wiring = {
+                "RELAYRL_ENGINE_HOST": HOST,
+                "RELAYRL_ENGINE_HTTP_PORT": str(port),
+                "RELAYRL_ENGINE_SEED": str(i),
+                "RELAYRL_ENGINE_TORCH_THREADS": str(self.cpus.engine_threads),
+            }
             argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]
-            specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health"))
+            specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health", self.cpus.engine_cpus))
         self.supervisor.start_all(specs)
 
     def _start_rollouts(self) -> None:
@@ -184,15 +206,17 @@ class LocalStack:
             "RELAYRL_TRAINER_RUN_DIR": str(self.run_dir),
             "RELAYRL_TRAINER_QUEUE_ADDRESS": self.endpoints.queue_grpc,
             "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
-            # torchrun's default of 1 thread per rank; more only oversubscribes a small machine.
-            "OMP_NUM_THREADS": "1",
+            # torch's intra-op threads per rank: the trainer's CPU set shared by its ranks.
+            "OMP_NUM_THREADS": str(self.cpus.trainer_threads),
         }
         argv = [
             sys.executable, "-m", "torch.distributed.run",
             "--standalone", "--nproc-per-node", str(self.settings.trainer_procs),
             "-m", "services.trainer",
         ]  # fmt: skip
-        self.trainer = self.supervisor.start(self._spec("trainer", argv, "trainer", wiring, None))
+        self.trainer = self.supervisor.start(
+            self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus)
+        )
 
     def trainer_exit_code(self) -> int | None:
         assert self.trainer is not None and self.trainer.process is not None

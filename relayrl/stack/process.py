@@ -50,6 +50,8 @@ class ComponentSpec:
     hint: str = ""
     # Also keep the component's whole output here (the terminal shows it prefixed).
     log_file: Path | None = None
+    # CPUs the process (and every thread and child it starts) may run on; None: all.
+    cpus: tuple[int, ...] | None = None
 
 
 class ManagedProcess:
@@ -77,6 +79,10 @@ class ManagedProcess:
                 bufsize=1,
                 start_new_session=True,
             )
+            if self.spec.cpus:
+                # Set right after the fork, long before the child's interpreter starts a thread (torch
+                # starts its pools on import), so every thread and child process inherits it.
+                os.sched_setaffinity(self.process.pid, self.spec.cpus)
         except FileNotFoundError as exc:
             raise ComponentError(
                 self.name, f"cannot run {self.spec.argv[0]!r}: {exc.strerror}", self.spec.hint

@@ -1,6 +1,7 @@
 """Process supervision: readiness, failures named by component, and no orphans."""
 
 import io
+import os
 import sys
 import time
 
@@ -73,3 +74,14 @@ def test_a_component_that_dies_later_is_reported():
         with pytest.raises(ComponentError, match="rollout-0: exited with code 0"):
             stack.check_alive()
         stack.check_alive(exited_ok=["rollout-0"])
+
+
+def test_a_component_runs_on_its_cpu_set_and_so_do_its_children():
+    script = PARENT_WITH_CHILD.replace(
+        'print("child"', 'import os; print("cpus", sorted(os.sched_getaffinity(0)))\nprint("child"'
+    )
+    with supervised(io.StringIO()) as stack:
+        component = stack.start(ComponentSpec("pinned", [sys.executable, "-c", script], cpus=(0,)))
+        child = _child_pid(component)
+        assert "cpus [0]" in component.recent_output()
+        assert os.sched_getaffinity(child) == {0}
