@@ -1,19 +1,27 @@
-"""``relayrl bench e2e``: the same deployment run synchronously (η = 0) and asynchronously
-(η = 2) in one invocation, on a workload whose response lengths have a long tail.
+"""``relayrl bench e2e``: the whole stack on one workload, measured against its own limit.
 
-Most prompts ask to copy one bit; a few ask for 8 or 32 bits, each with a response budget just
-above its answer, so a synchronous step always waits for its longest generation. Throughput is
-measured between the first and the last training step (start-up excluded).
+One invocation runs, one after another on the same workload, preset and CPU split:
+
+1. **engine alone**: engines and rollouts generate a backlog of released prompts with no trainer;
+2. **trainer alone**: the rollouts are paused and the trainer trains on that backlog, never
+   waiting for generation (η is lifted so the backlog stays fresh);
+3. **sync**: the full pipeline at η = 0;
+4. **async**: the full pipeline at η = ``--async-staleness``.
+
+``pipeline_efficiency`` is async samples/s over the slower of the two stages alone: 1.0 means
+the pipeline runs at the speed of its bottleneck. Throughput is measured between the first and
+the last training step (start-up excluded); the engine's between its first and last pushed group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,12 +30,31 @@ import typer
 
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack
-from relayrl.stack.progress import scrape
+from relayrl.stack.progress import scrape, scrape_sample
 from relayrl.stack.report import read_metrics
-from relayrl.stack.supervisor import supervised
+from relayrl.stack.supervisor import Supervisor, supervised
+from relayrl.stack.workloads import Workload, get_workload
 
-# (bits to copy, share of prompts): a long tail of long answers.
-LENGTH_MIX = ((1, 0.85), (8, 0.10), (32, 0.05))
+PRESETS = ("tiny", "small", "base")
+# η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
+UNBOUNDED_STALENESS = 1_000_000
+
+
+class CpuMeter:
+    """Busy share of the whole machine between ``start`` and ``stop``, from /proc/stat."""
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def start(self) -> None:
+        self._busy, self._total = self._read()
+
+    def stop(self) -> float:
+        busy, total = self._read()
+        return (busy - self._busy) / max(total - self._total, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,95 +62,147 @@ class ModeResult:
     samples_per_s: float
     trainer_idle_ratio: float
     rollout_idle_ratio: float
+    cpu_busy_ratio: float
+    weight_version_s: float
+    paused_per_version_s: float
+    queue_share_of_step: float
+    padding_ratio: float
+    max_step_wait_s: float
     reward_at_end: float
     staleness_violations: int
     lost_groups: int
     steps: int
 
 
-def long_tail_dataset(path: Path, rows: int, seed: int) -> Path:
-    rng = random.Random(seed)
-    lengths, weights = zip(*LENGTH_MIX, strict=True)
-    with path.open("w") as f:
-        for index in range(rows):
-            bits = "".join(rng.choice("01") for _ in range(rng.choices(lengths, weights)[0]))
-            row = {
-                "data_source": "relayrl/copy_bits",
-                "prompt": [{"role": "user", "content": f"copy {bits}"}],
-                "ability": "copy",
-                "reward_model": {"style": "rule", "ground_truth": bits},
-                "extra_info": {"index": index, "max_new_tokens": len(bits) + 2},
-            }
-            f.write(json.dumps(row) + "\n")
-    return path
+@dataclass(frozen=True, slots=True)
+class AloneResult:
+    engine_samples_per_s: float
+    trainer_samples_per_s: float
+    generated_lengths: dict[str, float]
 
 
-def _config(work: Path, model_dir: Path, dataset: Path, eta: int, steps: int) -> StackConfig:
-    return StackConfig(
-        stack=StackSettings(run_id=f"eta{eta}", runs_dir=work / "runs", model_dir=model_dir, max_staleness=eta),
-        trainer={
-            "dataset": str(dataset),
-            "n_samples": 4,
-            "batch_size": 8,
-            "max_new_tokens": 40,
-            "total_steps": steps,
-            "checkpoint_every": steps,
-            "lr": 0.003,
-            "seed": 0,
-        },
-        rollout={"max_inflight_prompts": 32, "max_new_tokens": 40},
-    )
+@dataclass(frozen=True, slots=True)
+class BenchRun:
+    """What every phase of one invocation shares."""
+
+    work: Path
+    model_dir: Path
+    dataset: Path
+    workload: Workload
+    seed: int
+    timeout_s: float
+
+    def config(self, name: str, eta: int, steps: int) -> StackConfig:
+        return StackConfig(
+            stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
+            trainer=self.workload.trainer_settings(self.dataset, steps, self.seed),
+            rollout={"max_inflight_prompts": 32, "max_new_tokens": self.workload.max_new_tokens},
+        )
 
 
-def _busy_seconds(rollout_url: str) -> float:
-    busy = scrape(rollout_url, "relayrl_rollout_generation_busy_seconds")
-    if busy is None:
-        raise RuntimeError(f"{rollout_url}/metrics has no relayrl_rollout_generation_busy_seconds_total")
-    return busy
-
-
-def _lost_groups(queue_address: str) -> int:
+def _queue_stats(address: str, prompts: bool = False) -> Any:
     from services.queue.client import QueueClient
 
-    async def fetch() -> int:
-        client = QueueClient(queue_address)
-        try:
-            s = await client.stats()
-        finally:
-            await client.close()
-        return s.total_produced - s.total_consumed - sum(s.dropped_by_reason.values()) - s.queue_size - s.pending
+    async def fetch() -> Any:
+        async with QueueClient(address) as client:
+            return await (client.prompt_stats() if prompts else client.stats())
 
     return asyncio.run(fetch())
 
 
-def run_mode(work: Path, model_dir: Path, dataset: Path, eta: int, steps: int, timeout_s: float) -> ModeResult:
-    config = _config(work, model_dir, dataset, eta, steps)
-    with supervised(None) as supervisor:
-        stack = LocalStack(config, supervisor)
-        stack.start(model_dir)
-        metrics_path = stack.run_dir / "metrics.jsonl"
-        rollout = stack.endpoints.rollouts_http[0]
-        busy_start = window_start = None
-        deadline = time.monotonic() + timeout_s
-        while stack.trainer_exit_code() is None:
-            supervisor.check_alive(exited_ok=["trainer"])
-            if busy_start is None and metrics_path.exists() and metrics_path.stat().st_size:
-                busy_start, window_start = _busy_seconds(rollout), time.monotonic()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"η = {eta}: the trainer did not finish {steps} steps in {timeout_s:.0f}s")
-            time.sleep(0.2)
-        if stack.trainer_exit_code() != 0:
-            raise RuntimeError(f"η = {eta}: trainer exited with {stack.trainer_exit_code()}; see {stack.run_dir}/logs")
-        busy = _busy_seconds(rollout) - (busy_start or 0.0)
-        window = time.monotonic() - (window_start or time.monotonic())
-        lost = _lost_groups(stack.endpoints.queue_grpc)
-    rows = [r for r in read_metrics(metrics_path) if "trainer/global_steps" in r]
+def _lost_groups(queue_address: str) -> int:
+    s = _queue_stats(queue_address)
+    return s.total_produced - s.total_consumed - sum(s.dropped_by_reason.values()) - s.queue_size - s.pending
+
+
+def _histogram_mean(url: str, family: str) -> tuple[float, float]:
+    """(sum, count) of a histogram on a service's /metrics."""
+    return scrape_sample(url, f"{family}_sum") or 0.0, scrape_sample(url, f"{family}_count") or 0.0
+
+
+class Rollouts:
+    """The rollout side's counters, read at the start and end of a measurement window."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    def read(self) -> dict[str, float]:
+        out = {"busy": 0.0, "update_sum": 0.0, "update_count": 0.0, "paused_sum": 0.0, "paused_count": 0.0}
+        for url in self.urls:
+            out["busy"] += scrape(url, "relayrl_rollout_generation_busy_seconds") or 0.0
+            s, c = _histogram_mean(url, "relayrl_rollout_weight_update_duration_seconds")
+            out["update_sum"], out["update_count"] = out["update_sum"] + s, out["update_count"] + c
+            s, c = _histogram_mean(url, "relayrl_rollout_generation_paused_seconds")
+            out["paused_sum"], out["paused_count"] = out["paused_sum"] + s, out["paused_count"] + c
+        return out
+
+
+PROGRESS_EVERY_S = 15.0
+
+
+def _wait_trainer(
+    stack: LocalStack, supervisor: Supervisor, deadline: float, what: str, on_first_row: Callable[[], None]
+) -> None:
+    """Waits for the trainer to finish, calling ``on_first_row`` once its first step is recorded."""
+    metrics_path = stack.run_dir / "metrics.jsonl"
+    seen_first = False
+    shown = time.monotonic()
+    while stack.trainer_exit_code() is None:
+        supervisor.check_alive(exited_ok=["trainer"])
+        if not seen_first and metrics_path.exists() and metrics_path.stat().st_size:
+            seen_first = True
+            on_first_row()
+        if seen_first and time.monotonic() - shown > PROGRESS_EVERY_S:
+            shown = time.monotonic()
+            rows = _trainer_rows(stack)
+            _phase(f"{what}: step {rows[-1]['trainer/global_steps']}, reward {rows[-1]['critic/score/mean']:.3f}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: the trainer did not finish in time; see {stack.run_dir}/logs")
+        time.sleep(0.2)
+    if stack.trainer_exit_code() != 0:
+        raise RuntimeError(f"{what}: trainer exited with {stack.trainer_exit_code()}; see {stack.run_dir}/logs")
+
+
+def _trainer_rows(stack: LocalStack) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(stack.run_dir / "metrics.jsonl") if "trainer/global_steps" in r]
+
+
+def _samples_per_s(rows: list[dict[str, Any]]) -> float:
     first, last = rows[0], rows[-1]
-    elapsed = last["time"] - first["time"]
+    return (last["trainer/processed_samples"] - first["trainer/processed_samples"]) / (last["time"] - first["time"])
+
+
+def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
+    """The full pipeline at η = ``eta`` for ``steps`` steps."""
+    cpu = CpuMeter()
+    with supervised(None) as supervisor:
+        stack = LocalStack(run.config(f"eta{eta}", eta, steps), supervisor)
+        stack.start(run.model_dir)
+        rollouts = Rollouts(stack.endpoints.rollouts_http)
+        window: dict[str, Any] = {}
+
+        def open_window() -> None:
+            cpu.start()
+            window.update(rollouts.read(), at=time.monotonic())
+
+        _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
+        cpu_busy = cpu.stop()
+        end = rollouts.read()
+        elapsed = time.monotonic() - window["at"]
+        lost = _lost_groups(stack.endpoints.queue_grpc)
+        rows = _trainer_rows(stack)
+    updates = max(end["update_count"] - window["update_count"], 1.0)
+    publish_s = statistics.fmean(r.get("timing/publish_s", 0.0) for r in rows)
     return ModeResult(
-        samples_per_s=(last["trainer/processed_samples"] - first["trainer/processed_samples"]) / elapsed,
+        samples_per_s=_samples_per_s(rows),
         trainer_idle_ratio=statistics.fmean(r["trainer/idle_ratio"] for r in rows[1:]),
-        rollout_idle_ratio=max(0.0, 1.0 - busy / window) if window > 0 else 0.0,
+        rollout_idle_ratio=max(0.0, 1.0 - (end["busy"] - window["busy"]) / (elapsed * len(rollouts.urls))),
+        cpu_busy_ratio=cpu_busy,
+        weight_version_s=publish_s + (end["update_sum"] - window["update_sum"]) / updates,
+        paused_per_version_s=(end["paused_sum"] - window["paused_sum"]) / updates,
+        queue_share_of_step=statistics.fmean(r.get("timing/queue_s", 0.0) / r["timing/step_s"] for r in rows[1:]),
+        padding_ratio=statistics.fmean(r.get("perf/padding_ratio", 0.0) for r in rows),
+        max_step_wait_s=max(r["timing/wait_s"] for r in rows[1:]),
         reward_at_end=statistics.fmean(r["critic/score/mean"] for r in rows[-5:]),
         staleness_violations=sum(1 for r in rows if r["staleness/max_sample_age"] > eta),
         lost_groups=lost,
@@ -131,38 +210,218 @@ def run_mode(work: Path, model_dir: Path, dataset: Path, eta: int, steps: int, t
     )
 
 
-def bench(
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
-    steps: Annotated[int, typer.Option(help="Trainer steps per mode.")] = 100,
-    async_staleness: Annotated[int, typer.Option(help="η of the asynchronous run.")] = 2,
-    timeout_s: Annotated[float, typer.Option(help="Longest run per mode, seconds.")] = 600,
-) -> None:
-    """Sync (η = 0) versus async (η = 2) on a long-tail workload: samples/s, idle ratios, reward, losses."""
-    from relayrl.models.tiny import init_tiny
+def _prompt_specs(dataset: Path, model_dir: Path, workload: Workload, count: int, seed: int) -> list[Any]:
+    """The workload's first ``count`` prompts as the trainer would release them (at version 0)."""
+    from relayrl.models.loading import load_tokenizer
+    from services.trainer.data import read_rows, response_budget, to_spec, tokenize_rows
 
-    with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
-        work = Path(tmp)
-        model_dir = init_tiny(work / "model")
-        dataset = long_tail_dataset(work / "long_tail.jsonl", rows=2048, seed=0)
-        sync = run_mode(work, model_dir, dataset, 0, steps, timeout_s)
-        asynchronous = run_mode(work, model_dir, dataset, async_staleness, steps, timeout_s)
-    result: dict[str, Any] = {
+    rows = tokenize_rows(read_rows(str(dataset), 0, 1, seed, "train")[:count], load_tokenizer(model_dir), "bench", 512)
+    now = time.time()
+    return [
+        to_spec(row, workload.n_samples, 0, 0, now, max_new_tokens=response_budget(row, workload.max_new_tokens))
+        for row in rows
+    ]
+
+
+def _generated_lengths(redis_url: str, run_id: str) -> dict[str, float]:
+    """Median, p90, p99 and max of the response lengths of every group waiting in the stream."""
+    import numpy as np
+    import redis
+
+    from relayrl.v1 import trajectory_pb2
+    from services.queue.keys import Keys
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrange(Keys(run_id).trajectories)
+    finally:
+        client.close()
+    lengths = [
+        len(sample.response_token_ids)
+        for _, fields in entries
+        for sample in trajectory_pb2.TrajectoryGroup.FromString(fields[b"payload"]).samples
+    ]
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {"samples": len(lengths), "median": p50, "p90": p90, "p99": p99, "max": float(max(lengths))}
+
+
+def _pause_rollouts(stack: LocalStack) -> None:
+    from pydantic import SecretStr
+
+    from relayrl.ctl.components import RolloutControl
+
+    for url in stack.endpoints.rollouts_http:
+        RolloutControl(url, SecretStr(stack.api_token), timeout_s=30).pause("abort")
+
+
+def measure_alone(run: BenchRun, steps: int) -> AloneResult:
+    """Each stage at full speed on its own: generation of a backlog, then training on it."""
+    workload = run.workload
+    needed = steps * workload.batch_size
+    deadline = time.monotonic() + run.timeout_s
+    with supervised(None) as supervisor:
+        stack = LocalStack(run.config("alone", UNBOUNDED_STALENESS, steps), supervisor)
+        stack.start(run.model_dir, training=False)
+        queue = stack.endpoints.queue_grpc
+        # Twice the backlog training needs, so the engine runs full until the window closes.
+        specs = _prompt_specs(run.dataset, run.model_dir, workload, 2 * needed, run.seed)
+
+        async def release() -> None:
+            from services.queue.client import QueueClient
+
+            async with QueueClient(queue) as client:
+                await client.release(specs)
+
+        asyncio.run(release())
+        first: tuple[float, int] | None = None
+        while (produced := _queue_stats(queue).total_produced) < needed:
+            supervisor.check_alive()
+            if first is None and produced:
+                first = (time.monotonic(), produced)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine alone: {produced} of {needed} groups generated in {run.timeout_s:.0f}s")
+            time.sleep(0.1)
+        assert first is not None
+        engine_sps = (produced - first[1]) * workload.n_samples / max(time.monotonic() - first[0], 1e-9)
+        _pause_rollouts(stack)
+        lengths = _generated_lengths(stack.endpoints.redis_url, stack.run_id)
+        stack.start_training(run.model_dir)
+        _wait_trainer(stack, supervisor, deadline, "trainer alone", lambda: None)
+        rows = _trainer_rows(stack)
+    return AloneResult(engine_sps, _samples_per_s(rows), lengths)
+
+
+def _init_model(work: Path, preset: str) -> Path:
+    import subprocess
+
+    model_dir = work / f"model-{preset}"
+    subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "model", "init-tiny", str(model_dir), "--preset", preset],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return model_dir
+
+
+def _by_mode(sync: ModeResult, asynchronous: ModeResult, name: str, digits: int = 3) -> dict[str, float]:
+    return {"sync": round(getattr(sync, name), digits), "async": round(getattr(asynchronous, name), digits)}
+
+
+def result_json(
+    workload: Workload,
+    preset: str,
+    steps: int,
+    eta: int,
+    alone: AloneResult,
+    sync: ModeResult,
+    asynchronous: ModeResult,
+    cpu_split: dict[str, object],
+) -> dict[str, Any]:
+    bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
+    return {
         "benchmark": "e2e",
+        "workload": workload.name,
+        "preset": preset,
         "steps": steps,
-        "async_max_staleness": async_staleness,
+        "async_max_staleness": eta,
+        "cpu_split": cpu_split,
+        "engine_alone_samples_per_s": round(alone.engine_samples_per_s, 2),
+        "trainer_alone_samples_per_s": round(alone.trainer_samples_per_s, 2),
         "sync_samples_per_s": round(sync.samples_per_s, 2),
         "async_samples_per_s": round(asynchronous.samples_per_s, 2),
+        "pipeline_efficiency": round(asynchronous.samples_per_s / bottleneck, 3),
         "speedup": round(asynchronous.samples_per_s / sync.samples_per_s, 3),
-        "trainer_idle_ratio": {
-            "sync": round(sync.trainer_idle_ratio, 3),
-            "async": round(asynchronous.trainer_idle_ratio, 3),
-        },
-        "rollout_idle_ratio": {
-            "sync": round(sync.rollout_idle_ratio, 3),
-            "async": round(asynchronous.rollout_idle_ratio, 3),
-        },
-        "reward_at_end": {"sync": round(sync.reward_at_end, 3), "async": round(asynchronous.reward_at_end, 3)},
+        "trainer_idle_ratio": _by_mode(sync, asynchronous, "trainer_idle_ratio"),
+        "rollout_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
+        "cpu_busy_ratio": _by_mode(sync, asynchronous, "cpu_busy_ratio"),
+        "weight_version_s": _by_mode(sync, asynchronous, "weight_version_s"),
+        "paused_per_version_s": _by_mode(sync, asynchronous, "paused_per_version_s"),
+        "queue_share_of_step": _by_mode(sync, asynchronous, "queue_share_of_step"),
+        "padding_ratio": _by_mode(sync, asynchronous, "padding_ratio"),
+        "max_step_wait_s": _by_mode(sync, asynchronous, "max_step_wait_s", 2),
+        "reward_at_end": _by_mode(sync, asynchronous, "reward_at_end"),
+        "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
         "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
         "lost_groups": sync.lost_groups + asynchronous.lost_groups,
     }
-    typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))
+
+
+def render_table(result: dict[str, Any]) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench e2e: {result['workload']} workload, {result['preset']} preset")
+    table.add_column("figure")
+    table.add_column("sync (η = 0)", justify="right")
+    table.add_column(f"async (η = {result['async_max_staleness']})", justify="right")
+    table.add_row("samples/s", str(result["sync_samples_per_s"]), str(result["async_samples_per_s"]))
+    for key in (
+        "trainer_idle_ratio",
+        "rollout_idle_ratio",
+        "cpu_busy_ratio",
+        "weight_version_s",
+        "paused_per_version_s",
+        "queue_share_of_step",
+        "padding_ratio",
+        "max_step_wait_s",
+        "reward_at_end",
+    ):
+        table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
+    out = StringIO()
+    console = Console(file=out, width=100)
+    console.print(table)
+    for key in (
+        "engine_alone_samples_per_s",
+        "trainer_alone_samples_per_s",
+        "pipeline_efficiency",
+        "speedup",
+        "staleness_violations",
+        "lost_groups",
+        "generated_lengths",
+        "cpu_split",
+    ):
+        console.print(f"{key}: {result[key]}")
+    return out.getvalue()
+
+
+def _phase(message: str) -> None:
+    typer.echo(f"[bench e2e {time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
+    workload: Annotated[str, typer.Option(help="realistic (long-tailed, up to 512 tokens) or toy.")] = "toy",
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base.")] = "tiny",
+    steps: Annotated[int, typer.Option(min=3, help="Trainer steps of the sync and async runs.")] = 100,
+    alone_steps: Annotated[int, typer.Option(min=3, help="Trainer steps of the stage-alone run.")] = 10,
+    async_staleness: Annotated[int, typer.Option(min=1, help="η of the asynchronous run.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the dataset and the trainer.")] = 0,
+    timeout_s: Annotated[float, typer.Option(help="Longest run per phase, seconds.")] = 1800,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the JSON object to this file.")] = None,
+) -> None:
+    """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
+    chosen = get_workload(workload)
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    from relayrl.stack.cpus import plan_cpus
+
+    cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
+        work = Path(tmp)
+        _phase(f"{chosen.name} workload, {preset} preset, CPUs {cpu_split}")
+        model_dir = _init_model(work, preset)
+        dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s)
+        _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
+        alone = measure_alone(run, alone_steps)
+        _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
+        _phase(f"sync pipeline (η = 0, {steps} steps)")
+        sync = run_mode(run, 0, steps)
+        _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
+        asynchronous = run_mode(run, async_staleness, steps)
+    result = result_json(chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result) + "\n")
+    typer.echo(json.dumps(result) if json_output else render_table(result))

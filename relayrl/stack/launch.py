@@ -114,7 +114,7 @@ class LocalStack:
             self._start_engines(model_dir)
             self._start_rollouts()
         if training:
-            self._start_trainer(model_dir)
+            self.start_training(model_dir)
         self._write_ctl_env()
 
     @property
@@ -198,7 +198,8 @@ class LocalStack:
             )
         self.supervisor.start_all(specs)
 
-    def _start_trainer(self, model_dir: Path) -> None:
+    def start_training(self, model_dir: Path) -> None:
+        """Launches the trainer (for a stack started with ``training=False``, later)."""
         _, http_port, wiring = self._ports("RELAYRL_TRAINER")
         self.endpoints.trainer_http = f"http://{HOST}:{http_port}"
         wiring |= {

@@ -50,6 +50,16 @@ def scrape(base_url: str, family: str) -> float | None:
     return None
 
 
+def scrape_sample(base_url: str, sample: str) -> float | None:
+    """The sum of the samples named exactly ``sample`` (``..._sum``, ``..._count`` of a histogram)."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return None
+    values = [s.value for parsed in text_string_to_metric_families(text) for s in parsed.samples if s.name == sample]
+    return sum(values) if values else None
+
+
 def queue_depth(queue_http: str) -> float | None:
     """Groups waiting in the trajectory queue."""
     return scrape(queue_http, "relayrl_queue_queue_size_groups")

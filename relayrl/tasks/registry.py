@@ -65,6 +65,13 @@ def _reverse(rng: random.Random, length: int) -> tuple[str, str]:
     return f"reverse {digits}", digits[::-1]
 
 
+def _repeat(rng: random.Random, length: int) -> tuple[str, str]:
+    """A pattern of up to 96 digits repeated to at most ``length`` characters: long answers, short prompts."""
+    pattern = _digits(rng, rng.randint(1, max(1, min(96, length))))
+    times = max(1, length // len(pattern))
+    return f"repeat {pattern} x{times}", pattern * times
+
+
 def _add(rng: random.Random, length: int) -> tuple[str, str]:
     high = 10**length - 1
     a, b = rng.randint(0, high), rng.randint(0, high)
@@ -77,6 +84,13 @@ TASKS: dict[str, Task] = {
         Task("copy_bits", "copy", _copy_bits, score_positional, "Repeat a string of bits (the demo's task)."),
         Task("copy", "copy", _copy, score_positional, "Repeat a string of digits."),
         Task("reverse", "reverse", _reverse, score_positional, "Reverse a string of digits."),
+        Task(
+            "repeat",
+            "copy",
+            _repeat,
+            score_positional,
+            "Repeat a digit pattern k times; difficulty is the answer's length (up to hundreds of tokens).",
+        ),
         Task("add", "arithmetic", _add, score_exact, "Add two non-negative integers."),
     )
 }

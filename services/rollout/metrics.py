@@ -55,6 +55,9 @@ class RolloutMetrics:
             "param_sync_requests", "Weight versions the replica tried to load.", "total"
         )
         self.param_sync_failures = m.counter("param_sync_failures", "Weight versions that failed to load.", "total")
+        self.generation_paused = m.histogram(
+            "generation_paused", "Seconds generation stood paused for one weight switch (0 when not paused)."
+        )
         self.weight_update_duration = m.histogram(
             "weight_update_duration", "Announcement to weights live in the engine (fetch + switch)."
         )

@@ -136,6 +136,7 @@ class WeightSync:
         async with self.control_lock:
             # A replica paused by its operator stays paused; the update still lands.
             user_paused = self.is_paused()
+            paused_at = time.perf_counter()
             if not user_paused:
                 await self.engine.pause_generation("in_place" if self.mode == "in_place" else "abort")
             try:
@@ -146,6 +147,7 @@ class WeightSync:
             finally:
                 if not user_paused:
                     await self.engine.continue_generation()
+                    self.metrics.generation_paused.observe(time.perf_counter() - paused_at)
             if not result.success:
                 raise EngineError(f"engine refused version {version}: {result.message}")
 

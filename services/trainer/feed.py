@@ -61,6 +61,8 @@ class Batch:
     groups: list[Group]
     entry_ids: list[str]
     wait_s: float
+    # Of wait_s, the seconds spent in queue calls (the rest waited for groups to arrive).
+    queue_s: float
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Feed:
     seen: set[str] = field(default_factory=set)
     eval_groups: dict[str, Group] = field(default_factory=dict)
     queue_dropped: int = 0
+    rpc_s: float = 0.0  # seconds in queue calls since the last batch
 
     def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
@@ -87,6 +90,7 @@ class Feed:
         delay = 0.5
         with self.stalls.waiting("an answer", "queue") as wait:
             while True:
+                started = time.perf_counter()
                 try:
                     return self.io.call(call())
                 except grpc.aio.AioRpcError as err:
@@ -96,6 +100,8 @@ class Feed:
                     wait.tick()
                     time.sleep(delay)
                     delay = min(delay * 2, 10.0)
+                finally:
+                    self.rpc_s += time.perf_counter() - started
 
     # --- releasing ----------------------------------------------------------------------
 
@@ -143,9 +149,12 @@ class Feed:
     def _pull(self, max_groups: int) -> int:
         """Pulls and routes up to ``max_groups`` groups; returns how many came."""
         s = self.settings
+        rpc_s = self.rpc_s
         got = self._rpc(
             lambda: self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
         )
+        if not got:
+            self.rpc_s = rpc_s  # an empty pull only blocked, waiting for groups
         for delivered in got:
             self._route(delivered)
         return len(got)
@@ -173,6 +182,7 @@ class Feed:
     def next_batch(self) -> Batch | None:
         """Blocks until ``batch_size`` fresh groups are in hand; None when asked to stop."""
         started = time.perf_counter()
+        self.rpc_s = 0.0
         size = self.settings.batch_size
         self._drop_stale()
         with self.stalls.waiting("trajectory groups", "rollout") as wait:
@@ -195,7 +205,7 @@ class Feed:
         for d in taken:
             verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {self.state.version}"
-        return Batch([d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started)
+        return Batch([d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started, self.rpc_s)
 
     # --- validation ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class StepPlan:
     checkpoint_after: bool = False
     stop: bool = False
     wait_s: float = 0.0
+    queue_s: float = 0.0  # of wait_s, the time spent in queue calls
     ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
 
 
@@ -163,7 +164,7 @@ class Trainer:
             else:
                 self.feed.unacked.extend(batch.entry_ids)
                 plan.samples = samples_from_groups(batch.groups)
-                plan.wait_s = batch.wait_s
+                plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
                 plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
@@ -253,6 +254,7 @@ class Trainer:
                 "trainer/dropped_stale_groups": self.state.dropped_stale,
                 "trainer/param_sync_failures": sum(1 for r in self.publisher.records if not r.ok),
                 "timing/wait_s": plan.wait_s,
+                "timing/queue_s": plan.queue_s,
                 "timing/step_s": total_s,
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "staleness/avg_sample_age": sum(plan.ages) / max(len(plan.ages), 1),
