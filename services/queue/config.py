@@ -85,7 +85,11 @@ class QueueSettings(ServiceSettings):
         " prompt is dropped and counted as dropped:<reason>; the trainer then releases a replacement.",
     )
     poll_interval_s: float = Field(
-        0.05, gt=0, le=5, description="How often a blocked Push or Lease re-checks Redis, seconds."
+        1.0,
+        gt=0,
+        le=5,
+        description="A blocked Push or Lease wakes when a release, give-back, ack or drop is published;"
+        " this is only its fallback re-check, seconds, for a wake-up missed while Redis reconnected.",
     )
     age_window: int = Field(1000, ge=1, description="Deliveries averaged in the sample-age statistics.")
     stats_refresh_s: float = Field(2.0, gt=0, description="Period of refreshing the Prometheus gauges, seconds.")

@@ -27,6 +27,11 @@ class Keys:
         return self._key("push_reservations")
 
     @property
+    def room_bell(self) -> str:
+        """Pub/sub channel: an ack or a drop freed room in the stream (wakes pushes at capacity)."""
+        return self._key("bell:room")
+
+    @property
     def stale(self) -> str:
         """Stream of groups dropped by the staleness check, with the reason and versions."""
         return self._key("stale")
@@ -60,6 +65,11 @@ class Keys:
     @property
     def prompt_seq(self) -> str:
         return self._key("prompts:seq")
+
+    @property
+    def prompt_bell(self) -> str:
+        """Pub/sub channel: prompts became leasable (released or given back; wakes blocked leases)."""
+        return self._key("bell:prompts")
 
     @property
     def prompts_waiting(self) -> str:

@@ -28,7 +28,7 @@ sharing a run need synchronised clocks (NTP); the lease timeout dwarfs ordinary 
 
 from __future__ import annotations
 
-import asyncio
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from relayrl.v1 import trajectory_pb2 as pb
+from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest
 from services.queue.keys import Keys
@@ -107,7 +108,7 @@ return renewed
 """
 
 
-# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons.
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons, bell channel.
 # ARGV: replica, reason, min_start_version, max_abandons, then key and delivery pairs.
 # Only a lease this replica still holds is given back (as in renew). Returns the requeued and
 # the dropped lease ids, each list prefixed by its length.
@@ -132,6 +133,7 @@ for i = 5, #ARGV, 2 do
     end
   end
 end
+if #requeued > 0 then redis.call('PUBLISH', KEYS[9], #requeued) end
 local out = {#requeued}
 for _, v in ipairs(requeued) do table.insert(out, v) end
 for _, v in ipairs(dropped) do table.insert(out, v) end
@@ -161,9 +163,10 @@ class PromptStats:
 
 
 class PromptQueue:
-    def __init__(self, redis: aioredis.Redis, settings: QueueSettings) -> None:
+    def __init__(self, redis: aioredis.Redis, settings: QueueSettings, bells: Bells) -> None:
         self._redis = redis
         self._settings = settings
+        self._bells = bells
         k = Keys(settings.run_id)
         self._keys = k
         self._script_keys = [
@@ -196,6 +199,7 @@ class PromptQueue:
             pipe.hset(self._keys.prompt_min_start, key, msg.min_start_version)
             pipe.zadd(self._keys.prompts_waiting, {key: msg.min_start_version})
         pipe.hincrby(self._keys.prompt_stats, "released", len(prompts))
+        pipe.publish(self._keys.prompt_bell, len(prompts))
         await pipe.execute()
         return len(prompts)
 
@@ -212,14 +216,21 @@ class PromptQueue:
             raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
         deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
         while True:
+            rung = self._bells.waiter(self._keys.prompt_bell)
             now = time.time()
             expires = now + self._settings.lease_timeout_s
             out = await self._lease(
                 keys=self._script_keys, args=[repr(now), held_version, max_prompts, repr(expires), replica_id]
             )
-            if out or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if out or left <= 0:
                 return [_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)]
-            await asyncio.sleep(self._settings.poll_interval_s)
+            await wait_for_ring(rung, min(left, self._settings.poll_interval_s, await self._until_first_expiry()))
+
+    async def _until_first_expiry(self) -> float:
+        """Seconds until the earliest lease expires (and its prompt may be re-issued); inf if none."""
+        first = await self._redis.zrange(self._keys.prompts_leased, 0, 0, withscores=True)
+        return max(first[0][1] - time.time(), 0.0) if first else math.inf
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
         if not replica_id:
@@ -260,7 +271,7 @@ class PromptQueue:
         args: list[str | int] = [replica_id, reason, min_start_version, self._settings.max_prompt_abandons]
         for key, delivery in pairs:
             args += [key, delivery]
-        out = await self._abandon(keys=self._script_keys, args=args)
+        out = await self._abandon(keys=[*self._script_keys, self._keys.prompt_bell], args=args)
         ids = [item.decode() for item in out[1:]]
         return ids[: int(out[0])], ids[int(out[0]) :]
 

@@ -13,7 +13,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from relayrl.http_app import create_http_app
 from relayrl.serving import GrpcServer, HttpServer, start_grpc_server, start_http_server, wait_for_shutdown_signal
 from relayrl.v1 import queue_pb2_grpc as qgrpc
+from services.queue.bells import Bells
 from services.queue.config import QueueSettings
+from services.queue.keys import Keys
 from services.queue.metrics import QueueMetrics
 from services.queue.prompts import PromptQueue
 from services.queue.redis_conn import apply_persistence, connect, redis_reachable
@@ -33,6 +35,7 @@ class QueueServer:
     grpc: GrpcServer
     http: HttpServer
     refresher: asyncio.Task[None]
+    listener: asyncio.Task[None]
     stopping: asyncio.Event
 
     @property
@@ -44,6 +47,10 @@ class QueueServer:
         # connection error, which the refresh loop would swallow and carry on.
         self.stopping.set()
         await self.refresher
+        # The listener holds no state worth finishing: a cancel ends its wait for a message at once.
+        self.listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.listener
         await self.grpc.stop(grace_s=1.0)
         await self.http.stop()
         await self.redis.aclose()
@@ -51,8 +58,10 @@ class QueueServer:
 
 async def start_queue_server(settings: QueueSettings) -> QueueServer:
     redis = connect(settings)
-    trajectories = TrajectoryQueue(redis, settings)
-    prompts = PromptQueue(redis, settings)
+    keys = Keys(settings.run_id)
+    bells = Bells(redis, [keys.prompt_bell, keys.room_bell])
+    trajectories = TrajectoryQueue(redis, settings, bells)
+    prompts = PromptQueue(redis, settings, bells)
     try:
         await apply_persistence(redis, settings.redis_appendfsync)
         await trajectories.ensure_group()
@@ -72,7 +81,8 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
     http = await start_http_server(app, settings.host, settings.http_port)
     stopping = asyncio.Event()
     refresher = asyncio.create_task(_keep_fresh(redis, settings, trajectories, prompts, metrics, stopping))
-    return QueueServer(settings, redis, grpc_server, http, refresher, stopping)
+    listener = asyncio.create_task(bells.listen(stopping), name="queue-bells")
+    return QueueServer(settings, redis, grpc_server, http, refresher, listener, stopping)
 
 
 async def _keep_fresh(

@@ -45,7 +45,6 @@ An entry delivered more than ``max_deliveries`` times is dead-lettered, never de
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -60,6 +59,7 @@ from redis.exceptions import ResponseError
 
 from relayrl.staleness import Verdict, check_staleness
 from services.queue.ages import AgeSummary, AgeWindow
+from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest, QueueFull
 from services.queue.groupcheck import GroupHeader, inspect_group
@@ -88,8 +88,8 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3] .. ':' .. ARGV[2])
 return 1
 """
 
-# KEYS: stream, stats, consumers. ARGV: group, consumer, now, then entry ids. Stamps the
-# consumer as alive; deletes only what this call acknowledged.
+# KEYS: stream, stats, consumers, room bell. ARGV: group, consumer, now, then entry ids. Stamps
+# the consumer as alive; deletes only what this call acknowledged, and rings pushes waiting for room.
 _ACK_LUA = """
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 local acked = 0
@@ -99,7 +99,10 @@ for i = 4, #ARGV do
     acked = acked + 1
   end
 end
-if acked > 0 then redis.call('HINCRBY', KEYS[2], 'consumed', acked) end
+if acked > 0 then
+  redis.call('HINCRBY', KEYS[2], 'consumed', acked)
+  redis.call('PUBLISH', KEYS[4], acked)
+end
 return acked
 """
 
@@ -197,9 +200,10 @@ def entry_fields(header: GroupHeader, payload: bytes, now: float) -> dict[str, A
 
 
 class TrajectoryQueue:
-    def __init__(self, redis: aioredis.Redis, settings: QueueSettings) -> None:
+    def __init__(self, redis: aioredis.Redis, settings: QueueSettings, bells: Bells) -> None:
         self._redis = redis
         self._settings = settings
+        self._bells = bells
         self._keys = Keys(settings.run_id)
         self._reserve_script = redis.register_script(_RESERVE_LUA)
         self._ack_script = redis.register_script(_ACK_LUA)
@@ -241,14 +245,16 @@ class TrajectoryQueue:
         token = uuid.uuid4().hex
         keys = [self._keys.trajectories, self._keys.push_reservations]
         while True:
+            rung = self._bells.waiter(self._keys.room_bell)
             if await self._reserve_script(keys=keys, args=[cap, len(entries), token, RESERVATION_TTL_MS]):
                 return await self._append(entries, f"{token}:{len(entries)}")
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise QueueFull(
                     f"queue stayed at its capacity of {cap} groups (queued + unacknowledged) for {wait_s:g}s;"
                     f" none of the {len(headers)} groups was stored"
                 )
-            await asyncio.sleep(self._settings.poll_interval_s)
+            await wait_for_ring(rung, min(left, self._settings.poll_interval_s))
 
     async def _append(self, entries: list[dict[str, Any]], reservation: str) -> list[str]:
         """Appends the entries and frees their reservation in one transaction: all or none."""
@@ -523,6 +529,7 @@ class TrajectoryQueue:
         pipe.xack(self._keys.trajectories, TRAINER_GROUP, raw.entry_id)
         pipe.xdel(self._keys.trajectories, raw.entry_id)
         pipe.hincrby(self._keys.stats, f"dropped:{reason}", 1)
+        pipe.publish(self._keys.room_bell, 1)
         await pipe.execute()
         if stream is None or reason == "max_deliveries":
             log.warning("entry %s dead-lettered (%s): %s", raw.entry_id, reason, detail)
@@ -558,7 +565,7 @@ class TrajectoryQueue:
         bad = [i for i in entry_ids if not ENTRY_ID.match(i)]
         if bad:
             raise BadRequest(f"not stream entry ids (want '<ms>-<seq>'): {bad[:5]}")
-        keys = [self._keys.trajectories, self._keys.stats, self._keys.consumers]
+        keys = [self._keys.trajectories, self._keys.stats, self._keys.consumers, self._keys.room_bell]
         return int(await self._ack_script(keys=keys, args=[TRAINER_GROUP, consumer, repr(time.time()), *entry_ids]))
 
     async def stats(self) -> TrajectoryStats:

@@ -35,7 +35,8 @@ def queue_settings(redis_server: RedisProcess) -> Callable[..., QueueSettings]:
             "redis_url": redis_server.url,
             "run_id": run_id,
             "consumer_idle_timeout_s": 1.0,
-            "poll_interval_s": 0.02,
+            # The longest fallback re-check: blocked leases and pushes must be woken by the bells.
+            "poll_interval_s": 5.0,
             "stats_refresh_s": 0.2,
         }
         values.update(overrides)

@@ -60,12 +60,29 @@ async def test_an_expired_lease_is_reissued_to_another_replica(start_queue):
 async def test_lease_blocks_until_a_prompt_is_released(start_queue):
     server = await start_queue()
     async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as replica:
-        waiting = asyncio.create_task(replica.lease("replica-a", max_prompts=1, held_version=0, block_timeout_s=5))
+        waiting = asyncio.create_task(replica.lease("replica-a", max_prompts=1, held_version=0, block_timeout_s=30))
         await asyncio.sleep(0.2)
         assert not waiting.done()
         await trainer.release([prompt(7)])
-        leases = await asyncio.wait_for(waiting, 5)
+        # Woken by the release itself, long before the fallback re-check (5 s here).
+        leases = await asyncio.wait_for(waiting, 2.5)
         assert [lease.prompt.prompt_id for lease in leases] == ["ds/7"]
+
+
+async def test_a_blocked_lease_is_woken_by_a_give_back_and_by_a_lease_expiring(start_queue):
+    server = await start_queue(lease_timeout_s=1.0)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0), prompt(1)])
+        first, second = await client.lease("replica-a", max_prompts=2, held_version=0)
+        waiting = asyncio.create_task(client.lease("replica-b", max_prompts=1, held_version=0, block_timeout_s=30))
+        await asyncio.sleep(0.2)
+        await client.abandon("replica-a", [first.lease_id], "stale")
+        (given_back,) = await asyncio.wait_for(waiting, 2.5)
+        # The other lease expires after 1 s; a lease blocked on nothing else wakes for it.
+        (expired,) = await asyncio.wait_for(
+            client.lease("replica-b", max_prompts=1, held_version=0, block_timeout_s=30), 3.5
+        )
+    assert given_back.prompt.prompt_id == "ds/0" and expired.prompt.prompt_id == "ds/1"
 
 
 async def test_a_renewed_lease_outlives_its_timeout_and_a_reissued_one_cannot_be_renewed(start_queue):

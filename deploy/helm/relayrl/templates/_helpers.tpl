@@ -147,6 +147,7 @@ metadata:
 data:
   RELAYRL_RUN_ID: {{ .root.Values.run.id | quote }}
   RELAYRL_MAX_STALENESS: {{ .root.Values.run.maxStaleness | quote }}
+  RELAYRL_STALL_WARN_S: {{ .root.Values.run.stallWarnS | quote }}
   {{- range $field, $value := .shared }}
   {{ printf "RELAYRL_%s" (upper $field) }}: {{ include "relayrl.envValue" $value }}
   {{- end }}
