@@ -73,7 +73,7 @@ async def test_a_blocked_lease_is_woken_by_a_give_back_and_by_a_lease_expiring(s
     server = await start_queue(lease_timeout_s=1.0)
     async with QueueClient(server.grpc_address) as client:
         await client.release([prompt(0), prompt(1)])
-        first, second = await client.lease("replica-a", max_prompts=2, held_version=0)
+        first, _ = await client.lease("replica-a", max_prompts=2, held_version=0)
         waiting = asyncio.create_task(client.lease("replica-b", max_prompts=1, held_version=0, block_timeout_s=30))
         await asyncio.sleep(0.2)
         await client.abandon("replica-a", [first.lease_id], "stale")
