@@ -402,9 +402,14 @@ def bench(
     json_out: Annotated[Path | None, typer.Option(help="Also write the JSON object to this file.")] = None,
 ) -> None:
     """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
-    chosen = get_workload(workload)
+    try:
+        chosen = get_workload(workload)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--workload") from None
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}", param_hint="--preset"
+        )
     from relayrl.stack.cpus import plan_cpus
 
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()

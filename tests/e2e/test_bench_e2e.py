@@ -1,0 +1,73 @@
+"""`relayrl bench e2e` on the realistic workload, shortened: every phase runs and the books balance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+KEYS = {
+    "engine_alone_samples_per_s",
+    "trainer_alone_samples_per_s",
+    "sync_samples_per_s",
+    "async_samples_per_s",
+    "pipeline_efficiency",
+    "speedup",
+    "trainer_idle_ratio",
+    "rollout_idle_ratio",
+    "cpu_busy_ratio",
+    "weight_version_s",
+    "paused_per_version_s",
+    "queue_share_of_step",
+    "padding_ratio",
+    "max_step_wait_s",
+    "generated_lengths",
+    "cpu_split",
+    "staleness_violations",
+    "lost_groups",
+}
+
+
+def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
+    argv += ["--steps", "4", "--alone-steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed == json.loads(out.read_text())
+    assert printed.keys() >= KEYS
+    assert (printed["workload"], printed["preset"]) == ("realistic", "tiny")
+    assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
+    for key in ("engine_alone_samples_per_s", "trainer_alone_samples_per_s", "sync_samples_per_s"):
+        assert printed[key] > 0
+    bottleneck = min(printed["engine_alone_samples_per_s"], printed["trainer_alone_samples_per_s"])
+    assert printed["pipeline_efficiency"] == pytest.approx(printed["async_samples_per_s"] / bottleneck, rel=0.01)
+    for mode in ("sync", "async"):
+        assert 0.0 <= printed["trainer_idle_ratio"][mode] <= 1.0
+        assert 0.0 < printed["cpu_busy_ratio"][mode] <= 1.0
+        assert printed["weight_version_s"][mode] > 0
+    # The long tail reaches the generation: some answers run to hundreds of tokens.
+    lengths = printed["generated_lengths"]
+    assert lengths["samples"] >= 3 * 4 * 8 and lengths["max"] > 4 * lengths["median"]
+    # Phases are announced on stderr while they run.
+    assert "engine alone" in done.stderr and "async pipeline" in done.stderr
+
+
+def test_an_unknown_preset_or_workload_is_a_clear_error() -> None:
+    for flag, value, choices in (("--preset", "huge", "tiny, small, base"), ("--workload", "huge", "toy, realistic")):
+        done = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", "bench", "e2e", flag, value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        # The message as one line, whatever the width rich wraps its error box to.
+        message = " ".join(done.stderr.replace("│", " ").split())
+        assert f"choose one of {choices}" in message and "Traceback" not in message
