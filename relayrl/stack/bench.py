@@ -239,7 +239,7 @@ def _generated_lengths(redis_url: str, run_id: str) -> dict[str, float]:
     lengths = [
         len(sample.response_token_ids)
         for _, fields in entries
-        for sample in trajectory_pb2.TrajectoryGroup.FromString(fields[b"payload"]).samples
+        for sample in trajectory_pb2.TrajectoryGroup.FromString(fields[b"payload"]).trajectories
     ]
     p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
     return {"samples": len(lengths), "median": p50, "p90": p90, "p99": p99, "max": float(max(lengths))}

@@ -52,9 +52,10 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
         assert 0.0 <= printed["trainer_idle_ratio"][mode] <= 1.0
         assert 0.0 < printed["cpu_busy_ratio"][mode] <= 1.0
         assert printed["weight_version_s"][mode] > 0
-    # The long tail reaches the generation: some answers run to hundreds of tokens.
+    # Lengths of the backlog generated alone (3 steps of 4 groups of 8), within the 512-token cap.
     lengths = printed["generated_lengths"]
-    assert lengths["samples"] >= 3 * 4 * 8 and lengths["max"] > 4 * lengths["median"]
+    assert lengths["samples"] >= 3 * 4 * 8
+    assert 1 <= lengths["median"] <= lengths["p90"] <= lengths["p99"] <= lengths["max"] <= 512
     # Phases are announced on stderr while they run.
     assert "engine alone" in done.stderr and "async pipeline" in done.stderr
 
