@@ -60,6 +60,7 @@ class LocalStack:
         self.api_token = self.settings.api_token or secrets.token_urlsafe(16)
         self.endpoints = Endpoints()
         self.trainer: ManagedProcess | None = None
+        supervisor.restarts_file = self.restarts_file
 
     # -- plan ---------------------------------------------------------------------------
 
@@ -98,6 +99,7 @@ class LocalStack:
         self._start_engines(model_dir)
         self._start_rollouts()
         self._start_trainer(model_dir)
+        self.supervisor.record_restarts()
         self._write_ctl_env()
 
     @property
@@ -109,7 +111,9 @@ class LocalStack:
         from relayrl.ctl.config import env_file_text
 
         e = self.endpoints
-        text = env_file_text(self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc)
+        text = env_file_text(
+            self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc, str(self.restarts_file)
+        )
         self.ctl_env_file.touch(mode=0o600)
         self.ctl_env_file.write_text(text)
 
@@ -194,9 +198,18 @@ class LocalStack:
         ]  # fmt: skip
         self.trainer = self.supervisor.start(self._spec("trainer", argv, "trainer", wiring, None))
 
+    @property
+    def restarts_file(self) -> Path:
+        return self.run_dir / "restarts.json"
+
     def trainer_exit_code(self) -> int | None:
+        """The trainer's exit code once its run is over; None while it runs or waits to be
+        restarted (the supervisor's ``check_alive`` restarts it or gives up, naming it)."""
         assert self.trainer is not None and self.trainer.process is not None
-        return self.trainer.process.poll()
+        code = self.trainer.process.poll()
+        if code is None or (code != 0 and self.supervisor.policy.wants_restart(code)):
+            return None
+        return code
 
 
 def prepare_model(stack: LocalStack) -> Path:

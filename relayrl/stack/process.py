@@ -139,6 +139,15 @@ class ManagedProcess:
         self._wait_group_gone()
         self._join_pump()
 
+    def restart(self) -> None:
+        """Starts the component again after it died; whatever is left of its old group goes first
+        (torchrun workers outliving their launcher would hold the ports the new one needs)."""
+        assert self.process is not None and self.process.poll() is not None
+        self._signal_group(signal.SIGKILL)
+        self._wait_group_gone()
+        self._join_pump()
+        self.start()
+
     def kill(self) -> None:
         """Crash the component (SIGKILL to its whole group), as a failure test would."""
         if self.process is not None:
