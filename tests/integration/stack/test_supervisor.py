@@ -139,3 +139,21 @@ def test_policy_never_stops_the_stack_and_always_restarts_a_clean_exit():
         stack.check_alive()
     assert RestartPolicy("always").wants_restart(0)
     assert not RestartPolicy("on-failure").wants_restart(0) and RestartPolicy("on-failure").wants_restart(-9)
+
+
+# torchrun starts each worker in a session of its own, outside the launcher's process group.
+PARENT_WITH_OWN_SESSION_CHILD = PARENT_WITH_CHILD.replace('sleep(600)"])', 'sleep(600)"], start_new_session=True)')
+
+
+def test_a_restart_first_kills_workers_that_left_the_process_group():
+    assert "start_new_session" in PARENT_WITH_OWN_SESSION_CHILD
+    policy = RestartPolicy("on-failure", backoff_s=0.1)
+    with supervised(io.StringIO(), policy) as stack:
+        component = stack.start(ComponentSpec("trainer", [sys.executable, "-c", PARENT_WITH_OWN_SESSION_CHILD]))
+        orphan = _child_pid(component)
+        os.kill(component.process.pid, signal.SIGKILL)  # the launcher alone dies; its worker lives on
+        component.process.wait(timeout=10)
+        assert process_alive(orphan)
+        _wait(lambda: (stack.check_alive(), component.running())[1], 10, "the restart")
+        assert not process_alive(orphan), "the old worker survived the restart (it would hold the ports)"
+    assert not any(process_alive(pid) for pid in (orphan, component.process.pid))
