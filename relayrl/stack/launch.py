@@ -64,12 +64,24 @@ class LocalStack:
 
     # -- plan ---------------------------------------------------------------------------
 
+    def route(self, target: str, address: str) -> str:
+        """The host:port at which other components reach ``target`` listening on ``address``
+        (itself here; `relayrl chaos` puts a fault-injecting proxy in between)."""
+        return address
+
+    def _routed_url(self, target: str, url: str) -> str:
+        scheme, _, rest = url.partition("://")
+        auth, _, hostport_path = rest.rpartition("@")
+        hostport, slash, path = hostport_path.partition("/")
+        routed = self.route(target, hostport)
+        return f"{scheme}://{auth + '@' if auth else ''}{routed}{slash}{path}"
+
     def _shared_env(self) -> dict[str, str]:
         return {
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_API_TOKEN": self.api_token,
             "RELAYRL_MAX_STALENESS": str(self.settings.max_staleness),
-            "RELAYRL_REDIS_URL": self.endpoints.redis_url,
+            "RELAYRL_REDIS_URL": self._routed_url("redis", self.endpoints.redis_url),
         }
 
     def _spec(self, name: str, argv: list[str], service: str, wiring: dict[str, str], ready_url: str | None):
@@ -170,9 +182,9 @@ class LocalStack:
             self.endpoints.rollouts_http.append(url)
             wiring |= {
                 "RELAYRL_ROLLOUT_REPLICA_ID": f"rollout-{i}",
-                "RELAYRL_ROLLOUT_ENGINE_URL": engine_url,
-                "RELAYRL_ROLLOUT_QUEUE_ADDRESS": self.endpoints.queue_grpc,
-                "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+                "RELAYRL_ROLLOUT_ENGINE_URL": self._routed_url(f"engine-{i}", engine_url),
+                "RELAYRL_ROLLOUT_QUEUE_ADDRESS": self.route("queue", self.endpoints.queue_grpc),
+                "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
                 "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
             }
             specs.append(
@@ -186,8 +198,8 @@ class LocalStack:
         wiring |= {
             "RELAYRL_TRAINER_MODEL_DIR": str(model_dir),
             "RELAYRL_TRAINER_RUN_DIR": str(self.run_dir),
-            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.endpoints.queue_grpc,
-            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.route("queue", self.endpoints.queue_grpc),
+            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
             # torchrun's default of 1 thread per rank; more only oversubscribes a small machine.
             "OMP_NUM_THREADS": "1",
         }

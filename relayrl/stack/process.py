@@ -161,6 +161,10 @@ class ManagedProcess:
             self._wait_group_gone()
             self._join_pump()
 
+    def pids(self) -> list[int]:
+        """Every running process of the component (the launcher and what it started)."""
+        return _tagged(self._tag)
+
     def signal_all(self, sig: signal.Signals) -> None:
         """Sends ``sig`` to every process of the component: its group and any that left it."""
         self._signal_group(sig)

@@ -97,8 +97,9 @@ class VersionWatch:
             self.observe(name, pid, version)
 
 
-def step_gaps(metrics_path: Path) -> list[float]:
-    """Seconds between consecutive training steps written to metrics.jsonl (the stall measure)."""
+def step_gaps(metrics_path: Path, until: float | None = None) -> list[float]:
+    """Seconds between consecutive training steps written to metrics.jsonl (the stall measure),
+    and from the last step to ``until`` (the end of the run) when given."""
     times = []
     if metrics_path.is_file():
         for line in metrics_path.read_text().splitlines():
@@ -108,6 +109,8 @@ def step_gaps(metrics_path: Path) -> list[float]:
                 continue
             if "trainer/global_steps" in row:
                 times.append(float(row["time"]))
+    if until is not None and times:
+        times.append(max(until, times[-1]))
     return [b - a for a, b in itertools.pairwise(times)]
 
 
@@ -130,13 +133,15 @@ class Verdict:
     stalls_over_30s: int
 
 
-def verdict(run_dir: Path, queue_address: str, max_staleness: int, watch: VersionWatch) -> Verdict:
+def verdict(
+    run_dir: Path, queue_address: str, max_staleness: int, watch: VersionWatch, ended_at: float | None = None
+) -> Verdict:
     from relayrl.ctl.components import queue_status
 
     lineage = Lineage.read(run_dir / "groups.jsonl")
     q = queue_status(queue_address, timeout_s=10.0)
     dropped = int(sum(q.dropped_by_reason.values()))
-    gaps = step_gaps(run_dir / "metrics.jsonl")
+    gaps = step_gaps(run_dir / "metrics.jsonl", ended_at)
     return Verdict(
         lost_groups=lost_groups(lineage, q.total_produced, dropped, q.queue_size, q.pending),
         trained_twice=lineage.trained_twice(),

@@ -58,3 +58,4 @@ def test_step_gaps_come_from_the_training_rows(tmp_path):
         "".join(json.dumps({"time": t, "trainer/global_steps": i}) + "\n" for i, t in enumerate((10.0, 12.5, 50.0)))
     )
     assert step_gaps(path) == [2.5, 37.5]
+    assert step_gaps(path, until=90.0) == [2.5, 37.5, 40.0]  # no step since: a stall to the end
