@@ -127,6 +127,7 @@ class Verdict:
     trained_groups: int
     skipped_by_trainer: int
     queue_dropped: int
+    queue_dropped_by_reason: dict[str, int]
     still_queued: int
     engine_resets: int
     max_step_gap_s: float
@@ -152,6 +153,7 @@ def verdict(
         trained_groups=len(set(lineage.trained())),
         skipped_by_trainer=len(lineage.skipped - set(lineage.trained())),
         queue_dropped=dropped,
+        queue_dropped_by_reason={k: int(v) for k, v in sorted(q.dropped_by_reason.items()) if v},
         still_queued=q.queue_size + q.pending,
         engine_resets=watch.resets,
         max_step_gap_s=round(max(gaps, default=0.0), 2),
