@@ -46,8 +46,9 @@ class StackSettings(BaseModel):
     )
     restart_backoff_s: float = Field(1.0, gt=0, description="Delay before the first restart, doubled per restart.")
     restart_max_backoff_s: float = Field(30.0, gt=0, description="Longest delay between restarts.")
-    restart_limit: int = Field(5, ge=1, description="Restarts of one component within restart_window_s before the"
-                               " stack stops, naming it.")  # fmt: skip
+    restart_limit: int = Field(
+        5, ge=1, description="Restarts of one component within restart_window_s before the stack stops, naming it."
+    )
     restart_window_s: float = Field(300.0, gt=0, description="Window over which restart_limit counts.")
 
     def restart_policy(self) -> RestartPolicy:
