@@ -1,7 +1,8 @@
 """Faults injected into a running local stack, and when each one counts as recovered.
 
 A fault is recovered once its component runs and passes its ready check again and the trainer
-has written a training step since (training advances again). Process faults act on the whole
+has written a training step since (training advances again). Recovery time counts from the
+injection, so a hang's, a partition's or a latency spell's own duration is part of it. Process faults act on the whole
 process group (torchrun and its workers, a service and its helpers).
 """
 
@@ -11,7 +12,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from relayrl.stack.launch import LocalStack
 from relayrl.stack.process import ManagedProcess
@@ -102,7 +102,3 @@ class FaultTracker:
 
     def _trainer_done(self) -> bool:
         return self.stack.trainer_exit_code() == 0
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.metrics.path

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from relayrl.stack.chaos.faults import Fault, FaultTracker
+from relayrl.stack.chaos.faults import PROCESS_FAULTS, Fault, FaultTracker
 from relayrl.stack.chaos.ledger import Lineage, VersionWatch, verdict
 from relayrl.stack.chaos.proxy import NETWORK_FAULTS, ProxyFleet
 from relayrl.stack.config import StackConfig
@@ -30,7 +30,7 @@ from relayrl.stack.progress import REWARD_KEY
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import Supervisor, supervised
 
-KINDS = ("sigkill", "sigstop", *NETWORK_FAULTS)
+KINDS = (*PROCESS_FAULTS, *NETWORK_FAULTS)
 # Faults are this far apart (seconds, uniform), after the previous one recovered.
 GAP_S = (6.0, 20.0)
 HANG_S = (2.0, 8.0)
