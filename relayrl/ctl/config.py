@@ -42,6 +42,11 @@ class CtlSettings(BaseSettings):
     queue_address: str = Field("", description="gRPC host:port of the queue service. Default: none.")
     paramsync_address: str = Field("", description="gRPC host:port of paramsync. Default: none.")
     timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for each call before calling it failed.")
+    restarts_file: str = Field(
+        "",
+        description="restarts.json of a local stack (`relayrl up` writes it): restarts per component."
+        " Default: none (on Kubernetes, `kubectl get pods` shows restarts).",
+    )
 
     @field_validator("rollout_urls", mode="before")
     @classmethod
@@ -79,7 +84,12 @@ def _http_url(url: str) -> str:
 
 
 def env_file_text(
-    api_token: str, rollout_urls: list[str], trainer_url: str, queue_address: str, paramsync_address: str
+    api_token: str,
+    rollout_urls: list[str],
+    trainer_url: str,
+    queue_address: str,
+    paramsync_address: str,
+    restarts_file: str = "",
 ) -> str:
     """A dotenv file for ``relayrl ctl --env-file`` pointing at one deployment (what ``relayrl up`` can write)."""
     lines = {
@@ -88,5 +98,6 @@ def env_file_text(
         "RELAYRL_CTL_TRAINER_URL": trainer_url,
         "RELAYRL_CTL_QUEUE_ADDRESS": queue_address,
         "RELAYRL_CTL_PARAMSYNC_ADDRESS": paramsync_address,
+        "RELAYRL_CTL_RESTARTS_FILE": restarts_file,
     }
     return "".join(f"{name}={value}\n" for name, value in lines.items())

@@ -4,8 +4,10 @@ others are still asked."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from relayrl.ctl.calls import CallError
@@ -36,7 +38,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Failure:
-    component: Component
+    component: Component | Literal["restarts"]
     endpoint: str
     cause: str
 
@@ -49,6 +51,8 @@ class DeploymentStatus:
     paramsync: ParamsyncStatus | None = None
     failures: list[Failure] = field(default_factory=list)
     not_configured: list[Component] = field(default_factory=list)
+    # Restarts per component of a local stack (its restarts.json), when RELAYRL_CTL_RESTARTS_FILE names one.
+    restarts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,11 @@ def gather_status(settings: CtlSettings, components: Sequence[Component] = COMPO
     if "paramsync" in components and settings.paramsync_address:
         address = settings.paramsync_address
         status.paramsync = _attempt("paramsync", lambda: paramsync_status(address, timeout), status.failures)
+    if settings.restarts_file:
+        try:
+            status.restarts = json.loads(Path(settings.restarts_file).read_text())
+        except (OSError, ValueError) as exc:
+            status.failures.append(Failure("restarts", settings.restarts_file, str(exc)))
     return status
 
 

@@ -113,9 +113,27 @@ def _weight_versions(status: DeploymentStatus) -> Table:
     return table
 
 
+def _restarts(status: DeploymentStatus) -> Table:
+    table = Table(title="Restarts (local stack)", title_justify="left")
+    for column in ("component", "state", "restarts", "last exit code"):
+        table.add_column(column, justify="left" if column in ("component", "state") else "right")
+    for name, r in sorted(status.restarts.items()):
+        running = bool(r.get("running"))
+        code = r.get("last_exit_code")
+        table.add_row(
+            name,
+            Text("running" if running else "restarting", style="green" if running else "yellow"),
+            Text(str(r.get("restarts", 0)), style="yellow" if r.get("restarts") else ""),
+            "" if code is None else str(code),
+        )
+    return table
+
+
 def print_status(console: Console, status: DeploymentStatus) -> None:
     console.print(Text(summary_line(status), style="bold"))
     console.print(_components(status))
+    if status.restarts:
+        console.print(_restarts(status))
     if status.rollout:
         console.print(_rollout_replicas(status))
     if status.paramsync is not None and status.paramsync.replicas:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.stack.cpus import CpusSetting
+from relayrl.stack.restart import RestartMode, RestartPolicy
 
 SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer")
 
@@ -45,6 +46,22 @@ class StackSettings(BaseModel):
         " thread each), or {engines: [ids], trainer: [ids]}; torch threads follow each set's size"
         " (see relayrl/stack/cpus.py).",
     )
+    restart: RestartMode = Field(
+        "on-failure",
+        description="Restart a component that died: always, on-failure (non-zero exit or signal) or never"
+        " (Docker's and Kubernetes' restartPolicy).",
+    )
+    restart_backoff_s: float = Field(1.0, gt=0, description="Delay before the first restart, doubled per restart.")
+    restart_max_backoff_s: float = Field(30.0, gt=0, description="Longest delay between restarts.")
+    restart_limit: int = Field(
+        5, ge=1, description="Restarts of one component within restart_window_s before the stack stops, naming it."
+    )
+    restart_window_s: float = Field(300.0, gt=0, description="Window over which restart_limit counts.")
+
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            self.restart, self.restart_backoff_s, self.restart_max_backoff_s, self.restart_limit, self.restart_window_s
+        )
 
 
 class StackConfig(BaseModel):

@@ -62,15 +62,28 @@ class LocalStack:
         self.endpoints = Endpoints()
         self.trainer: ManagedProcess | None = None
         self.cpus = plan_cpus(self.settings.cpus, self.settings.rollout_replicas, self.settings.trainer_procs)
+        supervisor.restarts_file = self.restarts_file
 
     # -- plan ---------------------------------------------------------------------------
+
+    def route(self, target: str, address: str) -> str:
+        """The host:port at which other components reach ``target`` listening on ``address``
+        (itself here; `relayrl chaos` puts a fault-injecting proxy in between)."""
+        return address
+
+    def _routed_url(self, target: str, url: str) -> str:
+        scheme, _, rest = url.partition("://")
+        auth, _, hostport_path = rest.rpartition("@")
+        hostport, slash, path = hostport_path.partition("/")
+        routed = self.route(target, hostport)
+        return f"{scheme}://{auth + '@' if auth else ''}{routed}{slash}{path}"
 
     def _shared_env(self) -> dict[str, str]:
         return {
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_API_TOKEN": self.api_token,
             "RELAYRL_MAX_STALENESS": str(self.settings.max_staleness),
-            "RELAYRL_REDIS_URL": self.endpoints.redis_url,
+            "RELAYRL_REDIS_URL": self._routed_url("redis", self.endpoints.redis_url),
         }
 
     def _spec(
@@ -115,6 +128,7 @@ class LocalStack:
             self._start_rollouts()
         if training:
             self.start_training(model_dir)
+        self.supervisor.record_restarts()
         self._write_ctl_env()
 
     @property
@@ -126,7 +140,9 @@ class LocalStack:
         from relayrl.ctl.config import env_file_text
 
         e = self.endpoints
-        text = env_file_text(self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc)
+        text = env_file_text(
+            self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc, str(self.restarts_file)
+        )
         self.ctl_env_file.touch(mode=0o600)
         self.ctl_env_file.write_text(text)
 
@@ -188,9 +204,9 @@ class LocalStack:
             self.endpoints.rollouts_http.append(url)
             wiring |= {
                 "RELAYRL_ROLLOUT_REPLICA_ID": f"rollout-{i}",
-                "RELAYRL_ROLLOUT_ENGINE_URL": engine_url,
-                "RELAYRL_ROLLOUT_QUEUE_ADDRESS": self.endpoints.queue_grpc,
-                "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+                "RELAYRL_ROLLOUT_ENGINE_URL": self._routed_url(f"engine-{i}", engine_url),
+                "RELAYRL_ROLLOUT_QUEUE_ADDRESS": self.route("queue", self.endpoints.queue_grpc),
+                "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
                 "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
             }
             specs.append(
@@ -205,8 +221,8 @@ class LocalStack:
         wiring |= {
             "RELAYRL_TRAINER_MODEL_DIR": str(model_dir),
             "RELAYRL_TRAINER_RUN_DIR": str(self.run_dir),
-            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.endpoints.queue_grpc,
-            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.endpoints.paramsync_grpc,
+            "RELAYRL_TRAINER_QUEUE_ADDRESS": self.route("queue", self.endpoints.queue_grpc),
+            "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
             # torch's intra-op threads per rank: the trainer's CPU set shared by its ranks.
             "OMP_NUM_THREADS": str(self.cpus.trainer_threads),
         }
@@ -219,9 +235,18 @@ class LocalStack:
             self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus)
         )
 
+    @property
+    def restarts_file(self) -> Path:
+        return self.run_dir / "restarts.json"
+
     def trainer_exit_code(self) -> int | None:
+        """The trainer's exit code once its run is over; None while it runs or waits to be
+        restarted (the supervisor's ``check_alive`` restarts it or gives up, naming it)."""
         assert self.trainer is not None and self.trainer.process is not None
-        return self.trainer.process.poll()
+        code = self.trainer.process.poll()
+        if code is None or (code != 0 and self.supervisor.policy.wants_restart(code)):
+            return None
+        return code
 
 
 def prepare_model(stack: LocalStack) -> Path:

@@ -1,7 +1,9 @@
 """One supervised child process: started in its own session, its output prefixed, stopped as a group.
 
-Each component runs in a new process session, so stopping it signals the whole group (torchrun
-and its workers, an engine and its helpers) and nothing is orphaned.
+Each component runs in a new process session, so stopping it signals the whole group (an engine
+and its helpers). Processes that leave the group are found by a tag in their environment, which
+every descendant inherits: torchrun starts each worker in a session of its own, so a SIGKILLed
+torchrun would otherwise orphan workers that keep its ports (and a restart could not bind them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,13 +64,15 @@ class ManagedProcess:
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._pump: threading.Thread | None = None
         self.process: subprocess.Popen[str] | None = None
+        self._tag = f"{TAG_VARIABLE}={spec.name}:{uuid.uuid4().hex}"
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def start(self) -> None:
-        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        name, value = self._tag.split("=", 1)
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1", name: value}
         try:
             self.process = subprocess.Popen(
                 list(self.spec.argv),
@@ -145,6 +150,15 @@ class ManagedProcess:
         self._wait_group_gone()
         self._join_pump()
 
+    def restart(self) -> None:
+        """Starts the component again after it died; whatever is left of its old group goes first
+        (torchrun workers outliving their launcher would hold the ports the new one needs)."""
+        assert self.process is not None and self.process.poll() is not None
+        self._signal_group(signal.SIGKILL)
+        self._wait_group_gone()
+        self._join_pump()
+        self.start()
+
     def kill(self) -> None:
         """Crash the component (SIGKILL to its whole group), as a failure test would."""
         if self.process is not None:
@@ -153,22 +167,52 @@ class ManagedProcess:
             self._wait_group_gone()
             self._join_pump()
 
+    def pids(self) -> list[int]:
+        """Every running process of the component (the launcher and what it started)."""
+        return _tagged(self._tag)
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """Sends ``sig`` to every process of the component: its group and any that left it."""
+        self._signal_group(sig)
+
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
+        for pid in _tagged(self._tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _wait_group_gone(self, timeout_s: float = 5.0) -> None:
-        """Returns once no process of the group runs: SIGKILL is delivered asynchronously, and an
-        orphaned child may still be running for a moment after the signal was sent."""
+        """Returns once no process of the component runs: SIGKILL is delivered asynchronously, and
+        an orphaned child may still be running for a moment after the signal was sent."""
         assert self.process is not None
         deadline = time.monotonic() + timeout_s
-        while _group_running(self.process.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while (_group_running(self.process.pid) or _tagged(self._tag)) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _join_pump(self) -> None:
         if self._pump is not None:
             self._pump.join(timeout=5)
+
+
+TAG_VARIABLE = "RELAYRL_STACK_COMPONENT"
+
+
+def _tagged(tag: str) -> list[int]:
+    """Running processes (not zombies) whose environment carries ``tag``."""
+    needle = tag.encode() + b"\0"
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle not in environ.read_bytes() + b"\0":
+                continue
+            state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # exited while we looked, or not ours to read
+        if state != "Z":
+            found.append(int(environ.parent.name))
+    return found
 
 
 def _group_running(pgid: int) -> bool:

@@ -29,7 +29,7 @@ class RunOutcome:
 
 def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False) -> RunOutcome:
     console = Console(stderr=True)
-    with supervised(None if quiet else sys.stderr) as supervisor:
+    with supervised(None if quiet else sys.stderr, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
         try:
             model_dir = prepare_model(stack)

@@ -1,7 +1,9 @@
 """Starts components in order, waits for each to be ready, watches them, stops them in reverse.
 
-A component that fails to start, or dies while the stack runs, stops the whole stack with a
-message naming it; SIGINT and SIGTERM stop everything that was started, leaving no process.
+A component that fails to start stops the whole stack with a message naming it. One that dies
+while the stack runs is restarted as its :class:`RestartPolicy` says (with backoff), and stops
+the stack, named, when the policy gives up. SIGINT and SIGTERM stop everything that was started,
+leaving no process.
 """
 
 from __future__ import annotations
@@ -10,25 +12,31 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO
 
 from relayrl.stack.process import ComponentError, ComponentSpec, ManagedProcess
+from relayrl.stack.restart import RestartPolicy, RestartRecord, write_restarts
 
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, sink: TextIO | None = sys.stderr) -> None:
+    def __init__(self, sink: TextIO | None = sys.stderr, policy: RestartPolicy | None = None) -> None:
         self._sink = sink
+        self.policy = policy or RestartPolicy()
         self.components: list[ManagedProcess] = []
+        self.restarts: dict[str, RestartRecord] = {}
+        # Where restarts are recorded for `relayrl ctl status --all` (set by the stack).
+        self.restarts_file: Path | None = None
         self._stopped = threading.Event()
 
     def start(self, spec: ComponentSpec) -> ManagedProcess:
         """Starts ``spec`` and blocks until it is ready."""
-        component = ManagedProcess(spec, self._sink)
-        self.components.append(component)
+        component = self._add(spec)
         component.start()
         component.wait_ready()
         log.info("%s is ready", spec.name)
@@ -38,8 +46,7 @@ class Supervisor:
         """Starts every spec at once and waits for all (for components that need each other to be up)."""
         started = []
         for spec in specs:
-            component = ManagedProcess(spec, self._sink)
-            self.components.append(component)
+            component = self._add(spec)
             component.start()
             started.append(component)
         for component in started:
@@ -47,18 +54,54 @@ class Supervisor:
             log.info("%s is ready", component.name)
         return started
 
+    def _add(self, spec: ComponentSpec) -> ManagedProcess:
+        component = ManagedProcess(spec, self._sink)
+        self.components.append(component)
+        self.restarts[spec.name] = RestartRecord()
+        return component
+
     def get(self, name: str) -> ManagedProcess:
         return next(c for c in self.components if c.name == name)
 
     def check_alive(self, exited_ok: Sequence[str] = ()) -> None:
-        """Raises ComponentError for the first component that died (ones in ``exited_ok`` may exit 0)."""
+        """Restarts components that died, as the policy says, once their backoff has passed.
+
+        Raises ComponentError for the first component the policy does not restart or has given
+        up on. Components in ``exited_ok`` that exit 0 are done (the trainer at the end of its
+        run), never restarted. Call it periodically: it never blocks on a restarting component.
+        """
         for component in self.components:
             if component.running() or component.process is None:
                 continue
             code = component.process.returncode
             if component.name in exited_ok and code == 0:
                 continue
-            raise ComponentError(component.name, f"exited with code {code}", output=component.recent_output())
+            if not self.policy.wants_restart(code):
+                raise ComponentError(component.name, f"exited with code {code}", output=component.recent_output())
+            self._tend(component, code)
+
+    def _tend(self, component: ManagedProcess, code: int) -> None:
+        record, now, p = self.restarts[component.name], time.monotonic(), self.policy
+        if record.due_at is None:
+            if record.in_window(p, now) >= p.limit:
+                raise ComponentError(
+                    component.name,
+                    f"exited with code {code} after {p.limit} restarts within {p.window_s:.0f}s; giving up",
+                    output=component.recent_output(),
+                )
+            delay = record.schedule(p, code, now)
+            log.warning("%s exited with code %s; restarting in %.1fs", component.name, code, delay)
+            self.record_restarts()
+        elif now >= record.due_at:
+            component.restart()
+            record.restarted(now)
+            log.warning("%s restarted (restart %d)", component.name, record.restarts)
+            self.record_restarts()
+
+    def record_restarts(self) -> None:
+        if self.restarts_file is not None:
+            running = {c.name: c.running() for c in self.components}
+            write_restarts(self.restarts_file, self.restarts, running)
 
     def stop_all(self) -> None:
         if self._stopped.is_set():
@@ -69,9 +112,9 @@ class Supervisor:
 
 
 @contextmanager
-def supervised(sink: TextIO | None = sys.stderr) -> Iterator[Supervisor]:
+def supervised(sink: TextIO | None = sys.stderr, policy: RestartPolicy | None = None) -> Iterator[Supervisor]:
     """A supervisor whose components are stopped on exit, on an error, and on SIGINT/SIGTERM."""
-    supervisor = Supervisor(sink)
+    supervisor = Supervisor(sink, policy)
 
     def on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)

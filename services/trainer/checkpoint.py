@@ -2,9 +2,10 @@
 every rank, plus the schedulers, each rank's RNG and the trainer's own state (step, version,
 dataset position, counters).
 
-A checkpoint counts only once ``latest`` names it: that file is written (atomically, fsynced)
-after every rank finished writing its shards, so a trainer killed mid-save resumes from the
-previous one. The trainer acknowledges queue entries only after this point.
+Every rank writes into ``.partial-step_N``; once all have finished, rank 0 renames it to
+``step_N`` and then points ``latest`` at it (both atomic, fsynced). A trainer killed mid-save
+leaves a partial directory no one reads (the next save clears it) and resumes from the previous
+checkpoint. The trainer acknowledges queue entries only after this point.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def _stateful(models: Models) -> dict[str, Any]:
     return state
 
 
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     with tmp.open("w") as f:
@@ -48,29 +57,50 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
 
 
 def save(root: Path, step: int, models: Models, trainer_state: dict[str, Any], keep: int) -> Path:
     """Writes checkpoint ``step`` (collective: every rank calls it) and marks it latest."""
     path = root / f"step_{step:08d}"
-    dcp.save(_stateful(models), checkpoint_id=str(path))
+    if latest(root) == path:
+        return path  # this very state is already durable (a stop right after a checkpoint)
+    partial = root / f".partial-{path.name}"
+    if D.get_rank() == 0:
+        for stale in root.glob(".partial-step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    D.barrier()
+    dcp.save(_stateful(models), checkpoint_id=str(partial))
     torch.save(
         {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-        path / f"rng_rank{D.get_rank()}.pt",
+        partial / f"rng_rank{D.get_rank()}.pt",
     )
     if D.get_rank() == 0:
         schedulers = {"actor": models.actor_sched.state_dict()}
         if models.critic_sched is not None:
             schedulers["critic"] = models.critic_sched.state_dict()
-        torch.save(schedulers, path / "schedulers.pt")
-        _write_atomic(path / "trainer_state.json", json.dumps(trainer_state, indent=1))
+        torch.save(schedulers, partial / "schedulers.pt")
+        (partial / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
     D.barrier()
     if D.get_rank() == 0:
+        _fsync_tree(partial)
+        # A step_N that ``latest`` does not name is an older save of this step that never
+        # completed the switch below; it is not the checkpoint anyone resumes from.
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(partial, path)
+        _fsync_dir(root)
         _write_atomic(root / LATEST, path.name)
         _prune(root, keep)
     D.barrier()

@@ -80,6 +80,9 @@ class Feed:
     eval_groups: dict[str, Group] = field(default_factory=dict)
     queue_dropped: int = 0
     rpc_s: float = 0.0  # seconds in queue calls since the last batch
+    # Told of every group skipped here (reason, group ids) when it is acknowledged: the run's
+    # record of drops, which a crash cannot roll back the way it rolls back the state's counters.
+    on_drop: Callable[[str, list[str]], None] | None = None
 
     def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
@@ -155,13 +158,21 @@ class Feed:
         )
         if not got:
             self.rpc_s = rpc_s  # an empty pull only blocked, waiting for groups
+        trained = set(self.state.trained_group_ids)
         for delivered in got:
-            self._route(delivered)
+            self._route(delivered, trained)
         return len(got)
 
-    def _route(self, d: Delivered) -> None:
+    def _route(self, d: Delivered, trained: set[str]) -> None:
         if d.entry_id in self.seen:
             return  # re-delivered while we still hold it (acks wait for checkpoints)
+        if d.group.group_id in trained:
+            # Trained on in the state we run from and acknowledged, but the ack was lost.
+            self.state.duplicate_groups += 1
+            log.warning("group %s was trained on already; skipping it", d.group.group_id)
+            self.ack_now([d.entry_id])
+            self._dropped("duplicate", [d.group.group_id])
+            return
         self.seen.add(d.entry_id)
         if d.group.is_eval:
             self.eval_groups[d.group.prompt_id] = d.group
@@ -177,7 +188,12 @@ class Feed:
             else:
                 self.state.dropped_stale += 1
                 self.ack_now([d.entry_id])
+                self._dropped("stale", [d.group.group_id])
         self.buffer = fresh
+
+    def _dropped(self, reason: str, group_ids: list[str]) -> None:
+        if self.on_drop is not None:
+            self.on_drop(reason, group_ids)
 
     def next_batch(self) -> Batch | None:
         """Blocks until ``batch_size`` fresh groups are in hand; None when asked to stop."""

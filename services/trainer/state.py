@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Group ids trained on that a checkpoint remembers. A group already trained on comes back only
+# when its acknowledgement was lost (Redis crashed within its AOF fsync interval after the ack),
+# so the ids of the last few checkpoint intervals are enough to recognise it.
+TRAINED_IDS_KEPT = 4096
+
 
 @dataclass
 class TrainerState:
@@ -18,6 +23,12 @@ class TrainerState:
     # unless a group aged while it waited in the trainer's buffer).
     dropped_stale: int = 0
     data: dict[str, int] = field(default_factory=dict)  # PromptDataset.state_dict()
+    duplicate_groups: int = 0  # delivered again after being trained on (and acknowledged) and skipped
+    trained_group_ids: list[str] = field(default_factory=list)  # the newest TRAINED_IDS_KEPT, oldest first
+
+    def note_trained(self, group_ids: list[str]) -> None:
+        self.trained_group_ids.extend(group_ids)
+        del self.trained_group_ids[:-TRAINED_IDS_KEPT]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -27,6 +27,7 @@ class Telemetry:
         self._gauges: dict[str, Gauge] = {}
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
+        self.groups_path = run_dir / "groups.jsonl"
         self.latest: dict[str, float] = {}
 
     def _gauge(self, key: str) -> Gauge:
@@ -43,3 +44,17 @@ class Telemetry:
         self.latest = finite
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **finite}, sort_keys=True) + "\n")
+
+    def record_groups(self, step: int, version: int, group_ids: list[str], ages: list[int]) -> None:
+        """One line per step in groups.jsonl: the groups trained on and their age in versions.
+
+        A resumed trainer writes its steps again from the checkpoint on; the last line of each
+        step number is the one the model carries.
+        """
+        with self.groups_path.open("a") as f:
+            f.write(json.dumps({"step": step, "version": version, "group_ids": group_ids, "ages": ages}) + "\n")
+
+    def record_dropped(self, reason: str, group_ids: list[str]) -> None:
+        """A line in groups.jsonl for groups the trainer skipped (and acknowledged) without training."""
+        with self.groups_path.open("a") as f:
+            f.write(json.dumps({"dropped": reason, "group_ids": group_ids}) + "\n")

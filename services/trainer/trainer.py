@@ -40,7 +40,9 @@ class StepPlan:
     stop: bool = False
     wait_s: float = 0.0
     queue_s: float = 0.0  # of wait_s, the time spent in queue calls
+    version: int = 0  # the policy version the step trained at
     ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
+    group_ids: list[str] = field(default_factory=list)
 
 
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
@@ -115,6 +117,7 @@ class Trainer:
             self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state, stalls)
             self.val_rows = self._val_rows(tokenizer)
             self.publisher = Publisher(io, sink)
+            self.feed.on_drop = self.telemetry.record_dropped
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
@@ -163,8 +166,11 @@ class Trainer:
                 plan.stop = True
             else:
                 self.feed.unacked.extend(batch.entry_ids)
+                plan.group_ids = [g.group_id for g in batch.groups]
+                self.state.note_trained(plan.group_ids)
                 plan.samples = samples_from_groups(batch.groups)
                 plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
+                plan.version = self.state.version
                 plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
@@ -252,6 +258,7 @@ class Trainer:
                 "trainer/idle_ratio": plan.wait_s / total_s if total_s > 0 else 0.0,
                 "trainer/skipped_empty_batches": self.state.skipped_empty_batches,
                 "trainer/dropped_stale_groups": self.state.dropped_stale,
+                "trainer/duplicate_groups": self.state.duplicate_groups,
                 "trainer/param_sync_failures": sum(1 for r in self.publisher.records if not r.ok),
                 "timing/wait_s": plan.wait_s,
                 "timing/queue_s": plan.queue_s,
@@ -262,6 +269,9 @@ class Trainer:
             }
         )
         self.telemetry.record(self.state.step, metrics)
+        # Which groups this step trained on, at which version: `relayrl chaos` checks from it that
+        # none was trained twice or beyond the staleness bound across restarts.
+        self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages)
 
     def finish(self) -> None:
         at_boundary = self.state.step > 0 and self.state.step % self.s.sync_every == 0

@@ -47,7 +47,7 @@ def small_run(runs_dir: Path, model_dir: Path, max_staleness: int, total_steps: 
 
 @contextmanager
 def running_stack(config: StackConfig) -> Iterator[LocalStack]:
-    with supervised(None) as supervisor:
+    with supervised(None, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
         stack.start(prepare_model(stack))
         yield stack

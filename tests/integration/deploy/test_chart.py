@@ -303,3 +303,37 @@ def test_clusters_older_than_1_28_are_refused() -> None:
     with pytest.raises(HelmError, match=r"chart requires kubeVersion: >=1.28.0-0"):
         helm("template", "rl", str(CHART), "--kube-version", "1.27.0")
     assert helm("template", "rl", str(CHART), "--kube-version", "1.28.0")
+
+
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
+
+
+def _probe_budget_s(probe: dict) -> int:
+    return probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3) + probe.get("initialDelaySeconds", 0)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_restarts_and_probes_agree_a_slow_start_is_never_killed_in_a_loop(profile: Path) -> None:
+    """The local stack's restart rule in Kubernetes terms: a dead container is restarted
+    (restartPolicy Always), liveness only asks "is the process alive" (/healthz or the engine's
+    /health, never /readyz, which fails while a dependency is down and would restart the healthy
+    side of a partition), and a container with liveness has a startupProbe at least as patient,
+    so a slow (re)start after a crash is not killed before it could come up."""
+    checked = 0
+    for doc in render(profile).docs:
+        if doc["kind"] not in WORKLOADS:
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        assert spec.get("restartPolicy", "Always") == "Always", doc["metadata"]["name"]
+        for c in spec["containers"]:
+            where = f"{doc['metadata']['name']}/{c['name']}"
+            if "livenessProbe" not in c:
+                continue
+            checked += 1
+            liveness = c["livenessProbe"]
+            assert liveness.get("httpGet", {}).get("path") != "/readyz", f"{where}: liveness on /readyz"
+            assert "startupProbe" in c, f"{where}: liveness without a startupProbe"
+            assert _probe_budget_s(c["startupProbe"]) >= _probe_budget_s(liveness), where
+            if "readinessProbe" in c:
+                assert c["readinessProbe"] != liveness, f"{where}: readiness and liveness are the same check"
+    assert checked >= 3

@@ -1,13 +1,16 @@
 """Process supervision: readiness, failures named by component, and no orphans."""
 
 import io
+import json
 import os
+import signal
 import sys
 import time
 
 import pytest
 
 from relayrl.stack.process import ComponentError, ComponentSpec
+from relayrl.stack.restart import RestartPolicy, RestartRecord
 from relayrl.stack.supervisor import supervised
 from tests.processes import process_alive
 
@@ -85,3 +88,83 @@ def test_a_component_runs_on_its_cpu_set_and_so_do_its_children():
         child = _child_pid(component)
         assert "cpus [0]" in component.recent_output()
         assert os.sched_getaffinity(child) == {0}
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def test_a_killed_component_is_restarted_after_a_backoff_and_counted(tmp_path):
+    policy = RestartPolicy("on-failure", backoff_s=0.3, max_backoff_s=1.0, limit=5, window_s=60)
+    with supervised(io.StringIO(), policy) as stack:
+        stack.restarts_file = tmp_path / "restarts.json"
+        component = stack.start(ComponentSpec("queue", SLEEPER))
+        first = component.process.pid
+        os.kill(first, signal.SIGKILL)
+        component.process.wait(timeout=10)
+        stack.check_alive()  # schedules the restart, does not block on it
+        assert not component.running()
+        _wait(lambda: (stack.check_alive(), component.running())[1], 10, "the restart")
+        assert component.process.pid != first and process_alive(component.process.pid)
+        recorded = json.loads(stack.restarts_file.read_text())["queue"]
+        assert recorded["restarts"] == 1 and recorded["last_exit_code"] == -signal.SIGKILL and recorded["running"]
+
+
+def test_a_crash_looping_component_stops_the_stack_by_name():
+    policy = RestartPolicy("on-failure", backoff_s=0.05, max_backoff_s=0.1, limit=2, window_s=60)
+    crash = [sys.executable, "-c", "import sys; print('boom', flush=True); sys.exit(4)"]
+    with pytest.raises(ComponentError) as err, supervised(io.StringIO(), policy) as stack:
+        stack.start_all([ComponentSpec("paramsync", crash)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stack.check_alive()
+            time.sleep(0.02)
+    assert str(err.value).startswith("paramsync: exited with code 4 after 2 restarts within 60s; giving up")
+    assert stack.restarts["paramsync"].restarts == 2
+
+
+def test_backoff_doubles_per_restart_in_the_window():
+    policy = RestartPolicy("always", backoff_s=1.0, max_backoff_s=5.0, limit=10, window_s=100)
+    record = RestartRecord()
+    delays = []
+    for now in (0.0, 1.0, 3.0, 7.0, 12.0):
+        delays.append(record.schedule(policy, 1, now))
+        record.restarted(now)
+    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_policy_never_stops_the_stack_and_always_restarts_a_clean_exit():
+    with (
+        pytest.raises(ComponentError, match="engine-0: exited with code -9"),
+        supervised(io.StringIO(), RestartPolicy("never")) as stack,
+    ):
+        component = stack.start(ComponentSpec("engine-0", SLEEPER))
+        component.kill()
+        stack.check_alive()
+    assert RestartPolicy("always").wants_restart(0)
+    assert not RestartPolicy("on-failure").wants_restart(0) and RestartPolicy("on-failure").wants_restart(-9)
+
+
+# torchrun starts each worker in a session of its own, outside the launcher's process group.
+PARENT_WITH_OWN_SESSION_CHILD = PARENT_WITH_CHILD.replace('sleep(600)"])', 'sleep(600)"], start_new_session=True)')
+
+
+def test_a_restart_first_kills_workers_that_left_the_process_group():
+    assert "start_new_session" in PARENT_WITH_OWN_SESSION_CHILD
+    policy = RestartPolicy("on-failure", backoff_s=0.1)
+    with supervised(io.StringIO(), policy) as stack:
+        component = stack.start(ComponentSpec("trainer", [sys.executable, "-c", PARENT_WITH_OWN_SESSION_CHILD]))
+        orphan = _child_pid(component)
+        os.kill(component.process.pid, signal.SIGKILL)  # the launcher alone dies; its worker lives on
+        component.process.wait(timeout=10)
+        assert process_alive(orphan)
+        _wait(lambda: (stack.check_alive(), component.running())[1], 10, "the restart")
+        assert not process_alive(orphan), "the old worker survived the restart (it would hold the ports)"
+    assert not any(process_alive(pid) for pid in (orphan, component.process.pid))

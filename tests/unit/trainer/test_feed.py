@@ -1,4 +1,14 @@
-from services.trainer.feed import plan_release
+import asyncio
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from relayrl.schema import Group, Sample
+from services.trainer.config import TrainerSettings
+from services.trainer.control import Control
+from services.trainer.data import PromptDataset, PromptRow
+from services.trainer.feed import Feed, plan_release
+from services.trainer.state import TRAINED_IDS_KEPT, TrainerState
 
 
 def test_on_policy_releases_exactly_one_batch_for_the_current_version():
@@ -20,3 +30,79 @@ def test_versions_follow_the_current_one_after_a_jump():
 def test_dropped_groups_are_replaced_and_the_run_length_caps_releases():
     assert plan_release(0, 0, 0, 1, 2, 100, released=2, replaced=1) == [0]
     assert len(plan_release(5, 5, 3, 1, 2, 6, released=0, replaced=0)) == 12
+
+
+# --- a Feed resumed from a checkpoint, against an in-memory queue ------------------------
+
+
+def _group(group_id: str, version: int) -> Group:
+    sample = Sample([1, 2], [3], [-0.5], [version], reward=1.0)
+    return Group(group_id, f"p/{group_id}", [sample])
+
+
+@dataclass
+class _Delivered:
+    entry_id: str
+    group: Group
+    delivery_count: int = 1
+    age_versions: int = 0
+
+
+@dataclass
+class _Queue:
+    """Hands out its groups once (as a consumer group does) and records acks."""
+
+    waiting: list[_Delivered]
+    acked: list[str] = field(default_factory=list)
+
+    async def release(self, prompts: list) -> int:
+        return len(prompts)
+
+    async def pull(self, consumer, version, max_staleness, max_groups, timeout_s) -> list[_Delivered]:
+        got, self.waiting = self.waiting[:max_groups], self.waiting[max_groups:]
+        return got
+
+    async def ack(self, consumer: str, entry_ids: list[str]) -> int:
+        self.acked.extend(entry_ids)
+        return len(entry_ids)
+
+    async def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(dropped_by_reason={})
+
+
+class _Io:
+    def call(self, coro):
+        return asyncio.run(coro)
+
+
+def _resumed_feed(state: TrainerState, groups: list[Group], batch_size: int = 2) -> tuple[Feed, _Queue]:
+    queue = _Queue([_Delivered(f"e-{g.group_id}", g) for g in groups])
+    settings = TrainerSettings(batch_size=batch_size, max_staleness=1, total_steps=100)
+    # The trainer's resume() hands the Feed the state it restored from the checkpoint.
+    restored = TrainerState.from_json(json.loads(json.dumps(state.to_json())))
+    dataset = PromptDataset([PromptRow("p/0", [1], "s", "", {})], seed=0)
+    return Feed(settings, queue, _Io(), dataset, Control(), restored), queue
+
+
+def test_after_resume_staleness_is_judged_against_the_restored_version_not_zero():
+    # Restored at version 5 with η = 1: a group started at version 3 is stale (it would pass
+    # against version 0), those started at 4 and 5 are fresh.
+    feed, queue = _resumed_feed(TrainerState(step=5, version=5), [_group("old", 3), _group("a", 4), _group("b", 5)])
+    batch = feed.next_batch()
+    assert [g.group_id for g in batch.groups] == ["a", "b"]
+    assert feed.state.dropped_stale == 1 and queue.acked == ["e-old"]
+
+
+def test_a_group_trained_before_the_checkpoint_and_delivered_again_is_skipped_not_retrained():
+    before = TrainerState(step=3, version=3)
+    before.note_trained(["done"])
+    feed, queue = _resumed_feed(before, [_group("done", 3), _group("a", 3), _group("b", 3)])
+    batch = feed.next_batch()
+    assert [g.group_id for g in batch.groups] == ["a", "b"]
+    assert feed.state.duplicate_groups == 1 and queue.acked == ["e-done"]
+
+
+def test_trained_ids_kept_in_a_checkpoint_are_bounded():
+    state = TrainerState()
+    state.note_trained([str(i) for i in range(TRAINED_IDS_KEPT + 10)])
+    assert len(state.trained_group_ids) == TRAINED_IDS_KEPT and state.trained_group_ids[-1] == str(TRAINED_IDS_KEPT + 9)

@@ -1,0 +1,1 @@
+"""``relayrl chaos``: a training stack under injected faults, and the accounting of its promise."""

@@ -1,0 +1,61 @@
+"""The chaos run's accounting: lineage across trainer restarts, lost and twice-trained groups,
+staleness violations and version regressions."""
+
+import json
+
+from relayrl.stack.chaos.ledger import Lineage, VersionWatch, lost_groups, step_gaps
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "torn')
+
+
+def test_steps_written_again_after_a_resume_replace_the_rolled_back_ones(tmp_path):
+    path = tmp_path / "groups.jsonl"
+    _write(
+        path,
+        [
+            {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
+            {"step": 2, "version": 1, "group_ids": ["c", "d"], "ages": [1, 0]},
+            {"step": 3, "version": 2, "group_ids": ["e", "f"], "ages": [0, 1]},  # lost with the crash
+            {"dropped": "stale", "group_ids": ["g"]},
+            # resumed from the checkpoint at step 2: step 3 again, "e" trained again legitimately
+            {"step": 3, "version": 2, "group_ids": ["e", "h"], "ages": [0, 2]},
+        ],
+    )
+    lineage = Lineage.read(path)
+    assert lineage.trained() == ["a", "b", "c", "d", "e", "h"]
+    assert lineage.trained_twice() == 0
+    assert lineage.staleness_violations(max_staleness=1) == 1  # "h" at age 2
+    # 9 accepted: 6 trained, 1 skipped by the trainer, 1 dropped by the queue, "f" still queued.
+    assert lost_groups(lineage, produced=9, queue_dropped=1, queued=1, pending=0) == 0
+    assert lost_groups(lineage, produced=10, queue_dropped=1, queued=1, pending=0) == 1
+
+
+def test_a_group_in_two_steps_of_the_lineage_is_trained_twice(tmp_path):
+    path = tmp_path / "groups.jsonl"
+    _write(
+        path,
+        [
+            {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
+            {"step": 2, "version": 1, "group_ids": ["b", "c"], "ages": [1, 0]},
+        ],
+    )
+    assert Lineage.read(path).trained_twice() == 1
+
+
+def test_an_engine_going_back_a_version_is_a_regression_a_restarted_one_a_reset():
+    watch = VersionWatch()
+    for pid, version in ((10, 1), (10, 3), (10, 2), (11, 0), (11, 4)):
+        watch.observe("engine-0", pid, version)
+    assert watch.regressions == ["engine-0 went from v3 to v2"]
+    assert watch.resets == 1
+
+
+def test_step_gaps_come_from_the_training_rows(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(json.dumps({"time": t, "trainer/global_steps": i}) + "\n" for i, t in enumerate((10.0, 12.5, 50.0)))
+    )
+    assert step_gaps(path) == [2.5, 37.5]
+    assert step_gaps(path, until=90.0) == [2.5, 37.5, 40.0]  # no step since: a stall to the end
