@@ -183,16 +183,18 @@ class RenewResponse(_message.Message):
     def __init__(self, renewed: _Optional[_Iterable[str]] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class AbandonRequest(_message.Message):
-    __slots__ = ("replica_id", "lease_ids", "reason", "min_start_version")
+    __slots__ = ("replica_id", "lease_ids", "reason", "min_start_version", "all_held")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MIN_START_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ALL_HELD_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     min_start_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., min_start_version: _Optional[int] = ...) -> None: ...
+    all_held: bool
+    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., min_start_version: _Optional[int] = ..., all_held: _Optional[bool] = ...) -> None: ...
 
 class AbandonResponse(_message.Message):
     __slots__ = ("requeued", "dropped")

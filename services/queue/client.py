@@ -218,11 +218,16 @@ class QueueClient:
         return list(reply.renewed), reply.expires_at_unix_s
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0, all_held: bool = False
     ) -> tuple[list[str], list[str]]:
-        """Gives leases back for leasing again now; returns (requeued lease ids, dropped lease ids)."""
+        """Gives leases back for leasing again now (every one ``replica_id`` holds with ``all_held``);
+        returns (requeued lease ids, dropped lease ids)."""
         request = qpb.AbandonRequest(
-            replica_id=replica_id, lease_ids=lease_ids, reason=reason, min_start_version=min_start_version
+            replica_id=replica_id,
+            lease_ids=lease_ids,
+            reason=reason,
+            min_start_version=min_start_version,
+            all_held=all_held,
         )
         reply = await self._prompts.Abandon(request, timeout=60.0)
         return list(reply.requeued), list(reply.dropped)

@@ -109,13 +109,25 @@ return renewed
 
 
 # KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons, bell channel.
-# ARGV: replica, reason, min_start_version, max_abandons, then key and delivery pairs.
-# Only a lease this replica still holds is given back (as in renew). Returns the requeued and
-# the dropped lease ids, each list prefixed by its length.
+# ARGV: replica, reason, min_start_version, max_abandons, all_held (1/0), then key and delivery
+# pairs. Only a lease this replica still holds is given back (as in renew); with all_held, every
+# lease it holds. Returns the requeued and the dropped lease ids, the first list's length first.
 _ABANDON_LUA = """
+local pairs_ = {}
+if ARGV[5] == '1' then
+  local owners = redis.call('HGETALL', KEYS[7])
+  for i = 1, #owners, 2 do
+    if owners[i + 1] == ARGV[1] then
+      table.insert(pairs_, owners[i])
+      table.insert(pairs_, redis.call('HGET', KEYS[6], owners[i]))
+    end
+  end
+else
+  for i = 6, #ARGV do table.insert(pairs_, ARGV[i]) end
+end
 local requeued, dropped = {}, {}
-for i = 5, #ARGV, 2 do
-  local k, d = ARGV[i], ARGV[i + 1]
+for i = 1, #pairs_, 2 do
+  local k, d = pairs_[i], pairs_[i + 1]
   if redis.call('ZSCORE', KEYS[2], k) and redis.call('HGET', KEYS[7], k) == ARGV[1]
       and redis.call('HGET', KEYS[6], k) == d then
     redis.call('ZREM', KEYS[2], k)
@@ -256,19 +268,25 @@ class PromptQueue:
         return [r.decode() for r in renewed], expires
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int, all_held: bool = False
     ) -> tuple[list[str], list[str]]:
-        """Gives back leases ``replica_id`` still holds; (requeued lease ids, dropped lease ids)."""
+        """Gives back leases ``replica_id`` still holds (all of them with ``all_held``); (requeued, dropped) ids."""
         if not replica_id:
             raise BadRequest("replica_id must be set")
         if not ABANDON_REASON.match(reason):
             raise BadRequest(f"reason must be 1-32 lower-case letters or underscores, got {reason!r}")
         if min_start_version < 0:
             raise BadRequest(f"min_start_version must be >= 0, got {min_start_version}")
-        pairs = _parse_lease_ids(lease_ids)
-        if not pairs:
+        pairs = [] if all_held else _parse_lease_ids(lease_ids)
+        if not pairs and not all_held:
             return [], []
-        args: list[str | int] = [replica_id, reason, min_start_version, self._settings.max_prompt_abandons]
+        args: list[str | int] = [
+            replica_id,
+            reason,
+            min_start_version,
+            self._settings.max_prompt_abandons,
+            int(all_held),
+        ]
         for key, delivery in pairs:
             args += [key, delivery]
         out = await self._abandon(keys=[*self._script_keys, self._keys.prompt_bell], args=args)

@@ -157,7 +157,7 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
     @_status_mapped
     async def Abandon(self, request: qpb.AbandonRequest, context: grpc.aio.ServicerContext) -> qpb.AbandonResponse:
         requeued, dropped = await self._store.abandon(
-            request.replica_id, list(request.lease_ids), request.reason, request.min_start_version
+            request.replica_id, list(request.lease_ids), request.reason, request.min_start_version, request.all_held
         )
         return qpb.AbandonResponse(requeued=requeued, dropped=dropped)
 

@@ -55,7 +55,7 @@ class PromptQueue(Protocol):
     async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]: ...
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0
+        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0, all_held: bool = False
     ) -> tuple[list[str], list[str]]: ...
 
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
@@ -208,6 +208,7 @@ class Replica:
 
     async def run(self) -> None:
         """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""
+        await self._reclaim_predecessors_leases()
         keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
         try:
             with self.stalls.waiting("prompts", "trainer") as prompts:
@@ -236,6 +237,25 @@ class Replica:
             keeper.cancel()
             for held in list(self._held.values()):
                 held.task.cancel()
+
+    async def _reclaim_predecessors_leases(self) -> None:
+        """Gives back what a killed replica of the same id still held, before leasing anything.
+
+        Its prompts would otherwise wait out the queue's lease timeout (600 s by default).
+        """
+        with self.stalls.waiting("an answer", "queue") as wait:
+            while True:
+                try:
+                    requeued, dropped = await self.queue.abandon(
+                        self.settings.replica_id, [], "replica_restart", all_held=True
+                    )
+                    break
+                except Exception as exc:  # the queue may still be starting
+                    log.warning("could not reclaim this replica's earlier leases (%r); retrying", exc)
+                    wait.tick()
+                    await asyncio.sleep(1.0)
+        if requeued or dropped:
+            log.info("gave back %d leases held by this replica before it restarted", len(requeued) + len(dropped))
 
     async def _wait_leasable(self) -> None:
         """Waits for a ready engine and no pause; a pause is asked for, so only the engine can stall it."""
@@ -342,14 +362,27 @@ class Replica:
         self.metrics.generation_errors.inc()
 
     async def _give_back(self, lease: Lease, reason: str, min_start_version: int = 0) -> None:
-        """Returns a lease whose group will not be pushed, so its prompt is leased again at once."""
-        try:
-            _, dropped = await self.queue.abandon(
-                self.settings.replica_id, [lease.lease_id], reason, max(min_start_version, 0)
-            )
-        except Exception as exc:  # the queue is unreachable: the lease expires and is re-issued
-            log.warning("could not give back lease %s (%r); it will be re-issued when it expires", lease.lease_id, exc)
-            return
+        """Returns a lease whose group will not be pushed, so its prompt is leased again at once.
+
+        While the queue cannot be reached the give-back is retried until the lease would have
+        expired anyway (then the queue re-issues it by itself).
+        """
+        with self.stalls.waiting("an answer", "queue") as wait:
+            while True:
+                try:
+                    _, dropped = await self.queue.abandon(
+                        self.settings.replica_id, [lease.lease_id], reason, max(min_start_version, 0)
+                    )
+                    break
+                except Exception as exc:
+                    held = self._held.get(lease.lease_id)
+                    if time.time() >= (held.expires_at if held else lease.expires_at):
+                        log.warning(
+                            "could not give back lease %s (%r); it expired and will be re-issued", lease.lease_id, exc
+                        )
+                        return
+                    wait.tick()
+                    await asyncio.sleep(1.0)
         self.metrics.abandoned_leases.labels(reason=reason).inc()
         if dropped:
             log.warning("prompt %s was given back too often and was dropped (%s)", lease.prompt.prompt_id, reason)

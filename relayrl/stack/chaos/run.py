@@ -38,7 +38,6 @@ PARTITION_S = (3.0, 12.0)
 LATENCY = ((0.05, 0.5), (5.0, 15.0))  # per-chunk delay, and how long it lasts
 REWARD_STEPS = 10  # steps averaged into the reward at the end
 STOP_TIMEOUT_S = 180.0
-LEASE_TIMEOUT_S = 20.0
 
 
 class ChaosStack(LocalStack):
@@ -62,10 +61,6 @@ def chaos_config(base: StackConfig, run_id: str, seed: int, total_steps: int) ->
     s.restart_backoff_s = min(s.restart_backoff_s, 0.5)
     s.restart_limit = max(s.restart_limit, 20)
     config.trainer = {**config.trainer, "total_steps": total_steps, "seed": seed, "eval_every": 0}
-    # A prompt whose generation a fault broke waits for its lease to expire before it is
-    # re-issued; the default (600 s) would turn every such fault into a stall. Replicas renew
-    # the leases of live generations, so a short timeout re-issues only the broken ones.
-    config.queue = {"lease_timeout_s": LEASE_TIMEOUT_S, **config.queue}
     return config
 
 

@@ -172,3 +172,20 @@ async def test_a_bad_give_back_is_invalid_argument(start_queue, reason, lease_id
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await client.abandon("replica-a", lease_ids, reason, min_start_version=min_start)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
+
+
+async def test_a_restarted_replica_gives_back_every_lease_its_predecessor_held(start_queue):
+    server = await start_queue(lease_timeout_s=600)
+    async with QueueClient(server.grpc_address) as client:
+        await client.release([prompt(0), prompt(1), prompt(2)])
+        held = await client.lease("replica-a", max_prompts=2, held_version=0)
+        (other,) = await client.lease("replica-b", max_prompts=1, held_version=0)
+        requeued, dropped = await client.abandon("replica-a", [], "replica_restart", all_held=True)
+        assert sorted(requeued) == sorted(lease.lease_id for lease in held) and dropped == []
+        again = await client.lease("replica-c", max_prompts=5, held_version=0)
+        # replica-b's lease is untouched.
+        renewed, _ = await client.renew("replica-b", [other.lease_id])
+        assert renewed == [other.lease_id]
+        stats = await client.prompt_stats()
+    assert sorted(lease.prompt.prompt_id for lease in again) == sorted(lease.prompt.prompt_id for lease in held)
+    assert stats.abandoned_by_reason == {"replica_restart": 2}

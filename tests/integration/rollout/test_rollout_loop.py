@@ -135,6 +135,20 @@ async def test_a_failing_prompt_is_given_back_at_once_until_the_queue_drops_it(
     assert (stats.total_reissued, stats.total_completed, stats.waiting, stats.leased) == (0, 0, 0, 0)
 
 
+async def test_a_restarted_replica_gives_back_its_predecessors_leases_before_leasing(
+    engine: EngineProcess, queue: QueueServer
+) -> None:
+    async with QueueClient(queue.grpc_address) as q:
+        await q.release([prompt(70), prompt(71)])
+        # A replica of this id leased both prompts, then was killed.
+        assert len(await q.lease("r-restarted", max_prompts=2, held_version=0)) == 2
+        async with running_replica(engine.url, queue.grpc_address, replica_id="r-restarted"):
+            groups = await pull_groups(queue.grpc_address, 2)
+            stats = await q.prompt_stats()
+    assert sorted(g.prompt_id for g in groups) == ["test/70", "test/71"]
+    assert stats.abandoned_by_reason == {"replica_restart": 2} and stats.total_reissued == 0
+
+
 async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
     engine: EngineProcess, queue: QueueServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
