@@ -96,7 +96,11 @@ class BenchRun:
         return StackConfig(
             stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
             trainer=self.workload.trainer_settings(self.dataset, steps, self.seed),
-            rollout={"max_inflight_prompts": 32, "max_new_tokens": self.workload.max_new_tokens},
+            rollout={
+                "max_inflight_prompts": 32,
+                "max_new_tokens": self.workload.max_new_tokens,
+                **self.workload.rollout,
+            },
         )
 
 

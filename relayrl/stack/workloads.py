@@ -15,7 +15,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class Workload:
     max_new_tokens: int
     lr: float
     write_dataset: Callable[[Path, int, int], Path]
+    # Rollout settings of this workload (beside the bench's own).
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def trainer_settings(self, dataset: Path, steps: int, seed: int) -> dict[str, Any]:
         return {
@@ -114,6 +116,7 @@ WORKLOADS: dict[str, Workload] = {
         max_new_tokens=REALISTIC_MAX_TOKENS,
         lr=0.001,
         write_dataset=realistic_dataset,
+        rollout={"partial_rollout_mode": "in_place"},
     ),
 }
 
