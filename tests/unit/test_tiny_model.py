@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from relayrl.cli import app
@@ -121,3 +121,15 @@ def test_stack_settings_reject_an_unknown_preset():
     assert StackSettings().model_preset == "tiny"
     with pytest.raises(ValidationError, match="model_preset"):
         StackSettings(model_preset="huge")
+
+
+def test_the_local_stack_builds_its_model_of_the_configured_preset(tmp_path):
+    from relayrl.models.tiny import count_parameters
+    from relayrl.stack.config import StackConfig, StackSettings
+    from relayrl.stack.launch import LocalStack, prepare_model
+
+    settings = StackSettings(run_id="r", runs_dir=tmp_path, model_preset="small", tiny_arch="llama")
+    model_dir = prepare_model(LocalStack(StackConfig(stack=settings), supervisor=None))
+    config = AutoConfig.from_pretrained(model_dir)
+    assert config.model_type == "llama"
+    assert 10_000_000 <= count_parameters(config) <= 30_000_000
