@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -13,26 +14,44 @@ app = typer.Typer(help="Create and inspect models.", no_args_is_help=True)
 @app.command("init-tiny")
 def init_tiny_command(
     directory: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer into.")],
+    preset: Annotated[
+        str,
+        typer.Option(help="Size: tiny (~260 k parameters), small (~13 M) or base (Qwen2.5-0.5B's shape, ~494 M)."),
+    ] = "tiny",
     arch: Annotated[str, typer.Option(help="Hugging Face architecture: qwen2 or llama.")] = "qwen2",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
-    hidden_size: Annotated[int, typer.Option(help="Model width.")] = 64,
-    num_layers: Annotated[int, typer.Option(help="Transformer blocks.")] = 4,
+    dtype: Annotated[
+        str, typer.Option(help="Weights' dtype on disk: float32 or bfloat16 (half the bytes, e.g. ~1 GB for base).")
+    ] = "float32",
 ) -> None:
-    """Write a tiny randomly initialised causal LM and its tokenizer in Hugging Face format."""
-    if arch not in ("qwen2", "llama"):
-        raise typer.BadParameter(f"unknown architecture {arch!r}; choose qwen2 or llama", param_hint="--arch")
-    from relayrl.models.tiny import TinyModelSpec, init_tiny
+    """Write a randomly initialised causal LM of a preset size and its byte-level tokenizer in Hugging Face format."""
+    from relayrl.models.tiny import init_tiny, preset_spec
 
-    init_tiny(directory, TinyModelSpec(arch=arch, seed=seed, hidden_size=hidden_size, num_layers=num_layers))
-    typer.echo(f"wrote tiny {arch} model to {directory}")
+    try:
+        spec = preset_spec(preset, arch=arch, seed=seed, dtype=dtype)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    init_tiny(directory, spec)
+    typer.echo(f"wrote {preset} {arch} model ({dtype}) to {directory}")
 
 
 @app.command("info")
 def info_command(directory: Annotated[Path, typer.Argument(help="A Hugging Face model directory.")]) -> None:
-    """Print the architecture, parameter count and tokenizer of a model directory."""
-    from relayrl.models.loading import load_causal_lm, load_tokenizer
+    """Print the architecture, parameter count, bytes per dtype, tokenizer and config of a model directory.
 
-    model = load_causal_lm(directory)
+    Parameters are counted on the meta device: nothing of the weights is read or allocated.
+    """
+    from transformers import AutoConfig
+
+    from relayrl.models.loading import check_model_dir, load_tokenizer
+    from relayrl.models.tiny import count_parameters
+
+    check_model_dir(directory)
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    params = count_parameters(config)
     tokenizer = load_tokenizer(directory)
-    params = sum(p.numel() for p in model.parameters())
-    typer.echo(f"{type(model).__name__}: {params:,} parameters, vocab {len(tokenizer)}, eos {tokenizer.eos_token!r}")
+    arch = (config.architectures or [config.model_type])[0]
+    typer.echo(f"{arch}: {params:,} parameters, vocab {config.vocab_size} (tokenizer {len(tokenizer)} tokens)")
+    typer.echo(f"eos {tokenizer.eos_token!r}, stored as {config.dtype}")
+    typer.echo(f"bytes: float32 {params * 4:,} ({params * 4 / 2**30:.2f} GiB), bfloat16 {params * 2:,}")
+    typer.echo(json.dumps(config.to_diff_dict(), indent=2, sort_keys=True, default=str))

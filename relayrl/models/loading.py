@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _check_model_dir(directory: Path) -> None:
+def check_model_dir(directory: Path) -> None:
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"{directory} is not a model directory (no config.json); create one with"
@@ -22,7 +22,7 @@ def load_tokenizer(directory: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     directory = Path(directory)
-    _check_model_dir(directory)
+    check_model_dir(directory)
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
@@ -32,7 +32,7 @@ def load_causal_lm(directory: str | Path, dtype: str = "float32", device: str = 
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
-    _check_model_dir(directory)
+    check_model_dir(directory)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype), local_files_only=True)
     return model.to(device).eval()

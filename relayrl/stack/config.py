@@ -10,7 +10,7 @@ the service's own settings model before anything starts, so a typo fails at once
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +30,11 @@ class StackSettings(BaseModel):
     runs_dir: Path = Field(Path("runs"), description="Each run writes runs/<run_id>/ (metrics, logs, checkpoints).")
     model_dir: Path | None = Field(
         None, description="Hugging Face model directory; empty creates the built-in tiny model in the run directory."
+    )
+    model_preset: Literal["tiny", "small", "base"] = Field(
+        "tiny",
+        description="Size of the built-in model when model_dir is empty: tiny (~260 k parameters), small (~13 M)"
+        " or base (Qwen2.5-0.5B's shape, ~494 M); see `relayrl model init-tiny --preset`.",
     )
     tiny_arch: str = Field("qwen2", pattern="^(qwen2|llama)$", description="Architecture of the built-in tiny model.")
     tiny_seed: int = Field(0, description="Seed of the built-in tiny model's initialisation.")

@@ -250,12 +250,13 @@ class LocalStack:
 
 
 def prepare_model(stack: LocalStack) -> Path:
-    """The model to train: the configured directory, or the built-in tiny model made for this run."""
+    """The model to train: the configured directory, or a built-in model of the preset made for this run."""
     if stack.settings.model_dir is not None:
         return stack.settings.model_dir.resolve()
     model_dir = stack.run_dir / "model"
     if not (model_dir / "config.json").exists():
-        from relayrl.models.tiny import TinyModelSpec, init_tiny
+        from relayrl.models.tiny import init_tiny, preset_spec
 
-        init_tiny(model_dir, TinyModelSpec(arch=stack.settings.tiny_arch, seed=stack.settings.tiny_seed))
+        spec = preset_spec(stack.settings.model_preset, arch=stack.settings.tiny_arch, seed=stack.settings.tiny_seed)
+        init_tiny(model_dir, spec)
     return model_dir

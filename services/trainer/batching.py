@@ -63,23 +63,45 @@ def shard(num_samples: int, lengths: list[int], rank: int, world_size: int) -> l
     return sorted(order[rank::world_size])
 
 
-def pack(lengths: list[int], budget: int) -> list[list[int]]:
-    """Groups indices into micro-batches whose padded size (count × longest) fits ``budget``.
+# Largest padding share of one micro-batch: a run of sorted sequences is cut early rather than
+# let a short one pad to a long one. More, smaller micro-batches cost little (compute follows
+# tokens); padding is compute spent on nothing.
+MAX_PADDING_SHARE = 0.1
 
-    First-fit by decreasing length; a sequence longer than the budget gets a micro-batch of its own.
+
+def pack(lengths: list[int], budget: int, max_padding: float = MAX_PADDING_SHARE) -> list[list[int]]:
+    """Groups indices into micro-batches whose padded size (count × longest) fits ``budget``
+    (verl's ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``).
+
+    Sequences are sorted by length and cut into consecutive runs, so each micro-batch holds
+    sequences of similar length; a run is also cut where padding would exceed ``max_padding``
+    of its tokens, which keeps padding low on a long-tailed mix. A sequence longer than the
+    budget gets a micro-batch of its own.
     """
     bins: list[list[int]] = []
-    longest: list[int] = []
+    longest = real = 0
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        for b, members in enumerate(bins):
-            if (len(members) + 1) * max(longest[b], lengths[i]) <= budget:
-                members.append(i)
-                longest[b] = max(longest[b], lengths[i])
-                break
+        # Descending order: the first member of a run is its longest.
+        padded = (len(bins[-1]) + 1) * longest if bins else 0
+        if bins and padded <= budget and padded - real - lengths[i] <= max_padding * padded:
+            bins[-1].append(i)
+            real += lengths[i]
         else:
             bins.append([i])
-            longest.append(lengths[i])
+            longest = real = lengths[i]
     return [sorted(b) for b in bins]
+
+
+def pack_by_count(lengths: list[int], per_batch: int) -> list[list[int]]:
+    """``per_batch`` sequences per micro-batch, in length order (verl's ``ppo_micro_batch_size_per_gpu``)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [sorted(order[k : k + per_batch]) for k in range(0, len(order), per_batch)]
+
+
+def padding_tokens(lengths: list[int], bins: list[list[int]]) -> tuple[int, int]:
+    """(padding tokens, all tokens incl. padding) of micro-batches padded to their longest member."""
+    total = sum(len(b) * max(lengths[i] for i in b) for b in bins if b)
+    return total - sum(lengths[i] for b in bins for i in b), total
 
 
 @dataclass(slots=True)

@@ -2,14 +2,15 @@
 work in one process without FSDP, measured in the same run on the same synthetic batches.
 
 Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer spends
-getting data in hand, here without a queue), ``train_step`` (``forward_backward_s`` with the
-proximal log-prob pass, ``optimizer_s``), then the full-state-dict gather of a publish
-(``publish_s``; the upload itself is off the training path). ``tokens_per_s`` counts real
-(unpadded) prompt+response tokens over forward_backward + optimizer time. On CPU the
+getting data in hand, here without a queue), ``train_step`` (``forward_backward_s``, with the
+proximal log-prob pass only under ``--recompute-old-log-prob always``, ``optimizer_s``), then
+the full-state-dict gather of a publish (``publish_s``; the upload itself is off the training
+path). ``tokens_per_s`` counts real (unpadded) prompt+response tokens over forward_backward +
+optimizer time; ``padding_ratio`` is the padded share of micro-batch tokens. On CPU the
 single-process baseline runs with as many torch threads as the FSDP job had ranks × threads.
 
-MFU (CUDA only) counts 8 · params FLOPs per token: 6 for forward+backward and 2 for the
-proximal log-prob forward (attention FLOPs are left out, as in the usual 6N estimate).
+MFU (CUDA only) counts 6 · params FLOPs per token for forward+backward, plus 2 when the
+proximal log-prob forward runs (attention FLOPs are left out, as in the usual 6N estimate).
 """
 
 from __future__ import annotations
@@ -35,24 +36,11 @@ from services.trainer.step import train_step
 # Dense bf16 peak, FLOP/s, by device name fragment.
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 
-QWEN25_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
-
 
 @dataclass(frozen=True)
 class BenchConfig:
     device: str = "cpu"
-    model_config: str = "tiny"
+    preset: str = "tiny"
     world_size: int = 2
     steps: int = 4
     batch_groups: int = 4
@@ -60,23 +48,16 @@ class BenchConfig:
     prompt_len: int = 32
     response_len: int = 64
     micro_batch_tokens: int = 4096
+    recompute_old_log_prob: str = "auto"
     seed: int = 0
 
 
 def write_model(cfg: BenchConfig, directory: Path) -> Path:
-    """A randomly initialised model of the requested size, saved in Hugging Face format."""
-    if cfg.model_config == "tiny":
-        from relayrl.models.tiny import init_tiny
+    """A randomly initialised model of the preset, saved in Hugging Face format (``base`` in bf16)."""
+    from relayrl.models.tiny import init_tiny, preset_spec
 
-        return init_tiny(directory)
-    if cfg.model_config != "qwen2.5-0.5b":
-        raise ValueError(f"unknown model config {cfg.model_config!r}; choose tiny or qwen2.5-0.5b")
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_05B, torch_dtype="bfloat16"))
-    model.to(torch.bfloat16).save_pretrained(str(directory), safe_serialization=True)
-    return directory
+    dtype = "bfloat16" if cfg.preset == "base" else "float32"
+    return init_tiny(directory, preset_spec(cfg.preset, seed=cfg.seed, dtype=dtype))
 
 
 def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
@@ -105,11 +86,23 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
     from services.trainer.trainer import build_models, gather_weights
 
     ctx = D.init_distributed(cfg.device) if fsdp else D.local_context(cfg.device)
-    settings = TrainerSettings(model_dir=model_dir, device=cfg.device, micro_batch_tokens=cfg.micro_batch_tokens)
+    settings = TrainerSettings(
+        model_dir=model_dir,
+        device=cfg.device,
+        ppo_max_token_len_per_gpu=cfg.micro_batch_tokens,
+        recompute_old_log_prob=cfg.recompute_old_log_prob,
+    )
     models = build_models(settings, ctx, fsdp=fsdp)
     vocab = min(models.actor.config.vocab_size, 50000)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
-    totals = {"wait_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0, "publish_s": 0.0, "tokens": 0.0}
+    totals = {
+        "wait_s": 0.0,
+        "forward_backward_s": 0.0,
+        "optimizer_s": 0.0,
+        "publish_s": 0.0,
+        "tokens": 0.0,
+        "padding_ratio": 0.0,
+    }
     for step in range(cfg.steps + 1):
         started = time.perf_counter()
         batch = D.broadcast_object(make_batch(cfg, step, vocab) if ctx.is_main else None)
@@ -130,6 +123,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         totals["forward_backward_s"] += trained - metrics["timing/optimizer_s"]
         totals["publish_s"] += published
         totals["tokens"] += sum(x.length for x in batch)
+        totals["padding_ratio"] += metrics["perf/padding_ratio"]
     params = sum(p.numel() for p in models.actor.parameters())  # a DTensor's numel is the global one
     result = {k: v / cfg.steps for k, v in totals.items()}
     result["params"] = float(params)
@@ -141,10 +135,12 @@ def _sync(cfg: BenchConfig) -> None:
         torch.cuda.synchronize()
 
 
-def _mfu(tokens_per_s: float, params: float, world_size: int) -> float | None:
+def _mfu(cfg: BenchConfig, tokens_per_s: float, params: float, world_size: int) -> float | None:
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    return None if peak is None else tokens_per_s * 8 * params / (peak * world_size)
+    # One mini-batch here, so the proximal forward runs only when forced (see skips_old_log_prob).
+    flops_per_param = 8 if cfg.recompute_old_log_prob == "always" else 6
+    return None if peak is None else tokens_per_s * flops_per_param * params / (peak * world_size)
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -181,7 +177,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "trainer",
         "device": cfg.device,
-        "model_config": cfg.model_config,
+        "preset": cfg.preset,
+        "recompute_old_log_prob": cfg.recompute_old_log_prob,
         "params": int(fsdp["params"]),
         "world_size": world,
         "tokens_per_step": fsdp["tokens"],
@@ -191,13 +188,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "forward_backward_s": round(fsdp["forward_backward_s"], 5),
         "optimizer_s": round(fsdp["optimizer_s"], 5),
         "publish_s": round(fsdp["publish_s"], 5),
+        "padding_ratio": round(fsdp["padding_ratio"], 4),
         "single_process_forward_backward_s": round(single["forward_backward_s"], 5),
         "single_process_optimizer_s": round(single["optimizer_s"], 5),
         "steps": cfg.steps,
     }
     if cfg.device == "cuda":
-        result["mfu"] = _mfu(rate(fsdp), fsdp["params"], world)
-        result["single_process_mfu"] = _mfu(rate(single), fsdp["params"], 1)
+        result["mfu"] = _mfu(cfg, rate(fsdp), fsdp["params"], world)
+        result["single_process_mfu"] = _mfu(cfg, rate(single), fsdp["params"], 1)
     return result
 
 

@@ -47,8 +47,8 @@ def run_command(
 def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    model_config: Annotated[
-        str, typer.Option(help="tiny (the built-in tiny model) or qwen2.5-0.5b (random init).")
+    preset: Annotated[
+        str, typer.Option(help="Model preset (random init): tiny, small, or base (Qwen2.5-0.5B's shape).")
     ] = "tiny",
     world_size: Annotated[int, typer.Option(help="FSDP processes (gloo on cpu, NCCL on cuda).")] = 2,
     steps: Annotated[int, typer.Option(help="Measured steps per configuration.")] = 4,
@@ -56,19 +56,30 @@ def bench(
     n_samples: Annotated[int, typer.Option(help="Samples per group.")] = 4,
     response_len: Annotated[int, typer.Option(help="Longest response per sample (lengths vary from half of it).")] = 64,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per sample.")] = 32,
-    micro_batch_tokens: Annotated[int, typer.Option(help="Padded tokens per micro-batch.")] = 4096,
+    micro_batch_tokens: Annotated[
+        int, typer.Option(help="Padded tokens per micro-batch (ppo_max_token_len_per_gpu).")
+    ] = 4096,
+    recompute_old_log_prob: Annotated[
+        str, typer.Option(help="auto (skip the proximal forward when redundant) or always.")
+    ] = "auto",
 ) -> None:
     """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
 
     Prints tokens_per_s, single_process_tokens_per_s, world_size and the step-time breakdown
     (wait_s, forward_backward_s, optimizer_s, publish_s); with --device cuda also mfu.
     """
+    from relayrl.models.tiny import PRESETS
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if recompute_old_log_prob not in ("auto", "always"):
+        raise typer.BadParameter(f"unknown mode {recompute_old_log_prob!r}; choose auto or always")
     from services.trainer.bench import BenchConfig, run_bench
 
     result = run_bench(
         BenchConfig(
             device=device,
-            model_config=model_config,
+            preset=preset,
             world_size=world_size,
             steps=steps,
             batch_groups=batch_groups,
@@ -76,6 +87,7 @@ def bench(
             response_len=response_len,
             prompt_len=prompt_len,
             micro_batch_tokens=micro_batch_tokens,
+            recompute_old_log_prob=recompute_old_log_prob,
         )
     )
     typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))

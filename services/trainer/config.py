@@ -76,7 +76,26 @@ class TrainerSettings(ServiceSettings):
     ppo_mini_batches: int = Field(
         1, ge=1, description="Optimizer updates per batch (verl ppo_mini_batch_size = batch/this)."
     )
-    micro_batch_tokens: int = Field(4096, ge=16, description="Token budget (prompt+response, padded) per micro-batch.")
+    use_dynamic_bsz: bool = Field(
+        True,
+        description="Micro-batches by a token budget (ppo_max_token_len_per_gpu), sequences of similar length"
+        " together; false: ppo_micro_batch_size_per_gpu sequences each.",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        4096, ge=16, description="Token budget (prompt+response, padded) per micro-batch (use_dynamic_bsz)."
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, description="Former name of ppo_max_token_len_per_gpu; when set, it is that budget."
+    )
+    ppo_micro_batch_size_per_gpu: int = Field(
+        8, ge=1, description="Sequences per micro-batch when use_dynamic_bsz is false."
+    )
+    recompute_old_log_prob: Literal["auto", "always"] = Field(
+        "auto",
+        description="auto: skip the no-grad forward for the proximal (old) log-probs when one mini-batch makes the"
+        " update's own forward exactly that policy (verl's on_policy rule) and no in-reward KL needs them first;"
+        " always: run it every step.",
+    )
     sync_every: int = Field(1, ge=1, description="Publish a new policy version every this many steps.")
     checkpoint_every: int = Field(
         5, ge=1, description="Checkpoint every this many steps; must be a multiple of sync_every (see resume)."
@@ -130,6 +149,14 @@ class TrainerSettings(ServiceSettings):
             raise ValueError(
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _micro_batch_tokens_alias(self) -> TrainerSettings:
+        if self.micro_batch_tokens is not None:
+            if "ppo_max_token_len_per_gpu" in self.model_fields_set:
+                raise ValueError("set ppo_max_token_len_per_gpu or its former name micro_batch_tokens, not both")
+            self.ppo_max_token_len_per_gpu = self.micro_batch_tokens
         return self
 
     @property

@@ -14,7 +14,16 @@ from torch import nn
 
 from services.trainer import advantages as adv_lib
 from services.trainer import distributed as D
-from services.trainer.batching import MicroBatch, TrainSample, collate, dummy_micro_batch, pack, shard
+from services.trainer.batching import (
+    MicroBatch,
+    TrainSample,
+    collate,
+    dummy_micro_batch,
+    pack,
+    pack_by_count,
+    padding_tokens,
+    shard,
+)
 from services.trainer.config import TrainerSettings
 from services.trainer.losses import (
     Normaliser,
@@ -45,6 +54,8 @@ class Plan:
 
     micro: list[MicroBatch]
     norm: Normaliser
+    padding: int = 0  # padding tokens in this rank's micro-batches (dummies aside)
+    padded_total: int = 0  # all tokens in them, padding included
 
 
 def loss_config(s: TrainerSettings) -> PolicyLossConfig:
@@ -67,10 +78,15 @@ def mini_batches(samples: list[TrainSample], count: int) -> list[list[int]]:
     return [[i for i, s in enumerate(samples) if s.group in chunk] for chunk in chunks]
 
 
-def plan_mini_batch(samples: list[TrainSample], index: list[int], budget: int, pad_id: int) -> Plan:
+def plan_mini_batch(samples: list[TrainSample], index: list[int], s: TrainerSettings, pad_id: int) -> Plan:
     lengths = [samples[i].length for i in index]
     mine = [index[j] for j in shard(len(index), lengths, D.get_rank(), D.world_size())]
-    bins = pack([samples[i].length for i in mine], budget)
+    my_lengths = [samples[i].length for i in mine]
+    if s.use_dynamic_bsz:
+        bins = pack(my_lengths, s.ppo_max_token_len_per_gpu)
+    else:
+        bins = pack_by_count(my_lengths, s.ppo_micro_batch_size_per_gpu)
+    padding, padded_total = padding_tokens(my_lengths, bins)
     micro = [collate(samples, [mine[j] for j in b], pad_id) for b in bins]
     # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
     most = int(D.all_reduce(torch.tensor([len(micro)]), op="max").item())
@@ -79,9 +95,11 @@ def plan_mini_batch(samples: list[TrainSample], index: list[int], budget: int, p
     return Plan(
         micro=micro,
         norm=Normaliser(
-            tokens=float(sum(len(s.response_ids) for s in chosen)),
-            sequences=float(sum(1 for s in chosen if s.response_ids)),
+            tokens=float(sum(len(x.response_ids) for x in chosen)),
+            sequences=float(sum(1 for x in chosen if x.response_ids)),
         ),
+        padding=padding,
+        padded_total=padded_total,
     )
 
 
@@ -92,21 +110,23 @@ def _rows(full_NT: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     return full_NT[mb.index, :T]
 
 
-@torch.no_grad()
-def recompute(models: Models, plans: list[Plan], n: int, T: int, settings: TrainerSettings) -> dict[str, torch.Tensor]:
-    """Proximal log-probs (the actor before this step's update), reference log-probs and old values,
-    each as a full [N, T] tensor on every rank (each rank computed its shard; all-gathered)."""
-    mine: dict[str, dict[int, list[float]]] = defaultdict(dict)
-    for plan in plans:
-        for mb in plan.micro:
-            parts = {"prox": policy_forward(models.actor, mb, settings.temperature, False).logp_BT}
-            if models.ref is not None:
-                parts["ref"] = policy_forward(models.ref, mb, settings.temperature, False).logp_BT
-            if models.critic is not None:
-                parts["values"] = value_forward(models.critic, mb)
-            for name, t_BT in parts.items():
-                for b, i in enumerate(mb.index):
-                    mine[name][i] = t_BT[b].float().cpu()[mb.mask_BT[b] > 0].tolist()
+def skips_old_log_prob(plans: list[Plan], s: TrainerSettings) -> bool:
+    """Whether the update's own forward can give the proximal log-probs (no separate forward).
+
+    With one mini-batch (and one epoch, the only kind here) every micro-batch's forward runs
+    on the weights before this step's single optimizer step, so its detached log-probs are
+    exactly the proximal ones (verl's ``on_policy`` rule in its actor update). An in-reward KL
+    needs them before the update, to compute advantages, so it keeps the forward.
+    """
+    return s.recompute_old_log_prob == "auto" and len(plans) == 1 and not s.use_kl_in_reward
+
+
+def _rows_of(mb: MicroBatch, t_BT: torch.Tensor) -> dict[int, list[float]]:
+    return {i: t_BT[b].detach().float().cpu()[mb.mask_BT[b] > 0].tolist() for b, i in enumerate(mb.index)}
+
+
+def _gather_rows(mine: dict[str, dict[int, list[float]]], n: int, T: int) -> dict[str, torch.Tensor]:
+    """Each rank's rows of named [N, T] tensors, all-gathered into full tensors on every rank."""
     full: dict[str, torch.Tensor] = {}
     for part in D.all_gather_objects(dict(mine)):
         for name, rows in part.items():
@@ -114,6 +134,30 @@ def recompute(models: Models, plans: list[Plan], n: int, T: int, settings: Train
             for i, row in rows.items():
                 full[name][i, : len(row)] = torch.tensor(row)
     return full
+
+
+@torch.no_grad()
+def recompute(
+    models: Models, plans: list[Plan], n: int, T: int, settings: TrainerSettings, with_prox: bool = True
+) -> dict[str, torch.Tensor]:
+    """Proximal log-probs (the actor before this step's update; left out when ``with_prox`` is
+    false), reference log-probs and old values, each as a full [N, T] tensor on every rank
+    (each rank computed its shard; all-gathered)."""
+    mine: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    if not (with_prox or models.ref is not None or models.critic is not None):
+        return {}
+    for plan in plans:
+        for mb in plan.micro:
+            parts = {}
+            if with_prox:
+                parts["prox"] = policy_forward(models.actor, mb, settings.temperature, False).logp_BT
+            if models.ref is not None:
+                parts["ref"] = policy_forward(models.ref, mb, settings.temperature, False).logp_BT
+            if models.critic is not None:
+                parts["values"] = value_forward(models.critic, mb)
+            for name, t_BT in parts.items():
+                mine[name].update(_rows_of(mb, t_BT))
+    return _gather_rows(mine, n, T)
 
 
 def compute_advantages(
@@ -167,15 +211,28 @@ def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float
 
 
 def update_actor(
-    models: Models, plan: Plan, adv: torch.Tensor, extras: dict[str, torch.Tensor], s: TrainerSettings, sums: _Sums
+    models: Models,
+    plan: Plan,
+    adv: torch.Tensor,
+    extras: dict[str, torch.Tensor],
+    s: TrainerSettings,
+    sums: _Sums,
+    own_prox: dict[int, list[float]] | None = None,
 ) -> None:
+    """One optimizer step over ``plan``; without ``extras["prox"]`` the proximal log-probs are
+    this forward's own, detached (see ``skips_old_log_prob``), and their rows go to ``own_prox``."""
     cfg = loss_config(s)
     world = D.world_size()
     for mb in plan.micro:
         out = policy_forward(models.actor, mb, s.temperature, with_entropy=True)
         dev = out.logp_BT.device
         mask = mb.mask_BT.to(dev)
-        prox = _rows(extras["prox"], mb).to(dev)
+        if "prox" in extras:
+            prox = _rows(extras["prox"], mb).to(dev)
+        else:
+            prox = out.logp_BT.detach()
+            if own_prox is not None:
+                own_prox.update(_rows_of(mb, prox))
         pl = policy_loss(out.logp_BT, prox, mb.behav_logp_BT.to(dev), _rows(adv, mb).to(dev), mask, cfg)
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
         entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
@@ -234,17 +291,22 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     if n_tokens == 0:
         return {"trainer/skipped_empty_batch": 1.0}
     full = collate(samples, list(range(len(samples))), pad_id)
-    plans = [
-        plan_mini_batch(samples, idx, s.micro_batch_tokens, pad_id) for idx in mini_batches(samples, s.ppo_mini_batches)
-    ]
-    extras = recompute(models, plans, len(samples), full.mask_BT.shape[1], s)
+    plans = [plan_mini_batch(samples, idx, s, pad_id) for idx in mini_batches(samples, s.ppo_mini_batches)]
+    n, T = len(samples), full.mask_BT.shape[1]
+    skip = skips_old_log_prob(plans, s)
+    extras = recompute(models, plans, n, T, s, with_prox=not skip)
     adv, returns, rewards = compute_advantages(full, samples, extras, s)
     sums = _Sums()
+    own_prox: dict[int, list[float]] = {}
     for plan in plans:
+        sums.add("_padding", float(plan.padding))
+        sums.add("_padded_total", float(plan.padded_total))
         models.actor.train()
-        update_actor(models, plan, adv, extras, s, sums)
+        update_actor(models, plan, adv, extras, s, sums, own_prox)
         if models.critic is not None and returns is not None:
             update_critic(models, plan, returns, extras, s, sums)
+    if skip:
+        extras["prox"] = _gather_rows({"prox": own_prox}, n, T)["prox"]
     models.actor_sched.step()
     if models.critic_sched is not None:
         models.critic_sched.step()
@@ -264,6 +326,7 @@ def _summarise(
 ) -> dict[str, float]:
     mask = full.mask_BT
     tokens = max(r.pop("_tokens"), 1.0)
+    padding, padded_total = r.pop("_padding"), r.pop("_padded_total")
     out = {
         k: v / n_plans
         for k, v in r.items()
@@ -284,6 +347,8 @@ def _summarise(
     out["critic/advantages/mean"] = float(adv_lib.masked_mean(adv, mask))
     out["response_length/mean"] = float(mask.sum(-1).mean())
     out["trainer/batch_tokens"] = float(full.attention_mask_BL.sum())
+    # Share of the tokens forwarded in micro-batches that are padding (compute spent on nothing).
+    out["perf/padding_ratio"] = padding / max(padded_total, 1.0)
     if returns is not None:
         out["critic/vf_explained_var"] = float(explained_variance(extras["values"], returns, mask))
         out["critic/returns/mean"] = float(adv_lib.masked_mean(returns, mask))

@@ -36,3 +36,23 @@ def test_collate_pads_right_and_marks_responses():
     # the logits predicting response token t sit at position start + t − 1
     positions = torch.arange(5).float()[None].expand(2, 5)
     assert gather_response(positions, mb.response_start_B, 3).tolist() == [[1, 2, 3], [0, 1, 2]]
+
+
+def test_pack_keeps_padding_low_on_a_long_tailed_length_mix():
+    import math
+    import random
+
+    from services.trainer.batching import padding_tokens
+
+    rng = random.Random(0)
+    # Prompts of 16–128 tokens, answers log-normal around 64 with a tail to 512.
+    lengths = [rng.randint(16, 128) + min(512, int(rng.lognormvariate(math.log(64), 0.9))) for _ in range(256)]
+    for budget in (2048, 4096, 16384):
+        bins = pack(lengths, budget)
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget for b in bins)
+        padding, total = padding_tokens(lengths, bins)
+        assert padding / total < 0.15, (budget, padding / total)
+    # One micro-batch padded to the longest wastes most of its compute on this mix.
+    padding, total = padding_tokens(lengths, [list(range(len(lengths)))])
+    assert padding / total > 0.5

@@ -70,3 +70,90 @@ def test_a_step_updates_weights_with_finite_metrics(tiny_model_dir, estimator, v
     assert metrics["actor/grad_norm"] > 0
     if estimator == "gae":
         assert "critic/vf_loss" in metrics and "critic/vf_explained_var" in metrics
+
+
+def _grads_seen_by_the_optimizer(models):
+    """Records the actor's gradients each time its optimizer steps."""
+    seen = []
+    models.actor_opt.register_step_pre_hook(
+        lambda *_: seen.append(torch.cat([p.grad.detach().flatten() for p in models.actor.parameters()]))
+    )
+    return seen
+
+
+def _count_actor_forwards(models):
+    calls = [0]
+    models.actor.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+# A long-tailed mix of response lengths, as RL answers are: most short, a few long.
+LONG_TAIL = [2, 3, 3, 4, 4, 5, 6, 8, 9, 12, 15, 40]
+
+
+def test_dynamic_batching_gives_the_loss_and_gradients_of_one_plain_micro_batch(tiny_model_dir):
+    results = {}
+    for name, settings in {
+        "dynamic": TrainerSettings(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=48),
+        "plain": TrainerSettings(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=len(LONG_TAIL)),
+    }.items():
+        models = _models(tiny_model_dir)
+        grads = _grads_seen_by_the_optimizer(models)
+        forwards = _count_actor_forwards(models)
+        metrics = train_step(models, _samples(LONG_TAIL, behav=-5.0), settings, pad_id=0)
+        results[name] = (metrics, grads[0], forwards[0], _params(models.actor))
+    dynamic, plain = results["dynamic"], results["plain"]
+    assert dynamic[2] > 3 * plain[2]  # really several micro-batches against one
+    for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac"):
+        assert dynamic[0][key] == pytest.approx(plain[0][key], abs=1e-5), key
+    torch.testing.assert_close(dynamic[1], plain[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(dynamic[3], plain[3], atol=1e-5, rtol=0)
+    # Similar lengths together: far less padding than one micro-batch padded to the longest.
+    assert dynamic[0]["perf/padding_ratio"] < plain[0]["perf/padding_ratio"] / 3
+    lengths = [3 + n for n in LONG_TAIL]
+    assert plain[0]["perf/padding_ratio"] == pytest.approx(1 - sum(lengths) / (len(lengths) * max(lengths)))
+
+
+@pytest.mark.parametrize(
+    ("variant", "extra"),
+    [("decoupled", {}), ("vanilla", {"use_kl_loss": True}), ("tis", {"adv_estimator": "gae"})],
+)
+def test_skipping_the_old_log_prob_forward_changes_no_loss_or_gradient(tiny_model_dir, variant, extra):
+    results = {}
+    for mode in ("auto", "always"):
+        models = _models(tiny_model_dir, critic=extra.get("adv_estimator") == "gae")
+        if extra.get("use_kl_loss"):
+            models.ref = load_actor(tiny_model_dir, torch.device("cpu"))
+        grads = _grads_seen_by_the_optimizer(models)
+        forwards = _count_actor_forwards(models)
+        settings = TrainerSettings(pg_variant=variant, recompute_old_log_prob=mode, micro_batch_tokens=48, **extra)
+        metrics = train_step(models, _samples(LONG_TAIL, behav=-5.0), settings, pad_id=0)
+        results[mode] = (metrics, grads[0], forwards[0], _params(models.actor))
+    auto, always = results["auto"], results["always"]
+    assert auto[2] * 2 == always[2]  # the no-grad forward over every micro-batch is gone
+    assert auto[0].keys() == always[0].keys()
+    for key, value in always[0].items():
+        if not key.startswith("timing/"):
+            assert auto[0][key] == pytest.approx(value, abs=1e-7, rel=0), key
+    assert torch.equal(auto[1], always[1])
+    assert torch.equal(auto[3], always[3])
+
+
+@pytest.mark.parametrize("extra", [{"ppo_mini_batches": 2}, {"use_kl_in_reward": True}])
+def test_the_old_log_prob_forward_stays_where_it_is_needed(tiny_model_dir, extra):
+    counts = {}
+    for mode in ("auto", "always"):
+        models = _models(tiny_model_dir)
+        if extra.get("use_kl_in_reward"):
+            models.ref = load_actor(tiny_model_dir, torch.device("cpu"))
+        forwards = _count_actor_forwards(models)
+        settings = TrainerSettings(recompute_old_log_prob=mode, micro_batch_tokens=48, **extra)
+        train_step(models, _samples(LONG_TAIL), settings, pad_id=0)
+        counts[mode] = forwards[0]
+    assert counts["auto"] == counts["always"]
+
+
+def test_micro_batch_tokens_is_the_former_name_of_the_token_budget():
+    assert TrainerSettings(micro_batch_tokens=100).ppo_max_token_len_per_gpu == 100
+    with pytest.raises(ValueError, match="not both"):
+        TrainerSettings(micro_batch_tokens=100, ppo_max_token_len_per_gpu=200)
