@@ -36,7 +36,7 @@ KEYS = {
 def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
-    argv += ["--steps", "4", "--alone-steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
+    argv += ["--steps", "3", "--alone-steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
