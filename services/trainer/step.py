@@ -16,6 +16,7 @@ from services.trainer import advantages as adv_lib
 from services.trainer import distributed as D
 from services.trainer.batching import MicroBatch, TrainSample, collate, dummy_micro_batch, pack, shard
 from services.trainer.config import TrainerSettings
+from services.trainer.correction import CorrectionConfig, correction_weights
 from services.trainer.losses import (
     Normaliser,
     PolicyLossConfig,
@@ -56,6 +57,21 @@ def loss_config(s: TrainerSettings) -> PolicyLossConfig:
         is_cap=s.is_cap,
         cispo_eps_low=s.cispo_eps_low,
         cispo_eps_high=s.cispo_eps_high,
+        topr_positive_weight=s.topr_positive_weight,
+        topr_negative_weight=s.topr_negative_weight,
+        kimi15_tau=s.kimi15_tau,
+    )
+
+
+def correction_config(s: TrainerSettings) -> CorrectionConfig | None:
+    if s.rollout_is_threshold is None:
+        return None
+    return CorrectionConfig(
+        level=s.rollout_is_level,
+        mode=s.rollout_is_mode,
+        threshold=s.rollout_is_threshold,
+        threshold_lower=s.rollout_is_threshold_lower,
+        veto_threshold=s.rollout_is_veto_threshold,
     )
 
 
@@ -176,7 +192,17 @@ def update_actor(
         dev = out.logp_BT.device
         mask = mb.mask_BT.to(dev)
         prox = _rows(extras["prox"], mb).to(dev)
-        pl = policy_loss(out.logp_BT, prox, mb.behav_logp_BT.to(dev), _rows(adv, mb).to(dev), mask, cfg)
+        correction = _rows(extras["correction"], mb).to(dev) if s.rollout_is else None
+        pl = policy_loss(
+            out.logp_BT,
+            prox,
+            mb.behav_logp_BT.to(dev),
+            _rows(adv, mb).to(dev),
+            mask,
+            cfg,
+            score_BT=_rows(extras["score"], mb).to(dev),
+            correction_BT=correction,
+        )
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
         entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
         loss = pg_loss - s.entropy_coeff * entropy
@@ -239,6 +265,11 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     ]
     extras = recompute(models, plans, len(samples), full.mask_BT.shape[1], s)
     adv, returns, rewards = compute_advantages(full, samples, extras, s)
+    extras["score"] = torch.tensor([x.reward for x in samples]).unsqueeze(-1).expand_as(full.mask_BT)
+    mismatch: dict[str, float] = {}
+    if (ccfg := correction_config(s)) is not None:
+        corr = correction_weights(extras["prox"], full.behav_logp_BT, full.mask_BT, ccfg)
+        extras["correction"], mismatch = corr.weight_BT, corr.metrics
     sums = _Sums()
     for plan in plans:
         models.actor.train()
@@ -248,7 +279,7 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     models.actor_sched.step()
     if models.critic_sched is not None:
         models.critic_sched.step()
-    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models)
+    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models) | mismatch
 
 
 def _summarise(
