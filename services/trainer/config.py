@@ -125,6 +125,23 @@ class TrainerSettings(ServiceSettings):
     kl_penalty: KlType = Field("k1", description="KL estimator of the in-reward penalty.")
     cliprange_value: float = Field(0.5, gt=0, description="Critic value clipping around the old values.")
 
+    # --- recipe: DAPO dynamic sampling (verl algorithm.filter_groups.*) ---
+    filter_groups_enable: bool = Field(
+        False,
+        description="verl filter_groups.enable: drop groups whose samples all share one filter_groups_metric value "
+        "(no GRPO signal) and release replacement prompts until a batch is full of informative groups.",
+    )
+    filter_groups_metric: str = Field(
+        "score",
+        description="verl filter_groups.metric: score, seq_reward, or a reward_extra key such as acc or raw_score.",
+    )
+    max_num_gen_batches: int = Field(
+        0,
+        ge=0,
+        description="verl filter_groups.max_num_gen_batches: fail when filling one batch takes more than this many "
+        "batches' worth of groups (the data is too easy or too hard); 0 = no limit.",
+    )
+
     # --- recipes: ROLL's topr / kimi15 and train–inference mismatch correction (verl names) ---
     topr_positive_weight: float = Field(
         1.0, ge=0, description="TOPR (ROLL topr_positive_weight): weight of sequences with score > 0 (no IS weight)."

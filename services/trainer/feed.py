@@ -17,6 +17,7 @@ from relayrl.staleness import check_staleness, min_start_version
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
+from services.trainer.filtering import no_signal_reason
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import TrainerState
 
@@ -60,6 +61,7 @@ class Batch:
     groups: list[Group]
     entry_ids: list[str]
     wait_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Feed:
     seen: set[str] = field(default_factory=set)
     eval_groups: dict[str, Group] = field(default_factory=dict)
     queue_dropped: int = 0
+    filtered_now: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reason -> groups, this batch
 
     def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
@@ -106,7 +109,7 @@ class Feed:
             s.batch_size,
             s.total_steps,
             self.state.released,
-            self.queue_dropped + self.state.dropped_stale,
+            self.queue_dropped + self.state.dropped_stale + self.state.filtered_groups,
         )
         if not versions:
             return 0
@@ -150,6 +153,13 @@ class Feed:
             self.eval_groups[d.group.prompt_id] = d.group
             self.ack_now([d.entry_id])
             return
+        if self.settings.filter_groups_enable and (
+            reason := no_signal_reason(d.group, self.settings.filter_groups_metric)
+        ):
+            self.state.filtered_groups += 1
+            self.filtered_now[reason] += 1
+            self.ack_now([d.entry_id])
+            return
         self.buffer.append(d)
 
     def _drop_stale(self) -> None:
@@ -170,6 +180,7 @@ class Feed:
         while len(self.buffer) < size:
             if self.control.stop_requested.is_set():
                 return None
+            self._check_generation_budget()
             if not self.control.consuming.is_set():
                 time.sleep(0.1)
                 continue
@@ -181,7 +192,29 @@ class Feed:
         for d in taken:
             verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {self.state.version}"
-        return Batch([d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started)
+        return Batch(
+            [d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started, self._filter_metrics()
+        )
+
+    def _check_generation_budget(self) -> None:
+        limit = self.settings.max_num_gen_batches
+        if limit and sum(self.filtered_now.values()) + self.settings.batch_size > limit * self.settings.batch_size:
+            raise RuntimeError(
+                f"dynamic sampling: more than max_num_gen_batches={limit} batches of groups generated for one batch "
+                f"({dict(self.filtered_now)} without signal); the data is too easy or too hard for the policy"
+            )
+
+    def _filter_metrics(self) -> dict[str, float]:
+        if not self.settings.filter_groups_enable:
+            return {}
+        size = self.settings.batch_size
+        dropped = sum(self.filtered_now.values())
+        out = {f"filter_groups/dropped_{r}": float(self.filtered_now.get(r, 0)) for r in ("all_solved", "all_failed")}
+        out["filter_groups/dropped"] = float(dropped)
+        out["filter_groups/gen_batches_per_batch"] = (dropped + size) / size
+        out["filter_groups/dropped_total"] = float(self.state.filtered_groups)
+        self.filtered_now.clear()
+        return out
 
     # --- validation ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class StepPlan:
     stop: bool = False
     wait_s: float = 0.0
     ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
+    feed_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
@@ -162,6 +163,7 @@ class Trainer:
                 self.feed.unacked.extend(batch.entry_ids)
                 plan.samples = samples_from_groups(batch.groups)
                 plan.wait_s = batch.wait_s
+                plan.feed_metrics = batch.metrics
                 plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
@@ -255,6 +257,7 @@ class Trainer:
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "staleness/avg_sample_age": sum(plan.ages) / max(len(plan.ages), 1),
                 "staleness/max_sample_age": max(plan.ages, default=0),
+                **plan.feed_metrics,
             }
         )
         self.telemetry.record(self.state.step, metrics)
