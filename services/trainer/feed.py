@@ -209,10 +209,13 @@ class Feed:
             return {}
         size = self.settings.batch_size
         dropped = sum(self.filtered_now.values())
-        out = {f"filter_groups/dropped_{r}": float(self.filtered_now.get(r, 0)) for r in ("all_solved", "all_failed")}
-        out["filter_groups/dropped"] = float(dropped)
-        out["filter_groups/gen_batches_per_batch"] = (dropped + size) / size
-        out["filter_groups/dropped_total"] = float(self.state.filtered_groups)
+        out = {
+            "filter_groups/dropped": float(dropped),
+            "filter_groups/dropped_all_solved": float(self.filtered_now.get("all_solved", 0)),
+            "filter_groups/dropped_all_failed": float(self.filtered_now.get("all_failed", 0)),
+            "filter_groups/gen_batches_per_batch": (dropped + size) / size,
+            "filter_groups/dropped_total": float(self.state.filtered_groups),
+        }
         self.filtered_now.clear()
         return out
 
