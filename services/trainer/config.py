@@ -142,6 +142,12 @@ class TrainerSettings(ServiceSettings):
         "batches' worth of groups (the data is too easy or too hard); 0 = no limit.",
     )
 
+    overlong_filter: bool = Field(
+        False,
+        description="DAPO's overlong filtering: responses cut at the length budget (finish_reason length) get no "
+        "policy loss; they still count in their group's advantage baseline and in the loss normaliser.",
+    )
+
     # --- recipes: ROLL's topr / kimi15 and train–inference mismatch correction (verl names) ---
     topr_positive_weight: float = Field(
         1.0, ge=0, description="TOPR (ROLL topr_positive_weight): weight of sequences with score > 0 (no IS weight)."

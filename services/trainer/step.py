@@ -203,6 +203,8 @@ def update_actor(
             score_BT=_rows(extras["score"], mb).to(dev),
             correction_BT=correction,
         )
+        if s.overlong_filter:
+            pl.loss_BT = pl.loss_BT * _rows(extras["kept"], mb).to(dev)
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
         entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
         loss = pg_loss - s.entropy_coeff * entropy
@@ -266,7 +268,9 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     extras = recompute(models, plans, len(samples), full.mask_BT.shape[1], s)
     adv, returns, rewards = compute_advantages(full, samples, extras, s)
     extras["score"] = torch.tensor([x.reward for x in samples]).unsqueeze(-1).expand_as(full.mask_BT)
-    mismatch: dict[str, float] = {}
+    kept = torch.tensor([0.0 if x.truncated else 1.0 for x in samples])
+    extras["kept"] = kept.unsqueeze(-1).expand_as(full.mask_BT)
+    mismatch: dict[str, float] = {"overlong/truncated_frac": 1.0 - float(kept.mean())}
     if (ccfg := correction_config(s)) is not None:
         corr = correction_weights(extras["prox"], full.behav_logp_BT, full.mask_BT, ccfg)
         extras["correction"], mismatch = corr.weight_BT, corr.metrics
