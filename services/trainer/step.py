@@ -270,10 +270,11 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     extras["score"] = torch.tensor([x.reward for x in samples]).unsqueeze(-1).expand_as(full.mask_BT)
     kept = torch.tensor([0.0 if x.truncated else 1.0 for x in samples])
     extras["kept"] = kept.unsqueeze(-1).expand_as(full.mask_BT)
-    mismatch: dict[str, float] = {"overlong/truncated_frac": 1.0 - float(kept.mean())}
+    recipe_metrics = {"overlong/truncated_frac": 1.0 - float(kept.mean())}
     if (ccfg := correction_config(s)) is not None:
         corr = correction_weights(extras["prox"], full.behav_logp_BT, full.mask_BT, ccfg)
-        extras["correction"], mismatch = corr.weight_BT, corr.metrics
+        extras["correction"] = corr.weight_BT
+        recipe_metrics |= corr.metrics
     sums = _Sums()
     for plan in plans:
         models.actor.train()
@@ -283,7 +284,7 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     models.actor_sched.step()
     if models.critic_sched is not None:
         models.critic_sched.step()
-    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models) | mismatch
+    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models) | recipe_metrics
 
 
 def _summarise(

@@ -92,6 +92,7 @@ def test_mismatch_correction_reports_its_metrics_and_trains(tiny_model_dir):
     # behaviour log-probs of −1 are far from the tiny model's: most tokens fall outside [0.5, 2].
     metrics = train_step(models, _samples([3, 1, 2, 2]), settings, pad_id=0)
     assert 0.0 < metrics["mismatch/masked_frac"] <= 1.0
+    assert metrics["overlong/truncated_frac"] == 0.0
     assert metrics["mismatch/ratio_q05"] <= metrics["mismatch/ratio_q50"] <= metrics["mismatch/ratio_q95"]
     if metrics["mismatch/masked_frac"] < 1.0:
         assert not torch.equal(before, _params(models.actor))
