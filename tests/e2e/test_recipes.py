@@ -40,8 +40,10 @@ def test_recipe_config_trains(recipe, runs_dir, tiny_model_dir):
         assert math.isfinite(row["actor/pg_loss"]) and row["actor/nonfinite_grad_steps"] == 0
         assert EVIDENCE[recipe] in row, f"{recipe}: {EVIDENCE[recipe]} missing from step {row['trainer/global_steps']}"
     if recipe == "dapo":
-        # copy_bits groups of 4 often agree; each dropped one is counted and made up for.
+        # The untrained model mostly fails copy_bits, so most groups carry no signal: each dropped one is
+        # counted and made up for by a new prompt, and every trained batch is full anyway.
         assert all(r["filter_groups/gen_batches_per_batch"] >= 1.0 for r in rows)
+        assert all(r["actor/grad_norm"] > 0 for r in rows), "a batch of informative groups gave no gradient"
         assert rows[-1]["filter_groups/dropped_total"] == sum(r["filter_groups/dropped"] for r in rows)
     if recipe == "icepop":
         assert all(0.0 <= r["mismatch/masked_frac"] <= 1.0 and r["mismatch/ratio_q05"] > 0 for r in rows)
