@@ -129,4 +129,38 @@ def build() -> Board:
             [verl("training/rollout_probs_diff_mean"), verl("training/rollout_logprob_diff_mean")],
         ),
     )
+    board.row("Recipes").add(
+        timeseries_panel(
+            "Mismatch KL",
+            "KL(engine ‖ trainer) on sampled tokens, k1 and k3 estimates (set rollout_is_threshold to record).",
+            [verl("mismatch/kl", "k1"), verl("mismatch/k3_kl", "k3")],
+        ),
+        timeseries_panel(
+            "Mismatch ratio quantiles",
+            "5th, 50th and 95th percentile of π_trainer/π_engine at rollout_is_level, and the mean weight applied.",
+            [
+                verl("mismatch/ratio_q05", "q05"),
+                verl("mismatch/ratio_q50", "q50"),
+                verl("mismatch/ratio_q95", "q95"),
+                verl("mismatch/weight_mean", "mean weight"),
+            ],
+        ),
+        timeseries_panel(
+            "Tokens masked by mismatch correction",
+            "Share of response tokens given weight 0 (outside [lower, upper] in mask mode, or vetoed).",
+            [verl("mismatch/masked_frac", "masked")],
+            unit="percentunit",
+            min_value=0,
+        ),
+        timeseries_panel(
+            "Dynamic sampling",
+            "Groups dropped for want of signal before this step (all solved / all failed), and generation "
+            "batches it took to fill the batch (filter_groups).",
+            [
+                verl("filter_groups/dropped_all_solved", "all solved"),
+                verl("filter_groups/dropped_all_failed", "all failed"),
+                verl("filter_groups/gen_batches_per_batch", "gen batches / batch"),
+            ],
+        ),
+    )
     return board

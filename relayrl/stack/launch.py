@@ -62,7 +62,6 @@ class LocalStack:
         self.endpoints = Endpoints()
         self.trainer: ManagedProcess | None = None
         self.cpus = plan_cpus(self.settings.cpus, self.settings.rollout_replicas, self.settings.trainer_procs)
-        supervisor.restarts_file = self.restarts_file
 
     # -- plan ---------------------------------------------------------------------------
 
@@ -121,6 +120,7 @@ class LocalStack:
         the bench measures each stage alone with the same services and CPU sets.
         """
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.supervisor.restarts_file = self.restarts_file
         self._start_redis()
         self._start_queue_and_paramsync()
         if generation:

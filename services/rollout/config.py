@@ -58,6 +58,17 @@ class RolloutSettings(ServiceSettings):
         " compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict.",
     )
     reward_timeout_s: float = Field(10.0, gt=0, description="Longest a reward call may take; then reward 0.")
+
+    # --- recipe: DAPO soft overlong punishment (verl reward_model.overlong_buffer.*) ---
+    overlong_buffer_enable: bool = Field(
+        False, description="verl overlong_buffer.enable: punish responses within overlong_buffer_len of the budget."
+    )
+    overlong_buffer_len: int = Field(
+        4, ge=1, description="verl overlong_buffer.len: tokens before the budget where the penalty ramps to its max."
+    )
+    overlong_buffer_penalty_factor: float = Field(
+        1.0, ge=0, description="verl overlong_buffer.penalty_factor: the penalty at the full budget."
+    )
     engine_timeout_s: float = Field(
         600.0, gt=0, description="Bound on one engine call, generation included (verl's generation_timeout)."
     )

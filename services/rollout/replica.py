@@ -33,6 +33,7 @@ from services.rollout.engine_client import (
 from services.rollout.generation import GenerationError, SampleResult, generate_group, parse_version
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.rewards import RewardRunner
+from services.rollout.rewards.overlong import OverlongBuffer, apply_overlong
 
 log = logging.getLogger(__name__)
 
@@ -448,6 +449,10 @@ class Replica:
         for result, started in results:
             reward_started = time.perf_counter()
             outcome = await self.rewards.score(prompt.data_source, result.text, prompt.ground_truth, prompt.extra_info)
+            if self.settings.overlong_buffer_enable:
+                budget = prompt.max_new_tokens or self.settings.max_new_tokens
+                buffer = OverlongBuffer(self.settings.overlong_buffer_len, self.settings.overlong_buffer_penalty_factor)
+                outcome = apply_overlong(outcome, len(result.output_ids), budget, buffer)
             if outcome.error:
                 self.metrics.reward_errors.inc()
             self.metrics.reward.observe(outcome.reward)

@@ -25,6 +25,7 @@ class TrainSample:
     token_rewards: list[float]
     reward: float
     min_version: int
+    truncated: bool = False  # the engine stopped it at the length budget (finish_reason "length")
 
     @property
     def length(self) -> int:
@@ -52,6 +53,7 @@ def samples_from_groups(groups: list[Group]) -> list[TrainSample]:
                     token_rewards=token_rewards,
                     reward=sum(token_rewards) if s.token_rewards else s.reward,
                     min_version=min(s.policy_versions) if s.policy_versions else -1,
+                    truncated=s.finish_reason == "length",
                 )
             )
     return samples

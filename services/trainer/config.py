@@ -16,7 +16,9 @@ from pydantic_settings import SettingsConfigDict
 from relayrl.config import ServiceSettings, shared_field
 
 AdvEstimator = Literal["grpo", "rloo", "reinforce_plus_plus", "gae"]
-PgVariant = Literal["vanilla", "decoupled", "tis", "cispo"]
+PgVariant = Literal["vanilla", "decoupled", "tis", "cispo", "topr", "kimi15"]
+RolloutIsLevel = Literal["token", "sequence", "geometric"]
+RolloutIsMode = Literal["truncate", "mask"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KlType = Literal["k1", "k2", "k3"]
 
@@ -123,7 +125,8 @@ class TrainerSettings(ServiceSettings):
         "decoupled",
         description="vanilla: PPO clip vs the proximal (recomputed) policy; decoupled: the same times the behaviour→"
         "proximal weight truncated at is_cap; tis: truncated-IS policy gradient vs the behaviour policy; cispo: "
-        "clipped-IS-weight policy gradient vs the behaviour policy.",
+        "clipped-IS-weight policy gradient vs the behaviour policy; topr: ROLL's tapered off-policy REINFORCE; "
+        "kimi15: Kimi k1.5's policy gradient with a squared log-ratio penalty (ROLL's kimi15).",
     )
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO ε below 1 (verl clip_ratio_low).")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO ε above 1 (verl clip_ratio_high).")
@@ -141,6 +144,64 @@ class TrainerSettings(ServiceSettings):
     kl_penalty: KlType = Field("k1", description="KL estimator of the in-reward penalty.")
     cliprange_value: float = Field(0.5, gt=0, description="Critic value clipping around the old values.")
 
+    # --- recipe: DAPO dynamic sampling (verl algorithm.filter_groups.*) ---
+    filter_groups_enable: bool = Field(
+        False,
+        description="verl filter_groups.enable: drop groups whose samples all share one filter_groups_metric value "
+        "(no GRPO signal) and release replacement prompts until a batch is full of informative groups.",
+    )
+    filter_groups_metric: str = Field(
+        "score",
+        description="verl filter_groups.metric: score, seq_reward, or a reward_extra key such as acc or raw_score.",
+    )
+    max_num_gen_batches: int = Field(
+        0,
+        ge=0,
+        description="verl filter_groups.max_num_gen_batches: fail when filling one batch takes more than this many "
+        "batches' worth of groups (the data is too easy or too hard); 0 = no limit.",
+    )
+
+    overlong_filter: bool = Field(
+        False,
+        description="DAPO's overlong filtering: responses cut at the length budget (finish_reason length) get no "
+        "policy loss; they still count in their group's advantage baseline and in the loss normaliser.",
+    )
+
+    # --- recipes: ROLL's topr / kimi15 and train–inference mismatch correction (verl names) ---
+    topr_positive_weight: float = Field(
+        1.0, ge=0, description="TOPR (ROLL topr_positive_weight): weight of sequences with score > 0 (no IS weight)."
+    )
+    topr_negative_weight: float = Field(
+        1.0,
+        ge=0,
+        description="TOPR (ROLL topr_negative_weight): weight of sequences with score <= 0, tapered by clip(ρ, 0, 1).",
+    )
+    kimi15_tau: float = Field(0.1, ge=0, description="Kimi k1.5 (ROLL kimi15_tau): τ of the τ/2·(log π/π_behav)² term.")
+    rollout_is: bool = Field(
+        False,
+        description="verl algorithm.rollout_is: weight the policy loss by π_prox/π_behav (mismatch correction); "
+        "False still logs the mismatch metrics when rollout_is_threshold is set.",
+    )
+    rollout_is_threshold: float | None = Field(
+        None, gt=0, description="verl rollout_is_threshold: upper bound of the weight; unset disables correction."
+    )
+    rollout_is_threshold_lower: float | None = Field(
+        None, gt=0, description="verl rollout_is_threshold_lower: lower bound in mask mode; unset = 1/upper."
+    )
+    rollout_is_level: RolloutIsLevel = Field(
+        "token", description="verl rollout_is_level: token, sequence (product) or geometric (geometric mean)."
+    )
+    rollout_is_mode: RolloutIsMode = Field(
+        "truncate",
+        description="verl rollout_is_mode: truncate (cap at the upper bound) or mask (weight 0 outside [lower, upper]; "
+        "token level = IcePop).",
+    )
+    rollout_is_veto_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="verl rollout_is_veto_threshold: a sequence with a token ratio below this gets weight 0.",
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainerSettings:
         if self.checkpoint_every % self.sync_every:
@@ -148,6 +209,12 @@ class TrainerSettings(ServiceSettings):
             # trainer can re-publish that version with identical content.
             raise ValueError(
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})"
+            )
+        if self.rollout_is and self.rollout_is_threshold is None:
+            raise ValueError("rollout_is needs rollout_is_threshold (RELAYRL_TRAINER_ROLLOUT_IS_THRESHOLD)")
+        if self.rollout_is and self.pg_variant not in ("vanilla", "decoupled"):
+            raise ValueError(
+                f"rollout_is applies to pg_variant vanilla/decoupled; {self.pg_variant} already weights by π/π_behav"
             )
         return self
 

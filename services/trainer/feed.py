@@ -18,6 +18,7 @@ from relayrl.stalls import StallWatch
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
+from services.trainer.filtering import no_signal_reason
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import TrainerState
 
@@ -63,6 +64,7 @@ class Batch:
     wait_s: float
     # Of wait_s, the seconds spent in queue calls (the rest waited for groups to arrive).
     queue_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Feed:
     # Told of every group skipped here (reason, group ids) when it is acknowledged: the run's
     # record of drops, which a crash cannot roll back the way it rolls back the state's counters.
     on_drop: Callable[[str, list[str]], None] | None = None
+    filtered_now: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reason -> groups, this batch
 
     def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
@@ -119,7 +122,7 @@ class Feed:
             s.batch_size,
             s.total_steps,
             self.state.released,
-            self.queue_dropped + self.state.dropped_stale,
+            self.queue_dropped + self.state.dropped_stale + self.state.filtered_groups,
         )
         if not versions:
             return 0
@@ -178,6 +181,13 @@ class Feed:
             self.eval_groups[d.group.prompt_id] = d.group
             self.ack_now([d.entry_id])
             return
+        if self.settings.filter_groups_enable and (
+            reason := no_signal_reason(d.group, self.settings.filter_groups_metric)
+        ):
+            self.state.filtered_groups += 1
+            self.filtered_now[reason] += 1
+            self.ack_now([d.entry_id])
+            return
         self.buffer.append(d)
 
     def _drop_stale(self) -> None:
@@ -205,6 +215,7 @@ class Feed:
             while len(self.buffer) < size:
                 if self.control.stop_requested.is_set():
                     return None
+                self._check_generation_budget()
                 if not self.control.consuming.is_set():
                     wait.progress()  # paused on request: not a stall
                     time.sleep(0.1)
@@ -221,7 +232,36 @@ class Feed:
         for d in taken:
             verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {self.state.version}"
-        return Batch([d.group for d in taken], [d.entry_id for d in taken], time.perf_counter() - started, self.rpc_s)
+        return Batch(
+            [d.group for d in taken],
+            [d.entry_id for d in taken],
+            time.perf_counter() - started,
+            self.rpc_s,
+            self._filter_metrics(),
+        )
+
+    def _check_generation_budget(self) -> None:
+        limit = self.settings.max_num_gen_batches
+        if limit and sum(self.filtered_now.values()) + self.settings.batch_size > limit * self.settings.batch_size:
+            raise RuntimeError(
+                f"dynamic sampling: more than max_num_gen_batches={limit} batches of groups generated for one batch "
+                f"({dict(self.filtered_now)} without signal); the data is too easy or too hard for the policy"
+            )
+
+    def _filter_metrics(self) -> dict[str, float]:
+        if not self.settings.filter_groups_enable:
+            return {}
+        size = self.settings.batch_size
+        dropped = sum(self.filtered_now.values())
+        out = {
+            "filter_groups/dropped": float(dropped),
+            "filter_groups/dropped_all_solved": float(self.filtered_now.get("all_solved", 0)),
+            "filter_groups/dropped_all_failed": float(self.filtered_now.get("all_failed", 0)),
+            "filter_groups/gen_batches_per_batch": (dropped + size) / size,
+            "filter_groups/dropped_total": float(self.state.filtered_groups),
+        }
+        self.filtered_now.clear()
+        return out
 
     # --- validation ---------------------------------------------------------------------
 

@@ -31,6 +31,9 @@ class PolicyLossConfig:
     is_cap: float = 2.0
     cispo_eps_low: float = 1.0
     cispo_eps_high: float = 0.28
+    topr_positive_weight: float = 1.0
+    topr_negative_weight: float = 1.0
+    kimi15_tau: float = 0.1
 
 
 @dataclass(slots=True)
@@ -75,6 +78,8 @@ def policy_loss(
     adv_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     cfg: PolicyLossConfig,
+    score_BT: torch.Tensor | None = None,
+    correction_BT: torch.Tensor | None = None,
 ) -> PolicyLossOut:
     """The per-token policy loss of ``cfg.variant``.
 
@@ -84,13 +89,26 @@ def policy_loss(
     - tis: −min(π / π_behav, is_cap)·A·log π with the weight detached (truncated importance sampling).
     - cispo: −clip(π / π_behav, 1 − ε_low, 1 + ε_high)·A·log π, weight detached (MiniMax-M1's CISPO):
       every token keeps a gradient, only the weight is clipped.
+    - topr: ROLL's tapered off-policy REINFORCE. Sequences whose score (``score_BT``, the sequence
+      reward on every token) is > 0 get −w₊·A·log π (SFT-like, no weight); the others get
+      −w₋·clip(π / π_behav, 0, 1)·A·log π with the weight detached.
+    - kimi15: Kimi k1.5's −A·log π + τ/2·(log π − log π_behav)², as ROLL writes it.
+
+    ``correction_BT`` (train–inference mismatch weights, detached) multiplies the vanilla loss; for
+    decoupled it takes the place of the behaviour→proximal weight, which estimates the same ratio.
     """
     if cfg.variant in ("vanilla", "decoupled"):
         out = ppo_clip(logp_BT, prox_logp_BT, adv_BT, mask_BT, cfg)
-        if cfg.variant == "decoupled":
+        if correction_BT is not None:
+            out.loss_BT = out.loss_BT * correction_BT.detach()
+        elif cfg.variant == "decoupled":
             weight = torch.clamp(_ratio(prox_logp_BT, behav_logp_BT), max=cfg.is_cap).detach()
             out.loss_BT = out.loss_BT * weight
         return out
+    if correction_BT is not None:
+        raise ValueError(
+            f"pg_variant {cfg.variant!r} already weights by π / π_behav; rollout_is applies to vanilla/decoupled"
+        )
     ratio = _ratio(logp_BT, behav_logp_BT)
     if cfg.variant == "tis":
         weight = torch.clamp(ratio, max=cfg.is_cap)
@@ -100,6 +118,30 @@ def policy_loss(
         weight = torch.clamp(ratio, 1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high)
         active = (ratio > 1 + cfg.cispo_eps_high) | (ratio < 1 - cfg.cispo_eps_low)
         lower = ratio < 1 - cfg.cispo_eps_low
+    elif cfg.variant == "topr":
+        if score_BT is None:
+            raise ValueError("pg_variant 'topr' needs the sequence scores")
+        positive = score_BT > 0
+        tapered = torch.clamp(ratio, 0.0, 1.0).detach()
+        loss = torch.where(
+            positive,
+            -cfg.topr_positive_weight * adv_BT * logp_BT,
+            -cfg.topr_negative_weight * tapered * adv_BT * logp_BT,
+        )
+        return PolicyLossOut(
+            loss_BT=loss,
+            clipfrac=masked_mean((~positive & (ratio > 1.0)).float(), mask_BT),
+            clipfrac_lower=torch.zeros(()),
+            ppo_kl=masked_mean(behav_logp_BT - logp_BT, mask_BT),
+        )
+    elif cfg.variant == "kimi15":
+        log_ratio = logp_BT - behav_logp_BT
+        return PolicyLossOut(
+            loss_BT=-adv_BT * logp_BT + 0.5 * cfg.kimi15_tau * log_ratio.square(),
+            clipfrac=torch.zeros(()),
+            clipfrac_lower=torch.zeros(()),
+            ppo_kl=masked_mean(-log_ratio, mask_BT),
+        )
     else:
         raise ValueError(f"unknown pg_variant {cfg.variant!r}")
     return PolicyLossOut(

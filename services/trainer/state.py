@@ -22,6 +22,7 @@ class TrainerState:
     # Groups the trainer refused itself (the queue filters stale groups first, so this stays 0
     # unless a group aged while it waited in the trainer's buffer).
     dropped_stale: int = 0
+    filtered_groups: int = 0  # dropped by dynamic sampling (filter_groups), each replaced by a new prompt
     data: dict[str, int] = field(default_factory=dict)  # PromptDataset.state_dict()
     duplicate_groups: int = 0  # delivered again after being trained on (and acknowledged) and skipped
     trained_group_ids: list[str] = field(default_factory=list)  # the newest TRAINED_IDS_KEPT, oldest first

@@ -25,6 +25,7 @@ from services.trainer.batching import (
     shard,
 )
 from services.trainer.config import TrainerSettings
+from services.trainer.correction import CorrectionConfig, correction_weights
 from services.trainer.losses import (
     Normaliser,
     PolicyLossConfig,
@@ -67,6 +68,21 @@ def loss_config(s: TrainerSettings) -> PolicyLossConfig:
         is_cap=s.is_cap,
         cispo_eps_low=s.cispo_eps_low,
         cispo_eps_high=s.cispo_eps_high,
+        topr_positive_weight=s.topr_positive_weight,
+        topr_negative_weight=s.topr_negative_weight,
+        kimi15_tau=s.kimi15_tau,
+    )
+
+
+def correction_config(s: TrainerSettings) -> CorrectionConfig | None:
+    if s.rollout_is_threshold is None:
+        return None
+    return CorrectionConfig(
+        level=s.rollout_is_level,
+        mode=s.rollout_is_mode,
+        threshold=s.rollout_is_threshold,
+        threshold_lower=s.rollout_is_threshold_lower,
+        veto_threshold=s.rollout_is_veto_threshold,
     )
 
 
@@ -116,9 +132,15 @@ def skips_old_log_prob(plans: list[Plan], s: TrainerSettings) -> bool:
     With one mini-batch (and one epoch, the only kind here) every micro-batch's forward runs
     on the weights before this step's single optimizer step, so its detached log-probs are
     exactly the proximal ones (verl's ``on_policy`` rule in its actor update). An in-reward KL
-    needs them before the update, to compute advantages, so it keeps the forward.
+    needs them before the update, to compute advantages, and so do the mismatch-correction
+    weights (and their metrics); both keep the forward.
     """
-    return s.recompute_old_log_prob == "auto" and len(plans) == 1 and not s.use_kl_in_reward
+    return (
+        s.recompute_old_log_prob == "auto"
+        and len(plans) == 1
+        and not s.use_kl_in_reward
+        and correction_config(s) is None
+    )
 
 
 def _rows_of(mb: MicroBatch, t_BT: torch.Tensor) -> dict[int, list[float]]:
@@ -233,7 +255,19 @@ def update_actor(
             prox = out.logp_BT.detach()
             if own_prox is not None:
                 own_prox.update(_rows_of(mb, prox))
-        pl = policy_loss(out.logp_BT, prox, mb.behav_logp_BT.to(dev), _rows(adv, mb).to(dev), mask, cfg)
+        correction = _rows(extras["correction"], mb).to(dev) if s.rollout_is else None
+        pl = policy_loss(
+            out.logp_BT,
+            prox,
+            mb.behav_logp_BT.to(dev),
+            _rows(adv, mb).to(dev),
+            mask,
+            cfg,
+            score_BT=_rows(extras["score"], mb).to(dev),
+            correction_BT=correction,
+        )
+        if s.overlong_filter:
+            pl.loss_BT = pl.loss_BT * _rows(extras["kept"], mb).to(dev)
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
         entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
         loss = pg_loss - s.entropy_coeff * entropy
@@ -296,6 +330,14 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     skip = skips_old_log_prob(plans, s)
     extras = recompute(models, plans, n, T, s, with_prox=not skip)
     adv, returns, rewards = compute_advantages(full, samples, extras, s)
+    extras["score"] = torch.tensor([x.reward for x in samples]).unsqueeze(-1).expand_as(full.mask_BT)
+    kept = torch.tensor([0.0 if x.truncated else 1.0 for x in samples])
+    extras["kept"] = kept.unsqueeze(-1).expand_as(full.mask_BT)
+    recipe_metrics = {"overlong/truncated_frac": 1.0 - float(kept.mean())}
+    if (ccfg := correction_config(s)) is not None:
+        corr = correction_weights(extras["prox"], full.behav_logp_BT, full.mask_BT, ccfg)
+        extras["correction"] = corr.weight_BT
+        recipe_metrics |= corr.metrics
     sums = _Sums()
     own_prox: dict[int, list[float]] = {}
     for plan in plans:
@@ -310,7 +352,7 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     models.actor_sched.step()
     if models.critic_sched is not None:
         models.critic_sched.step()
-    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models)
+    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models) | recipe_metrics
 
 
 def _summarise(

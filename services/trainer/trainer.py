@@ -43,6 +43,7 @@ class StepPlan:
     version: int = 0  # the policy version the step trained at
     ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
     group_ids: list[str] = field(default_factory=list)
+    feed_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
@@ -171,6 +172,7 @@ class Trainer:
                 plan.samples = samples_from_groups(batch.groups)
                 plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
                 plan.version = self.state.version
+                plan.feed_metrics = batch.metrics
                 plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
@@ -266,6 +268,7 @@ class Trainer:
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "staleness/avg_sample_age": sum(plan.ages) / max(len(plan.ages), 1),
                 "staleness/max_sample_age": max(plan.ages, default=0),
+                **plan.feed_metrics,
             }
         )
         self.telemetry.record(self.state.step, metrics)

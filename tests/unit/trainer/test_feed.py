@@ -1,14 +1,20 @@
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from relayrl.schema import Group, Sample
+from relayrl.stalls import StallWatch
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow
 from services.trainer.feed import Feed, plan_release
 from services.trainer.state import TRAINED_IDS_KEPT, TrainerState
+
+log = logging.getLogger(__name__)
 
 
 def test_on_policy_releases_exactly_one_batch_for_the_current_version():
@@ -69,6 +75,9 @@ class _Queue:
     async def stats(self) -> SimpleNamespace:
         return SimpleNamespace(dropped_by_reason={})
 
+    async def prompt_stats(self) -> SimpleNamespace:
+        return SimpleNamespace(dropped_by_reason={})
+
 
 class _Io:
     def call(self, coro):
@@ -81,7 +90,8 @@ def _resumed_feed(state: TrainerState, groups: list[Group], batch_size: int = 2)
     # The trainer's resume() hands the Feed the state it restored from the checkpoint.
     restored = TrainerState.from_json(json.loads(json.dumps(state.to_json())))
     dataset = PromptDataset([PromptRow("p/0", [1], "s", "", {})], seed=0)
-    return Feed(settings, queue, _Io(), dataset, Control(), restored), queue
+    stalls = StallWatch(Gauge("t_stalled_seconds", "", ["waiting_for", "peer"], registry=CollectorRegistry()), 60, log)
+    return Feed(settings, queue, _Io(), dataset, Control(), restored, stalls), queue
 
 
 def test_after_resume_staleness_is_judged_against_the_restored_version_not_zero():

@@ -57,7 +57,14 @@ def test_empty_response_mask_skips_the_step(tiny_model_dir):
 
 @pytest.mark.parametrize(
     ("estimator", "variant"),
-    [("grpo", "decoupled"), ("rloo", "tis"), ("reinforce_plus_plus", "cispo"), ("gae", "vanilla")],
+    [
+        ("grpo", "decoupled"),
+        ("rloo", "tis"),
+        ("reinforce_plus_plus", "cispo"),
+        ("gae", "vanilla"),
+        ("grpo", "topr"),
+        ("rloo", "kimi15"),
+    ],
 )
 def test_a_step_updates_weights_with_finite_metrics(tiny_model_dir, estimator, variant):
     models = _models(tiny_model_dir, critic=estimator == "gae")
@@ -157,3 +164,36 @@ def test_micro_batch_tokens_is_the_former_name_of_the_token_budget():
     assert TrainerSettings(micro_batch_tokens=100).ppo_max_token_len_per_gpu == 100
     with pytest.raises(ValueError, match="not both"):
         TrainerSettings(micro_batch_tokens=100, ppo_max_token_len_per_gpu=200)
+
+
+def test_mismatch_correction_reports_its_metrics_and_trains(tiny_model_dir):
+    models = _models(tiny_model_dir)
+    before = _params(models.actor)
+    settings = TrainerSettings(
+        pg_variant="decoupled",
+        rollout_is=True,
+        rollout_is_threshold=2.0,
+        rollout_is_mode="mask",
+        rollout_is_level="token",
+    )
+    # behaviour log-probs of −1 are far from the tiny model's: most tokens fall outside [0.5, 2].
+    metrics = train_step(models, _samples([3, 1, 2, 2]), settings, pad_id=0)
+    assert 0.0 < metrics["mismatch/masked_frac"] <= 1.0
+    assert metrics["overlong/truncated_frac"] == 0.0
+    assert metrics["mismatch/ratio_q05"] <= metrics["mismatch/ratio_q50"] <= metrics["mismatch/ratio_q95"]
+    if metrics["mismatch/masked_frac"] < 1.0:
+        assert not torch.equal(before, _params(models.actor))
+
+
+def test_overlong_filter_gives_truncated_responses_no_loss(tiny_model_dir):
+    samples = _samples([3, 1, 2, 2])
+    for x in samples:
+        x.truncated = True
+    models = _models(tiny_model_dir)
+    before = _params(models.actor)
+    metrics = train_step(models, samples, TrainerSettings(overlong_filter=True), pad_id=0)
+    assert metrics["overlong/truncated_frac"] == 1.0
+    assert metrics["actor/grad_norm"] == 0.0
+    assert torch.equal(before, _params(models.actor))
+    unfiltered = train_step(_models(tiny_model_dir), samples, TrainerSettings(), pad_id=0)
+    assert unfiltered["actor/grad_norm"] > 0

@@ -1,0 +1,29 @@
+"""DAPO's dynamic sampling (verl ``algorithm.filter_groups``): a group whose samples all carry the
+same value of the filter metric has zero advantage under GRPO/RLOO and teaches nothing, so it is
+dropped before training and made up for by a replacement prompt."""
+
+from __future__ import annotations
+
+from relayrl.schema import Group, Sample
+
+
+def metric_value(sample: Sample, metric: str) -> float:
+    """verl's names: ``score`` (the stored, possibly penalised score), ``seq_reward`` (the sum of
+    token rewards when they came, else the score); anything else is a ``reward_extra`` key
+    (``acc``, ``raw_score``, ...), falling back to the score when a sample lacks it."""
+    if metric == "score":
+        return sample.reward
+    if metric == "seq_reward":
+        return sum(sample.token_rewards) if sample.token_rewards else sample.reward
+    return sample.reward_extra.get(metric, sample.reward)
+
+
+def no_signal_reason(group: Group, metric: str) -> str | None:
+    """``all_solved`` / ``all_failed`` when every sample has the same value (> 0 / <= 0), else None.
+
+    A single-sample group has no within-group signal either and is dropped the same way.
+    """
+    values = [metric_value(s, metric) for s in group.samples]
+    if not values or max(values) != min(values):
+        return None
+    return "all_solved" if values[0] > 0 else "all_failed"
