@@ -73,7 +73,7 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     for register in registrars:
         register(server)

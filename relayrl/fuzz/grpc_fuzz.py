@@ -43,6 +43,7 @@ CLEAR_CODES = frozenset(
 DEADLINE_S = 10.0
 # Server streams that legitimately stay open with nothing to say (a subscription).
 OPEN_STREAMS = frozenset({"/relayrl.v1.ParamSync/Subscribe"})
+OPEN_STREAM_DEADLINE_S = 1.0
 # Messages of a stream read before the call is cancelled: enough to see the stream works.
 STREAM_READ = 4
 HUGE_ELEMENTS = 2_000_000
@@ -65,11 +66,7 @@ def methods_of(service: D.ServiceDescriptor, templates: dict[str, Template]) -> 
     for m in service.methods:
         request = message_factory.GetMessageClass(m.input_type)
         template = templates.get(m.name, lambda _rng, cls=request: [cls()])
-        out.append(
-            Method(
-                f"/{service.full_name}/{m.name}", request, m.client_streaming, m.server_streaming, template
-            )
-        )
+        out.append(Method(f"/{service.full_name}/{m.name}", request, m.client_streaming, m.server_streaming, template))
     return out
 
 
@@ -111,7 +108,9 @@ async def _call(channel: grpc.aio.Channel, method: Method, payload: list[bytes])
     if not method.server_stream:
         await channel.unary_unary(method.path)(payload[0], timeout=DEADLINE_S)
         return
-    stream = channel.unary_stream(method.path)(payload[0], timeout=DEADLINE_S)
+    # A subscription with nothing to announce stays open: a short deadline ends it sooner.
+    deadline = OPEN_STREAM_DEADLINE_S if method.path in OPEN_STREAMS else DEADLINE_S
+    stream = channel.unary_stream(method.path)(payload[0], timeout=deadline)
     read = 0
     try:
         async for _ in stream:

@@ -37,7 +37,9 @@ def queue_methods() -> list[Method]:
         "Pull": lambda r: [qpb.PullRequest(consumer="fuzz", current_version=0, max_staleness=4, max_groups=2)],
         "Ack": lambda r: [qpb.AckRequest(consumer="fuzz", entry_ids=[f"{r.randint(1, 10**13)}-0"])],
         "Release": lambda r: [
-            qpb.ReleaseRequest(prompts=[tpb.PromptGroup(prompt_id=f"p{next(ids)}", prompt_token_ids=[1, 2], n_samples=2)])
+            qpb.ReleaseRequest(
+                prompts=[tpb.PromptGroup(prompt_id=f"p{next(ids)}", prompt_token_ids=[1, 2], n_samples=2)]
+            )
         ],
         "Lease": lambda r: [qpb.LeaseRequest(replica_id="fuzz", max_prompts=1, block_timeout_s=0.05)],
         "Complete": lambda r: [qpb.CompleteRequest(replica_id="fuzz", lease_ids=[f"l{r.randint(0, 99)}"])],

@@ -33,7 +33,9 @@ async def _fuzz_grpc(name: str, address: str, calls: int, seed: int, tally: Tall
         await after_check(address, before, tally)
 
 
-def fuzz(calls: int, services: tuple[str, ...] = ALL_SERVICES, seed: int = 0, work: Path | None = None) -> dict[str, Any]:
+def fuzz(
+    calls: int, services: tuple[str, ...] = ALL_SERVICES, seed: int = 0, work: Path | None = None
+) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="relayrl-fuzz-") as tmp, supervised(sink=None) as supervisor:
         targets: Targets = start_targets(supervisor, work or Path(tmp), services)

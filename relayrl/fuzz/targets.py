@@ -88,7 +88,13 @@ def start_targets(supervisor: Supervisor, work: Path, services: tuple[str, ...])
         port = free_port(HOST)
         http = f"http://{HOST}:{port}"
         env = {"RELAYRL_ENGINE_HOST": HOST, "RELAYRL_ENGINE_HTTP_PORT": str(port)}
-        start("engine", [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)], env, http, "/health")
+        start(
+            "engine",
+            [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)],
+            env,
+            http,
+            "/health",
+        )
     if "rollout" in needed:
         grpc, http, env = _ports("RELAYRL_ROLLOUT")
         env |= {
