@@ -17,8 +17,14 @@ def fuzz(
 ) -> None:
     """Start the services as local processes and fuzz them; exits 1 on any crash, hang, unexplained
     error or lost work."""
+    import importlib.util
+
     from relayrl.fuzz.run import fuzz as run_fuzz
     from relayrl.fuzz.targets import ALL_SERVICES
+
+    if importlib.util.find_spec("schemathesis") is None:
+        typer.echo("relayrl fuzz: REST fuzzing needs schemathesis: pip install -e '.[dev]' (a dev extra)", err=True)
+        raise typer.Exit(2)
 
     unknown = sorted(set(service) - set(ALL_SERVICES))
     if unknown:
