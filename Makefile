@@ -60,5 +60,10 @@ bench: setup
 demo: setup
 	$(BIN)/relayrl demo
 
+# Fuzzes every service's gRPC and REST interfaces (>= 10,000 calls per gRPC service).
+.PHONY: fuzz
+fuzz: setup
+	$(BIN)/relayrl fuzz --calls 10000 --json
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "up": "relayrl.stack.cli:up",
     "demo": "relayrl.stack.cli:demo",
     "chaos": "relayrl.stack.chaos.cli:chaos",
+    "fuzz": "relayrl.fuzz.cli:fuzz",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

@@ -21,6 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from relayrl.grpc_requests import UndecodableRequests
+
 log = logging.getLogger(__name__)
 
 # Weight chunks and trajectory batches are large; gRPC's 4 MiB default is too small.
@@ -66,11 +68,12 @@ async def start_grpc_server(
     ``service_names`` are full names (``relayrl.v1.TrajectoryQueue``); each starts SERVING.
     """
     server = grpc.aio.server(
+        interceptors=[UndecodableRequests()],
         options=[
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     for register in registrars:
         register(server)

@@ -7,7 +7,6 @@ imports no torch: the store works on raw bytes and only the client turns them in
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +42,22 @@ SAFETENSORS_DTYPES: dict[str, str] = {
     "uint8": "U8",
     "bool": "BOOL",
 }
+
+
+def _numel_up_to(shape: tuple[int, ...], limit: int) -> int:
+    """The element count, or any number above ``limit`` once it is passed: a shape of millions of
+    dimensions would otherwise cost minutes of big-integer arithmetic (found by ``relayrl fuzz``)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > limit:
+            return limit + 1
+    return numel
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    # The reason travels in the gRPC status, whose trailer has a size limit.
+    return str(list(shape)) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +114,13 @@ class Manifest:
             if spec.dtype not in DTYPE_BYTES:
                 raise ValueError(f"tensor {spec.name!r}: unsupported dtype {spec.dtype!r}")
             if any(d < 0 for d in spec.shape):
-                raise ValueError(f"tensor {spec.name!r}: negative dimension in shape {list(spec.shape)}")
-            expected = math.prod(spec.shape) * DTYPE_BYTES[spec.dtype]
-            if spec.num_bytes != expected:
+                raise ValueError(f"tensor {spec.name!r}: negative dimension in shape {_shape_text(spec.shape)}")
+            numel = _numel_up_to(spec.shape, max(spec.num_bytes, 0))
+            if spec.num_bytes != numel * DTYPE_BYTES[spec.dtype]:
+                expected = "more" if numel > spec.num_bytes else numel * DTYPE_BYTES[spec.dtype]
                 raise ValueError(
-                    f"tensor {spec.name!r}: num_bytes {spec.num_bytes} != {expected} for shape {list(spec.shape)}"
-                    f" of {spec.dtype}"
+                    f"tensor {spec.name!r}: num_bytes {spec.num_bytes} != {expected} for shape"
+                    f" {_shape_text(spec.shape)} of {spec.dtype}"
                 )
             if not spec.checksum:
                 raise ValueError(f"tensor {spec.name!r}: missing checksum")

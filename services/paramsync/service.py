@@ -316,6 +316,11 @@ class ParamSyncService(pb_grpc.ParamSyncServicer):
     ) -> AsyncIterator[pb.VersionAnnouncement]:
         if not request.replica_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "replica_id must be non-empty")
+        if request.held_version < 0:
+            # Recorded in the version table, a negative version would overflow its lag and break ListReplicas.
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"held_version must be >= 0, got {request.held_version}"
+            )
         queue = self.announcer.open()
         try:
             self.table.record_subscribed(request.replica_id, request.engine_url, request.held_version)

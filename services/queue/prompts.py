@@ -224,8 +224,8 @@ class PromptQueue:
             raise BadRequest(f"max_prompts must be >= 1, got {max_prompts}")
         if held_version < 0:
             raise BadRequest(f"held_version must be >= 0, got {held_version}")
-        if block_timeout_s < 0:
-            raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
+        if not block_timeout_s >= 0:  # also NaN, which would poison the wait's deadline
+            raise BadRequest(f"block_timeout_s must be a number >= 0, got {block_timeout_s}")
         deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
         while True:
             rung = self._bells.waiter(self._keys.prompt_bell)

@@ -235,8 +235,8 @@ class TrajectoryQueue:
         cap = self._settings.capacity
         if len(payloads) > cap:
             raise BadRequest(f"push of {len(payloads)} groups can never fit the capacity of {cap} groups")
-        if timeout_s < 0:
-            raise BadRequest(f"timeout_s must be >= 0, got {timeout_s}")
+        if not timeout_s >= 0:  # also NaN, which would poison the wait's deadline
+            raise BadRequest(f"timeout_s must be a number >= 0, got {timeout_s}")
         headers = await self._validated(payloads)
         now = time.time()
         entries = [entry_fields(header, payload, now) for header, payload in zip(headers, payloads, strict=True)]
@@ -366,8 +366,8 @@ class TrajectoryQueue:
             raise BadRequest(f"max_staleness must be >= 0, got {max_staleness}")
         if not 1 <= max_groups <= self._settings.max_groups_per_pull:
             raise BadRequest(f"max_groups must be in 1..{self._settings.max_groups_per_pull}, got {max_groups}")
-        if block_timeout_s < 0:
-            raise BadRequest(f"block_timeout_s must be >= 0, got {block_timeout_s}")
+        if not block_timeout_s >= 0:  # also NaN, which would poison the wait's deadline
+            raise BadRequest(f"block_timeout_s must be a number >= 0, got {block_timeout_s}")
 
     async def _begin_pull(self, consumer: str, session_id: str, count: int) -> tuple[str | None, list[_RawEntry]]:
         """Runs ``_BEGIN_PULL_LUA`` and, when ``count`` > 0, reads new entries in the same round trip.

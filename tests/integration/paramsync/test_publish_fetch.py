@@ -201,3 +201,15 @@ async def test_bad_requests_get_clear_grpc_statuses():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             [m async for m in stub.Subscribe(pb.SubscribeRequest())]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_negative_held_version_is_refused_and_replica_listing_keeps_working():
+    # Found by `relayrl fuzz`: a subscription at a negative version entered the version table,
+    # its lag overflowed int64 and every later ListReplicas failed with UNKNOWN.
+    async with running_service() as (address, _), grpc_channel(address) as channel:
+        stub = pb_grpc.ParamSyncStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [m async for m in stub.Subscribe(pb.SubscribeRequest(replica_id="r", held_version=-(2**63)), timeout=5)]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "held_version" in err.value.details()
+        listing = await stub.ListReplicas(pb.ListReplicasRequest())
+        assert all(r.replica_id != "r" for r in listing.replicas)

@@ -162,3 +162,19 @@ async def test_the_queue_recovers_when_its_stream_is_deleted_under_it(start_queu
         await client.push([make_group(1)])
         got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
         assert [d.group.group_id for d in got] == ["g1"]
+
+
+async def test_nan_waits_get_invalid_argument(start_queue):
+    # Found by `relayrl fuzz`: NaN passed the `< 0` check and failed later as UNKNOWN.
+    server = await start_queue()
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        trajectories, prompts = qgrpc.TrajectoryQueueStub(channel), qgrpc.PromptQueueStub(channel)
+        calls = [
+            trajectories.Pull(qpb.PullRequest(consumer="c", max_groups=1, block_timeout_s=float("nan")), timeout=10),
+            trajectories.Push(qpb.PushRequest(groups=[make_group(1).to_proto()], timeout_s=float("nan")), timeout=10),
+            prompts.Lease(qpb.LeaseRequest(replica_id="r", max_prompts=1, block_timeout_s=float("nan")), timeout=10),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nan" in err.value.details()

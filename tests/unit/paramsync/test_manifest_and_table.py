@@ -104,3 +104,13 @@ def test_static_replicas_parse_and_bad_ones_name_the_variable():
         load_settings(ParamSyncSettings, static_replicas="oops")
     with pytest.raises(ValueError, match="RELAYRL_PARAMSYNC_TRANSPORT"):
         load_settings(ParamSyncSettings, transport="carrier-pigeon")
+
+
+def test_a_shape_of_millions_of_dimensions_is_refused_at_once():
+    # Found by `relayrl fuzz`: the element count of this shape is a ~950,000-digit integer, and
+    # computing it held paramsync's event loop for minutes, so every other call timed out.
+    spec = TensorSpec("w", "float32", (4,) + (3,) * 2_000_000, 16, "x")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"2000001 dims"):
+        Manifest(1, (spec,)).validate()
+    assert time.perf_counter() - started < 1.0
