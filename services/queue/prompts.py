@@ -153,6 +153,9 @@ return out
 """
 
 ABANDON_REASON = re.compile(r"^[a-z_]{1,32}$")
+# Each call is one Lua script, which holds Redis while it runs: bound the work one call can ask for.
+MAX_PROMPTS_PER_LEASE = 1024
+MAX_LEASE_IDS_PER_CALL = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +223,8 @@ class PromptQueue:
     ) -> list[LeaseGrant]:
         if not replica_id or not replica_id.isprintable():
             raise BadRequest("replica_id must be a printable, non-empty name")
-        if max_prompts < 1:
-            raise BadRequest(f"max_prompts must be >= 1, got {max_prompts}")
+        if not 1 <= max_prompts <= MAX_PROMPTS_PER_LEASE:
+            raise BadRequest(f"max_prompts must be in 1..{MAX_PROMPTS_PER_LEASE}, got {max_prompts}")
         if held_version < 0:
             raise BadRequest(f"held_version must be >= 0, got {held_version}")
         if not block_timeout_s >= 0:  # also NaN, which would poison the wait's deadline
@@ -318,6 +321,8 @@ class PromptQueue:
 
 def _parse_lease_ids(lease_ids: list[str]) -> list[tuple[str, str]]:
     """(prompt key, delivery) of each lease id; BadRequest on anything else."""
+    if len(lease_ids) > MAX_LEASE_IDS_PER_CALL:
+        raise BadRequest(f"at most {MAX_LEASE_IDS_PER_CALL} lease ids per call, got {len(lease_ids)}")
     pairs = []
     for lease_id in lease_ids:
         match = LEASE_ID.match(lease_id)

@@ -189,3 +189,17 @@ async def test_a_restarted_replica_gives_back_every_lease_its_predecessor_held(s
         stats = await client.prompt_stats()
     assert sorted(lease.prompt.prompt_id for lease in again) == sorted(lease.prompt.prompt_id for lease in held)
     assert stats.abandoned_by_reason == {"replica_restart": 2}
+
+
+async def test_oversized_lease_calls_are_refused_before_they_reach_redis(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.lease("replica-a", max_prompts=2**31 - 1, held_version=0)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_prompts must be in" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.complete("replica-a", [f"{i:012d}.1" for i in range(5000)])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 4096 lease ids" in err.value.details()
+        # The queue still serves.
+        await client.release([prompt(0)])
+        assert len(await client.lease("replica-a", max_prompts=1, held_version=0)) == 1
