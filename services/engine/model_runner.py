@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 # One (keys, values) pair per layer, each [1, kv_heads, length, head_dim]: a prefilled prompt.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -69,6 +68,14 @@ class KVSlots:
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
 
+    def clear(self) -> None:
+        """Drops every row at once (after a failed step, whose buffers may be half-written)."""
+        for slot in self.slots:
+            slot.released = True
+        self.slots, self.keys, self.values = [], [], []
+
+    # Every buffer op runs in inference mode: buffers created there may only be written there.
+    @torch.inference_mode()
     def insert(self, cache: KVCache) -> Slot:
         """Takes a prefilled cache into a new row (copying that one sequence once)."""
         length = cache[0][0].shape[2]
@@ -83,6 +90,7 @@ class KVSlots:
         self.slots.append(slot)
         return slot
 
+    @torch.inference_mode()
     def release(self, slot: Slot) -> None:
         """Frees ``slot``'s row; the last row moves into it so rows stay dense."""
         if slot.released:
@@ -99,6 +107,7 @@ class KVSlots:
             # An idle engine holds no cache memory.
             self.keys, self.values = [], []
 
+    @torch.inference_mode()
     def _reserve(self, rows: int, length: int) -> None:
         have_rows, have_len = self.keys[0].shape[0], self.keys[0].shape[2]
         if rows <= have_rows and length <= have_len:

@@ -145,6 +145,7 @@ class Scheduler:
                     self._decode_step()
             except Exception as exc:  # a broken batch fails its requests, never the engine
                 log.exception("engine step failed")
+                self.runner.kv.clear()
                 for seq in [*self.running]:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc}"})
             self.on_step(self)

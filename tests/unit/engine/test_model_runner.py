@@ -100,6 +100,10 @@ def test_growing_past_capacity_chunks_reallocates_once_per_chunk(model: torch.nn
     assert runner.kv.capacity == 24  # 23 tokens in the longest row, rounded up to the chunk
     # Capacity 8 -> 16 -> 24 over 20 steps: two reallocations, not one per step.
     assert runner.kv.reallocations - joined == 2
+    running.leave(0)  # rows move inside buffers that decode grew
+    running.join([[7, 8, 9, 10]])
+    running.step()
+    running.assert_lone(model)
 
 
 def test_decode_refuses_a_subset_of_the_running_rows(model: torch.nn.Module) -> None:
