@@ -119,12 +119,8 @@ def sglang_router(state: EngineState) -> APIRouter:
         texts = [obj.text] if isinstance(obj.text, str) else list(obj.text or [])
         return [state.encode(t) for t in texts], isinstance(obj.text, str)
 
-    @router.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(obj: GenerateReqInput) -> Any:
-        if obj.stream:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "stream=true is not supported by the built-in engine")
+    def sequences_of(obj: GenerateReqInput, loop: asyncio.AbstractEventLoop) -> tuple[list[Sequence], bool]:
         prompts, single = prompts_of(obj)
-        loop = asyncio.get_running_loop()
         sequences: list[Sequence] = []
         for i, prompt in enumerate(prompts):
             if not prompt:
@@ -151,6 +147,17 @@ def sglang_router(state: EngineState) -> APIRouter:
                         future=loop.create_future(),
                     )
                 )
+        return sequences, single
+
+    @router.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(obj: GenerateReqInput) -> Any:
+        if obj.stream:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "stream=true is not supported by the built-in engine")
+        try:
+            sequences, single = sequences_of(obj, asyncio.get_running_loop())
+        except ValueError as exc:
+            # SGLang's /generate answers a bad request (such as a prompt longer than the context) this way.
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=status.HTTP_400_BAD_REQUEST)
         scheduler.submit(sequences)
         try:
             results = await asyncio.gather(*(s.future for s in sequences))

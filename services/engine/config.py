@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from pydantic import Field
@@ -27,7 +28,14 @@ class EngineSettings(ServiceSettings):
     context_length: int = Field(
         0, ge=0, description="Longest prompt + output in tokens; 0 uses the model's max_position_embeddings."
     )
-    torch_threads: int = Field(1, ge=1, description="torch intra-op threads; keep low on shared CPUs.")
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        description=(
+            "torch intra-op threads; 0 uses every CPU this process may run on (os.sched_getaffinity). "
+            "The local stack passes an explicit count so the engine and the trainer do not share cores."
+        ),
+    )
     seed: int = Field(0, ge=0, description="Seed of the sampling generator, for reproducible runs.")
     weight_version: str = Field(
         "0", description="weight_version reported before any update (SGLang's --weight-version; RelayRL uses 0)."
@@ -35,3 +43,7 @@ class EngineSettings(ServiceSettings):
     health_generate_timeout_s: float = Field(
         20.0, gt=0, description="Longest time /health_generate waits for its one-token generation."
     )
+
+    def resolved_torch_threads(self) -> int:
+        """``torch_threads``, with 0 resolved to the CPUs in this process's affinity set."""
+        return self.torch_threads or len(os.sched_getaffinity(0))

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from services.engine.model_runner import KVCache, ModelRunner
+from services.engine.model_runner import ModelRunner, Slot
 from services.engine.sampling import SamplingConfig, sample
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[str] = field(default_factory=list)
-    cache: KVCache | None = None
+    slot: Slot | None = None
     next_logits: torch.Tensor | None = None
     logits_version: str = ""
     finish: dict[str, Any] | None = None
@@ -145,6 +145,7 @@ class Scheduler:
                     self._decode_step()
             except Exception as exc:  # a broken batch fails its requests, never the engine
                 log.exception("engine step failed")
+                self.runner.kv.clear()
                 for seq in [*self.running]:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc}"})
             self.on_step(self)
@@ -189,7 +190,8 @@ class Scheduler:
         distinct = list(dict.fromkeys(tuple(seq.all_ids) for seq in admitted))
         prefilled = dict(zip(distinct, self.runner.prefill(distinct), strict=True))
         for seq in admitted:
-            seq.cache, seq.next_logits = prefilled[tuple(seq.all_ids)]
+            cache, seq.next_logits = prefilled[tuple(seq.all_ids)]
+            seq.slot = self.runner.kv.insert(cache)
             seq.logits_version = self.weight_version
             self.running.append(seq)
 
@@ -221,13 +223,13 @@ class Scheduler:
                 self._finish(seq, {"type": "abort", "message": "client disconnected"})
         if not live:
             return
-        caches, logits = self.runner.decode([s.cache for s in live], [s.output_ids[-1] for s in live])
+        logits = self.runner.decode([s.slot for s in live], [s.output_ids[-1] for s in live])
         for row, seq in enumerate(live):
-            seq.cache, seq.next_logits, seq.logits_version = caches[row], logits[row], self.weight_version
+            seq.next_logits, seq.logits_version = logits[row], self.weight_version
 
     def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
         seq.finish = reason
-        seq.cache = seq.next_logits = None
+        self._drop_cache(seq)
         if seq in self.running:
             self.running.remove(seq)
         meta: dict[str, Any] = {
@@ -246,6 +248,11 @@ class Scheduler:
         body = {"text": self.decode_text(seq.output_ids), "output_ids": list(seq.output_ids), "meta_info": meta}
         seq.loop.call_soon_threadsafe(_set_result, seq.future, body)
 
+    def _drop_cache(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.runner.kv.release(seq.slot)
+        seq.slot = seq.next_logits = None
+
     # --- commands (run on the scheduler thread through ``call``) -------------------------
 
     def pause(self, mode: PauseMode) -> None:
@@ -253,7 +260,7 @@ class Scheduler:
             self.abort(abort_all=True, message="aborted by pause_generation(mode=abort)")
         elif mode == "retract":
             for seq in reversed(self.running):
-                seq.cache = seq.next_logits = None
+                self._drop_cache(seq)
                 self.waiting.appendleft(seq)
             self.running.clear()
         self.paused = mode

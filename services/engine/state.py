@@ -41,7 +41,7 @@ class _Seen:
 
 class EngineState:
     def __init__(self, settings: EngineSettings) -> None:
-        torch.set_num_threads(settings.torch_threads)
+        torch.set_num_threads(settings.resolved_torch_threads())
         self.settings = settings
         self.model = load_causal_lm(settings.model_path, dtype=settings.dtype)
         self.tokenizer = load_tokenizer(settings.model_path)
