@@ -6,7 +6,9 @@
 - ``realistic``: each prompt's response budget is drawn from a long-tailed (log-normal)
   distribution, median 64 tokens, 99th percentile 8× the median, capped at 512; the answer
   (the ``repeat`` task: a digit pattern repeated k times) fills the budget, and prompts are 16 to
-  128 tokens with the chat template. 8 samples per prompt, as in GRPO recipes.
+  128 tokens with the chat template. 8 samples per prompt and 8 prompts per step, as in GRPO
+  recipes; partial rollout in place, since re-prefilling hundreds of generated tokens at every
+  weight version would cost more than decoding them.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ WORKLOADS: dict[str, Workload] = {
     "realistic": Workload(
         "realistic",
         n_samples=8,
-        batch_size=4,
+        batch_size=8,
         max_new_tokens=REALISTIC_MAX_TOKENS,
         lr=0.001,
         write_dataset=realistic_dataset,
