@@ -28,6 +28,7 @@ COMMAND_GROUPS: dict[str, str] = {
 COMMANDS: dict[str, str] = {
     "up": "relayrl.stack.cli:up",
     "demo": "relayrl.stack.cli:demo",
+    "check": "relayrl.stack.cli:check",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

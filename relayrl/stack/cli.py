@@ -11,15 +11,35 @@ import typer
 DEMO_CONFIG = "configs/demo.yaml"
 
 
-def _load_config(path: Path | None):
-    from relayrl.stack.config import StackConfig
+# A config that cannot run exits with this code, like a usage error.
+BAD_CONFIG_EXIT = 2
 
-    if path is None:
-        with resources.as_file(resources.files("relayrl.stack") / DEMO_CONFIG) as demo:
-            return StackConfig.from_yaml(demo)
-    if not path.is_file():
-        raise typer.BadParameter(f"{path} does not exist", param_hint="--config")
-    return StackConfig.from_yaml(path)
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show the traceback of a config error.")]
+
+
+def _load_config(path: Path | None, debug: bool = False):
+    """The checked config (see ``relayrl check``); a bad one prints one block and exits 2."""
+    from relayrl.stack.check import ConfigError, load_checked
+
+    try:
+        if path is None:
+            with resources.as_file(resources.files("relayrl.stack") / DEMO_CONFIG) as demo:
+                return load_checked(demo)
+        return load_checked(path)
+    except ConfigError as err:
+        if debug:
+            raise
+        typer.echo(str(err), err=True)
+        raise typer.Exit(BAD_CONFIG_EXIT) from None
+
+
+def check(
+    config: Annotated[Path, typer.Option(help="Stack YAML to check.")],
+    debug: DebugOption = False,
+) -> None:
+    """Check a stack config as `relayrl up` does before starting anything; exit 2 when it cannot run."""
+    _load_config(config, debug)
+    typer.echo(f"{config}: ok")
 
 
 def up(
@@ -28,11 +48,12 @@ def up(
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
     keep_alive: Annotated[bool, typer.Option(help="Keep the services up after the trainer finishes.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Start redis, queue, paramsync, N engines + rollout replicas and the trainer; Ctrl-C stops all."""
+    stack_config = _load_config(config, debug)
     from relayrl.stack.run import run_stack
 
-    stack_config = _load_config(config)
     if run_id:
         stack_config.stack.run_id = run_id
     raise typer.Exit(run_stack(stack_config, quiet=False, keep_alive=keep_alive).exit_code)
@@ -42,11 +63,12 @@ def demo(
     config: Annotated[Path | None, typer.Option(help="Stack YAML overriding the built-in demo config.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
     verbose: Annotated[bool, typer.Option(help="Show every component's log lines too.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Async GRPO of the built-in tiny model on a built-in task; writes runs/<id>/report.json and reward.png."""
+    stack_config = _load_config(config, debug)
     from relayrl.stack.run import run_stack
 
-    stack_config = _load_config(config)
     if run_id:
         stack_config.stack.run_id = run_id
     outcome = run_stack(stack_config, quiet=not verbose, keep_alive=False, report=True)
