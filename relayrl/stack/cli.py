@@ -42,36 +42,44 @@ def check(
     typer.echo(f"{config}: ok")
 
 
+VerboseOption = Annotated[bool, typer.Option(help="Show every component's log lines too (always in runs/<id>/logs/).")]
+
+
 def up(
     config: Annotated[
         Path | None, typer.Option(help="Stack YAML (sections: stack, queue, ...); default: the demo's.")
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
     keep_alive: Annotated[bool, typer.Option(help="Keep the services up after the trainer finishes.")] = False,
+    verbose: VerboseOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Start redis, queue, paramsync, N engines + rollout replicas and the trainer; Ctrl-C stops all."""
-    stack_config = _load_config(config, debug)
-    from relayrl.stack.run import run_stack
+    """Start redis, queue, paramsync, N engines + rollout replicas and the trainer; Ctrl-C stops all.
 
+    Writes runs/<id>/report.json and reward.png when the trainer finishes."""
+    stack_config = _load_config(config, debug)
     if run_id:
         stack_config.stack.run_id = run_id
-    raise typer.Exit(run_stack(stack_config, quiet=False, keep_alive=keep_alive).exit_code)
+    _run(stack_config, verbose, keep_alive, title="RelayRL")
 
 
 def demo(
     config: Annotated[Path | None, typer.Option(help="Stack YAML overriding the built-in demo config.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
-    verbose: Annotated[bool, typer.Option(help="Show every component's log lines too.")] = False,
+    verbose: VerboseOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Async GRPO of the built-in tiny model on a built-in task; writes runs/<id>/report.json and reward.png."""
     stack_config = _load_config(config, debug)
-    from relayrl.stack.run import run_stack
-
     if run_id:
         stack_config.stack.run_id = run_id
-    outcome = run_stack(stack_config, quiet=not verbose, keep_alive=False, report=True)
+    _run(stack_config, verbose, keep_alive=False, title="RelayRL demo")
+
+
+def _run(stack_config, verbose: bool, keep_alive: bool, title: str) -> None:
+    from relayrl.stack.run import run_stack
+
+    outcome = run_stack(stack_config, quiet=not verbose, keep_alive=keep_alive, report=True, title=title)
     if outcome.report is not None:
         r = outcome.report
         typer.echo(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,11 @@ class RunOutcome:
     report: RunReport | None = None
 
 
-def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False) -> RunOutcome:
-    console = Console(stderr=True)
+def run_stack(
+    config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False, title: str = "RelayRL"
+) -> RunOutcome:
+    # soft_wrap: without a terminal rich would wrap at 80 columns and split printed commands.
+    console = Console(stderr=True, soft_wrap=True)
     with supervised(None if quiet else sys.stderr) as supervisor:
         stack = LocalStack(config, supervisor)
         try:
@@ -38,6 +42,9 @@ def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool =
             stack.start(model_dir)
             _print_endpoints(console, stack)
             code = _follow_trainer(console, stack, started_at)
+            outcome = RunOutcome(code, stack.run_dir)
+            if code == 0 and report:
+                outcome.report = _write_report(stack, started_at, title)
             if code == 0 and keep_alive:
                 console.print("trainer finished; services stay up until Ctrl-C")
                 while True:
@@ -49,11 +56,8 @@ def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool =
         except KeyboardInterrupt:
             console.print("interrupted; stopping every component")
             return RunOutcome(130, stack.run_dir)
-    outcome = RunOutcome(code, stack.run_dir)
     if code != 0:
         console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
-    elif report:
-        outcome.report = _write_report(stack, started_at)
     return outcome
 
 
@@ -69,15 +73,17 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
     total = int(stack.config.trainer.get("total_steps", 0))
     line = ProgressLine(total_steps=total, started_at=started_at)
     last_printed = 0.0
-    with console.status(line.render(None, None)) as status:
+    # A spinner only on a terminal; elsewhere the line is printed now and then instead.
+    spinner = console.status(line.render(None, None)) if console.is_terminal else nullcontext()
+    with spinner as status:
         while True:
             stack.supervisor.check_alive(exited_ok=["trainer"])
             tail.poll()
             latest = tail.rows[-1] if tail.rows else None
             text = line.render(latest, queue_depth(stack.endpoints.queue_http))
-            status.update(text)
-            # Without a terminal the spinner is invisible: print the line now and then instead.
-            if not console.is_terminal and time.monotonic() - last_printed > 10:
+            if status is not None:
+                status.update(text)
+            elif time.monotonic() - last_printed > 10:
                 console.print(text)
                 last_printed = time.monotonic()
             code = stack.trainer_exit_code()
@@ -89,12 +95,12 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
             time.sleep(1.0)
 
 
-def _write_report(stack: LocalStack, started_at: float) -> RunReport:
+def _write_report(stack: LocalStack, started_at: float, title: str) -> RunReport:
     rows = read_metrics(stack.run_dir / "metrics.jsonl")
     report = build_report(
         stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
         rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
     )  # fmt: skip
     write_report(report, stack.run_dir)
-    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"RelayRL demo ({stack.run_id})")
+    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"{title} ({stack.run_id})")
     return report
