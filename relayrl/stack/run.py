@@ -36,6 +36,8 @@ def run_stack(
     with supervised(None if quiet else sys.stderr) as supervisor:
         stack = LocalStack(config, supervisor)
         try:
+            if not console.is_terminal:
+                _no_progress_bars()
             model_dir = prepare_model(stack)
             started_at = time.time()
             console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
@@ -59,6 +61,13 @@ def run_stack(
     if code != 0:
         console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
     return outcome
+
+
+def _no_progress_bars() -> None:
+    # tqdm bars written to a file or a pipe are noise: one line per refresh.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _print_endpoints(console: Console, stack: LocalStack) -> None:
