@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "up": "relayrl.stack.cli:up",
     "demo": "relayrl.stack.cli:demo",
     "check": "relayrl.stack.cli:check",
+    "export": "relayrl.stack.cli:export",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

@@ -88,3 +88,19 @@ def _run(stack_config, verbose: bool, keep_alive: bool, title: str) -> None:
         )
         typer.echo(f"report: {outcome.run_dir / 'report.json'}\nplot:   {outcome.run_dir / 'reward.png'}")
     raise typer.Exit(outcome.exit_code)
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory, runs/<id>.")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model directory.")],
+    step: Annotated[int | None, typer.Option(help="Checkpoint step to export (default: the latest).")] = None,
+) -> None:
+    """Write a run's policy (latest or --step checkpoint) as a Hugging Face model directory."""
+    from relayrl.stack.export import ExportError, export_policy
+
+    try:
+        checkpoint = export_policy(run_dir, out_dir, step)
+    except ExportError as err:
+        typer.echo(f"export: {err}", err=True)
+        raise typer.Exit(BAD_CONFIG_EXIT) from None
+    typer.echo(f"{out_dir}: policy of {checkpoint.name} (AutoModelForCausalLM.from_pretrained loads it)")

@@ -35,6 +35,7 @@ def run_stack(
     console = Console(stderr=True, soft_wrap=True)
     with supervised(None if quiet else sys.stderr) as supervisor:
         stack = LocalStack(config, supervisor)
+        _save_config(config, stack.run_id, stack.run_dir)
         try:
             if not console.is_terminal:
                 _no_progress_bars()
@@ -61,6 +62,19 @@ def run_stack(
     if code != 0:
         console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
     return outcome
+
+
+def _save_config(config: StackConfig, run_id: str, run_dir: Path) -> None:
+    """The checked config the run started with: ``relayrl export`` finds the base model in it."""
+    import yaml
+
+    from relayrl.stack.export import RUN_CONFIG
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["stack"]["run_id"] = run_id
+    data["stack"].pop("api_token", None)  # the token stays in ctl.env (owner-readable only)
+    (run_dir / RUN_CONFIG).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _no_progress_bars() -> None:

@@ -7,11 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
+from relayrl.net import free_port
 from relayrl.stack.progress import REWARD_KEY
+from tests.integration.rollout.conftest import EngineProcess
 
 REPO = Path(__file__).resolve().parents[2]
-# A constant no built-in scorer gives: the metrics show this file was the one called.
-REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.25\n"
+# Scores in [0.25, 0.75], which no built-in scorer gives: the metrics show this file was called.
+REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    return 0.25 + 0.5 * solution_str.strip().startswith(ground_truth)\n"
+)
 
 
 def _rows(count: int) -> str:
@@ -28,7 +35,7 @@ def _rows(count: int) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 
-def test_up_trains_on_a_users_files_quietly_and_writes_a_report(tmp_path, tiny_model_dir):
+def test_up_trains_on_a_users_files_quietly_writes_a_report_and_exports(tmp_path, tiny_model_dir):
     project = tmp_path / "project"
     project.mkdir()
     (project / "my_reward.py").write_text(REWARD)
@@ -54,7 +61,7 @@ def test_up_trains_on_a_users_files_quietly_and_writes_a_report(tmp_path, tiny_m
     assert (run_dir / "reward.png").stat().st_size > 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     scores = [row[REWARD_KEY] for row in rows if REWARD_KEY in row]
-    assert scores and all(score == 0.25 for score in scores), scores
+    assert scores and all(0.25 <= score <= 0.75 for score in scores), scores
     assert "report.json" in output and "reward " in output
 
     # Service logs go to runs/<id>/logs/, not the console; printed commands are never wrapped.
@@ -62,3 +69,58 @@ def test_up_trains_on_a_users_files_quietly_and_writes_a_report(tmp_path, tiny_m
     assert (run_dir / "logs" / "trainer.log").stat().st_size > 0
     ctl_lines = [line for line in output.splitlines() if "relayrl ctl --env-file" in line]
     assert ctl_lines and ctl_lines[0].rstrip().endswith("status --all"), output
+
+    _exported_policy_generates_what_the_engine_did(tmp_path, run_dir, tiny_model_dir)
+
+
+def _exported_policy_generates_what_the_engine_did(tmp_path: Path, run_dir: Path, base_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "exported"
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "export", str(run_dir), str(out), "--step", "4"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (out / name).is_file(), name
+    # Version 4 as the rollout received it for its engine: the export holds the same tensors.
+    version_dir = run_dir / "weights" / "rollout-0" / f"v{4:012d}"
+    exported, served_weights = load_file(out / "model.safetensors"), load_file(version_dir / "model.safetensors")
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, served_weights[name]), f"{name} differs from version 4"
+
+    # And the engine serving version 4 generates what transformers generates from the export.
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"flip {bit}"}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for bit in "01"
+    ]
+    engine = EngineProcess(base_dir, free_port("127.0.0.1")).start()
+    try:
+        loaded = httpx.post(
+            f"{engine.url}/update_weights_from_disk",
+            json={"model_path": str(version_dir), "weight_version": "4"},
+            timeout=60,
+        )
+        assert loaded.status_code == 200 and loaded.json()["success"], loaded.text
+        for prompt in prompts:
+            served = httpx.post(
+                f"{engine.url}/generate",
+                json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+                timeout=60,
+            ).json()
+            generated = model.generate(
+                torch.tensor([prompt]), max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )[0, len(prompt) :].tolist()
+            assert generated[: len(served["output_ids"])] == served["output_ids"], (generated, served)
+    finally:
+        engine.stop()
