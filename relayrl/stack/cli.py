@@ -51,12 +51,18 @@ def up(
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
     keep_alive: Annotated[bool, typer.Option(help="Keep the services up after the trainer finishes.")] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(help="Continue a stopped run (runs/<id> or its id) from its checkpoint, with its saved config."),
+    ] = None,
     verbose: VerboseOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Start redis, queue, paramsync, N engines + rollout replicas and the trainer; Ctrl-C stops all.
 
     Writes runs/<id>/report.json and reward.png when the trainer finishes."""
+    if resume is not None:
+        _run(_resumed_config(resume, config, debug), verbose, keep_alive, title="RelayRL")
     stack_config = _load_config(config, debug)
     if run_id:
         stack_config.stack.run_id = run_id
@@ -74,6 +80,22 @@ def demo(
     if run_id:
         stack_config.stack.run_id = run_id
     _run(stack_config, verbose, keep_alive=False, title="RelayRL demo")
+
+
+def _resumed_config(resume: str, config: Path | None, debug: bool):
+    from relayrl.stack.export import RUN_CONFIG
+
+    if config is not None:
+        raise typer.BadParameter("a resumed run uses its saved config; leave out --config", param_hint="--resume")
+    run_dir = Path(resume)
+    if not (run_dir / RUN_CONFIG).is_file() and (Path("runs") / resume / RUN_CONFIG).is_file():
+        run_dir = Path("runs") / resume
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise typer.BadParameter(f"{run_dir / RUN_CONFIG} does not exist: not a run directory", param_hint="--resume")
+    stack_config = _load_config(run_dir / RUN_CONFIG, debug)
+    stack_config.stack.runs_dir = run_dir.resolve().parent
+    stack_config.stack.run_id = run_dir.resolve().name
+    return stack_config
 
 
 def _run(stack_config, verbose: bool, keep_alive: bool, title: str) -> None:

@@ -73,6 +73,8 @@ def _save_config(config: StackConfig, run_id: str, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     data = config.model_dump(mode="json", exclude_none=True)
     data["stack"]["run_id"] = run_id
+    if config.stack.model_dir is not None:
+        data["stack"]["model_dir"] = str(config.stack.model_dir.resolve())
     data["stack"].pop("api_token", None)  # the token stays in ctl.env (owner-readable only)
     (run_dir / RUN_CONFIG).write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -93,8 +95,13 @@ def _print_endpoints(console: Console, stack: LocalStack) -> None:
 def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> int:
     """Shows progress until the trainer exits; any other component dying stops the run."""
     tail = MetricsTail(stack.run_dir / "metrics.jsonl")
-    total = int(stack.config.trainer.get("total_steps", 0))
-    line = ProgressLine(total_steps=total, started_at=started_at)
+    # A resumed run's earlier rows were written before started_at: they are history, not progress.
+    seen = tail.poll()
+    earlier = [row for row in seen if float(row.get("time", 0.0)) < started_at]
+    tail.rows = [row for row in seen if float(row.get("time", 0.0)) >= started_at]
+    total = int(stack.config.trainer.get("total_steps", 100))
+    baseline = max((float(r.get("trainer/processed_samples", 0.0)) for r in earlier), default=0.0)
+    line = ProgressLine(total_steps=total, started_at=started_at, baseline_samples=baseline)
     last_printed = 0.0
     # A spinner only on a terminal; elsewhere the line is printed now and then instead.
     spinner = console.status(line.render(None, None)) if console.is_terminal else nullcontext()

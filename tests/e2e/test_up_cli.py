@@ -3,8 +3,10 @@ config, a quiet console, and a report and plot at the end."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -124,3 +126,52 @@ def _exported_policy_generates_what_the_engine_did(tmp_path: Path, run_dir: Path
             assert generated[: len(served["output_ids"])] == served["output_ids"], (generated, served)
     finally:
         engine.stop()
+
+
+def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    config = tmp_path / "stack.yaml"
+    config.write_text(
+        f"stack: {{run_id: long, runs_dir: {runs}, model_dir: {tiny_model_dir}, ready_timeout_s: 120}}\n"
+        "trainer: {dataset: 'builtin:copy_bits', dataset_difficulty: 1, n_samples: 4, batch_size: 4,"
+        " max_new_tokens: 3, total_steps: 8, checkpoint_every: 2, lr: 0.003}\n"
+        "rollout: {max_inflight_prompts: 8, max_new_tokens: 3}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run_dir = runs / "long"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 200
+    while not (run_dir / "checkpoints" / "latest").is_file():
+        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    stopped_output, _ = first.communicate(timeout=60)
+    assert first.returncode == 130, stopped_output
+    assert "Traceback" not in stopped_output, stopped_output
+    checkpoint_step = json.loads(
+        (
+            run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "trainer_state.json"
+        ).read_text()
+    )["step"]
+    assert checkpoint_step < 8
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "up", "--resume", str(run_dir)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=280,
+    )  # fmt: skip
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output
+    steps = [row["trainer/global_steps"] for row in _rows_of(run_dir) if "trainer/global_steps" in row]
+    assert steps[-1] == 8
+    session = steps[steps.index(checkpoint_step + 1, len(steps) - (8 - checkpoint_step)) :]
+    assert session == list(range(checkpoint_step + 1, 9)), steps
+    rates = [float(part.split()[0]) for part in output.split(" | ") if part.endswith("samples/s")]
+    assert rates and max(rates) < 10_000, f"samples/s after resuming: {rates}"
+    assert json.loads((run_dir / "report.json").read_text())["steps"] >= 8 - checkpoint_step
+
+
+def _rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
