@@ -55,6 +55,9 @@ def up(
         str | None,
         typer.Option(help="Continue a stopped run (runs/<id> or its id) from its checkpoint, with its saved config."),
     ] = None,
+    monitor: Annotated[
+        bool, typer.Option(help="Also start a local Prometheus scraping every component (see README).")
+    ] = False,
     verbose: VerboseOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -62,11 +65,11 @@ def up(
 
     Writes runs/<id>/report.json and reward.png when the trainer finishes."""
     if resume is not None:
-        _run(_resumed_config(resume, config, debug), verbose, keep_alive, title="RelayRL")
+        _run(_resumed_config(resume, config, debug), verbose, keep_alive, title="RelayRL", monitor=monitor)
     stack_config = _load_config(config, debug)
     if run_id:
         stack_config.stack.run_id = run_id
-    _run(stack_config, verbose, keep_alive, title="RelayRL")
+    _run(stack_config, verbose, keep_alive, title="RelayRL", monitor=monitor)
 
 
 def demo(
@@ -98,10 +101,12 @@ def _resumed_config(resume: str, config: Path | None, debug: bool):
     return stack_config
 
 
-def _run(stack_config, verbose: bool, keep_alive: bool, title: str) -> None:
+def _run(stack_config, verbose: bool, keep_alive: bool, title: str, monitor: bool = False) -> None:
     from relayrl.stack.run import run_stack
 
-    outcome = run_stack(stack_config, quiet=not verbose, keep_alive=keep_alive, report=True, title=title)
+    outcome = run_stack(
+        stack_config, quiet=not verbose, keep_alive=keep_alive, report=True, title=title, monitor=monitor
+    )
     if outcome.report is not None:
         r = outcome.report
         typer.echo(

@@ -29,7 +29,12 @@ class RunOutcome:
 
 
 def run_stack(
-    config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False, title: str = "RelayRL"
+    config: StackConfig,
+    quiet: bool,
+    keep_alive: bool,
+    report: bool = False,
+    title: str = "RelayRL",
+    monitor: bool = False,
 ) -> RunOutcome:
     # soft_wrap: without a terminal rich would wrap at 80 columns and split printed commands.
     console = Console(stderr=True, soft_wrap=True)
@@ -44,6 +49,10 @@ def run_stack(
             console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
             stack.start(model_dir)
             _print_endpoints(console, stack)
+            if monitor:
+                from relayrl.stack.monitor import start_prometheus
+
+                console.print(f"  prometheus {start_prometheus(stack)}  (Grafana: add it as a data source)")
             code = _follow_trainer(console, stack, started_at)
             outcome = RunOutcome(code, stack.run_dir)
             if code == 0 and report:
