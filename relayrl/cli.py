@@ -6,6 +6,17 @@ from __future__ import annotations
 import importlib
 
 import typer
+from typer.core import TyperOption
+
+_option_type_label = TyperOption.display_type_rich
+
+
+def _flag_without_type(self: TyperOption, ctx: object) -> str | None:
+    # typer 0.29 labels every flag (even --help) "<bool>"; a flag takes no value, so show none.
+    return None if self.is_flag else _option_type_label(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="RelayRL: fully asynchronous RL post-training for LLMs.",
@@ -30,6 +41,8 @@ COMMANDS: dict[str, str] = {
     "demo": "relayrl.stack.cli:demo",
     "chaos": "relayrl.stack.chaos.cli:chaos",
     "fuzz": "relayrl.fuzz.cli:fuzz",
+    "check": "relayrl.stack.cli:check",
+    "export": "relayrl.stack.cli:export",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

@@ -43,6 +43,11 @@ def bearer_auth(token: SecretStr) -> Callable[..., None]:
     return check
 
 
+# Every service's operator routes live under this one prefix, with the same names:
+# POST /control/pause, POST /control/resume, GET /control/status, POST /control/checkpoint.
+CONTROL_PREFIX = "/control"
+
+
 def create_http_app(
     service: str,
     metrics: ServiceMetrics,
@@ -50,7 +55,8 @@ def create_http_app(
     api_token: SecretStr,
     control_routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """Builds the service's HTTP app; each router in ``control_routers`` requires the token."""
+    """Builds the service's HTTP app; each router in ``control_routers`` is served under
+    :data:`CONTROL_PREFIX` and requires the token."""
     app = FastAPI(title=f"relayrl-{service}", docs_url="/docs", redoc_url=None)
 
     @app.get("/healthz")
@@ -72,7 +78,7 @@ def create_http_app(
 
     auth = bearer_auth(api_token)
     for router in control_routers:
-        app.include_router(router, dependencies=[Depends(auth)])
+        app.include_router(router, prefix=CONTROL_PREFIX, dependencies=[Depends(auth)])
 
     @app.exception_handler(ValueError)
     async def bad_value(_: Request, exc: ValueError) -> JSONResponse:

@@ -25,8 +25,10 @@ def metric_name(service: str, what: str, unit: str = "") -> str:
 
 
 def key_to_metric_name(service: str, key: str) -> str:
-    """``("trainer", "actor/pg_loss")`` → ``relayrl_trainer_actor_pg_loss``."""
-    return metric_name(service, _INVALID.sub("_", key).strip("_").lower())
+    """``("trainer", "actor/pg_loss")`` → ``relayrl_trainer_actor_pg_loss``; a key under the
+    service's own name is not named twice: ``trainer/global_steps`` → ``relayrl_trainer_global_steps``."""
+    what = _INVALID.sub("_", key).strip("_").lower()
+    return metric_name(service, what.removeprefix(f"{service}_"))
 
 
 class ServiceMetrics:

@@ -1,6 +1,7 @@
 """What ``relayrl ctl`` reads from and asks of each component, as typed values.
 
-Routes: rollout ``POST /v1/pause {"mode"}``, ``POST /v1/resume``, ``GET /v1/status``; trainer
+Routes (every service: ``relayrl.http_app.CONTROL_PREFIX``): rollout ``POST /control/pause {"mode"}``,
+``POST /control/resume``, ``GET /control/status``; trainer
 ``POST /control/pause`` (stop consuming), ``POST /control/resume``, ``POST /control/checkpoint``,
 ``GET /control/status``; queue ``TrajectoryQueue.Stats`` and ``PromptQueue.Stats``; paramsync
 ``ParamSync.ListReplicas``.
@@ -105,14 +106,14 @@ class RolloutControl:
         self._http = HttpControl(url, token, timeout_s)
 
     def status(self) -> ReplicaStatus:
-        return _from_answer(ReplicaStatus, self.url, self._http.call("GET", "/v1/status"), endpoint=self.url)
+        return _from_answer(ReplicaStatus, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
 
     def pause(self, mode: PauseMode) -> ReplicaStatus:
-        answer = self._http.call("POST", "/v1/pause", {"mode": mode})
+        answer = self._http.call("POST", "/control/pause", {"mode": mode})
         return _from_answer(ReplicaStatus, self.url, answer, endpoint=self.url)
 
     def resume(self) -> ReplicaStatus:
-        return _from_answer(ReplicaStatus, self.url, self._http.call("POST", "/v1/resume"), endpoint=self.url)
+        return _from_answer(ReplicaStatus, self.url, self._http.call("POST", "/control/resume"), endpoint=self.url)
 
 
 class TrainerControl:

@@ -3,8 +3,9 @@
 The file has one ``stack`` section (this model) and one section per service whose keys are
 that service's settings fields; ``trainer: {total_steps: 50}`` becomes
 ``RELAYRL_TRAINER_TOTAL_STEPS=50`` in the trainer's environment, so the file and the
-environment variables are two spellings of the same settings. Every section is validated by
-the service's own settings model before anything starts, so a typo fails at once.
+environment variables are two spellings of the same settings. :mod:`relayrl.stack.check`
+validates every section with the service's own settings model before anything starts, so a
+typo fails at once.
 """
 
 from __future__ import annotations
@@ -69,10 +70,22 @@ class StackSettings(BaseModel):
         )
 
 
+class CustomRewardFunction(BaseModel):
+    """verl's ``custom_reward_function``: a Python file (relative to the config file) and a function in it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="The reward file, e.g. my_reward.py.")
+    name: str = Field("compute_score", min_length=1, description="The function in that file.")
+
+
 class StackConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stack: StackSettings = Field(default_factory=StackSettings)
+    custom_reward_function: CustomRewardFunction | None = Field(
+        None, description="verl's reward-file form; becomes rollout.reward_function '<file>:<name>'."
+    )
     queue: dict[str, Any] = Field(default_factory=dict)
     paramsync: dict[str, Any] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict)

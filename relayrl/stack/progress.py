@@ -69,13 +69,15 @@ def queue_depth(queue_http: str) -> float | None:
 class ProgressLine:
     total_steps: int
     started_at: float
+    # Samples processed before this session started (a resumed run): not part of its rate.
+    baseline_samples: float = 0.0
 
     def render(self, row: dict[str, Any] | None, depth: float | None) -> str:
         if row is None:
             return "waiting for the first training step..."
         step = int(row.get("trainer/global_steps", 0))
         wall = max(float(row.get("time", self.started_at)) - self.started_at, 1e-9)
-        samples = float(row.get("trainer/processed_samples", 0.0))
+        samples = float(row.get("trainer/processed_samples", 0.0)) - self.baseline_samples
         parts = [
             f"step {step}/{self.total_steps}",
             f"reward {row.get(REWARD_KEY, float('nan')):.3f}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,17 +28,35 @@ class RunOutcome:
     report: RunReport | None = None
 
 
-def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool = False) -> RunOutcome:
-    console = Console(stderr=True)
+def run_stack(
+    config: StackConfig,
+    quiet: bool,
+    keep_alive: bool,
+    report: bool = False,
+    title: str = "RelayRL",
+    monitor: bool = False,
+) -> RunOutcome:
+    # soft_wrap: without a terminal rich would wrap at 80 columns and split printed commands.
+    console = Console(stderr=True, soft_wrap=True)
     with supervised(None if quiet else sys.stderr, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
+        _save_config(config, stack.run_id, stack.run_dir)
         try:
+            if not console.is_terminal:
+                _no_progress_bars()
             model_dir = prepare_model(stack)
             started_at = time.time()
             console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
             stack.start(model_dir)
             _print_endpoints(console, stack)
+            if monitor:
+                from relayrl.stack.monitor import start_prometheus
+
+                console.print(f"  prometheus {start_prometheus(stack)}  (Grafana: add it as a data source)")
             code = _follow_trainer(console, stack, started_at)
+            outcome = RunOutcome(code, stack.run_dir)
+            if code == 0 and report:
+                outcome.report = _write_report(stack, started_at, title)
             if code == 0 and keep_alive:
                 console.print("trainer finished; services stay up until Ctrl-C")
                 while True:
@@ -49,12 +68,31 @@ def run_stack(config: StackConfig, quiet: bool, keep_alive: bool, report: bool =
         except KeyboardInterrupt:
             console.print("interrupted; stopping every component")
             return RunOutcome(130, stack.run_dir)
-    outcome = RunOutcome(code, stack.run_dir)
     if code != 0:
         console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
-    elif report:
-        outcome.report = _write_report(stack, started_at)
     return outcome
+
+
+def _save_config(config: StackConfig, run_id: str, run_dir: Path) -> None:
+    """The checked config the run started with: ``relayrl export`` finds the base model in it."""
+    import yaml
+
+    from relayrl.stack.export import RUN_CONFIG
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["stack"]["run_id"] = run_id
+    if config.stack.model_dir is not None:
+        data["stack"]["model_dir"] = str(config.stack.model_dir.resolve())
+    data["stack"].pop("api_token", None)  # the token stays in ctl.env (owner-readable only)
+    (run_dir / RUN_CONFIG).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _no_progress_bars() -> None:
+    # tqdm bars written to a file or a pipe are noise: one line per refresh.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _print_endpoints(console: Console, stack: LocalStack) -> None:
@@ -66,18 +104,25 @@ def _print_endpoints(console: Console, stack: LocalStack) -> None:
 def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> int:
     """Shows progress until the trainer exits; any other component dying stops the run."""
     tail = MetricsTail(stack.run_dir / "metrics.jsonl")
-    total = int(stack.config.trainer.get("total_steps", 0))
-    line = ProgressLine(total_steps=total, started_at=started_at)
+    # A resumed run's earlier rows were written before started_at: they are history, not progress.
+    seen = tail.poll()
+    earlier = [row for row in seen if float(row.get("time", 0.0)) < started_at]
+    tail.rows = [row for row in seen if float(row.get("time", 0.0)) >= started_at]
+    total = int(stack.config.trainer.get("total_steps", 100))
+    baseline = max((float(r.get("trainer/processed_samples", 0.0)) for r in earlier), default=0.0)
+    line = ProgressLine(total_steps=total, started_at=started_at, baseline_samples=baseline)
     last_printed = 0.0
-    with console.status(line.render(None, None)) as status:
+    # A spinner only on a terminal; elsewhere the line is printed now and then instead.
+    spinner = console.status(line.render(None, None)) if console.is_terminal else nullcontext()
+    with spinner as status:
         while True:
             stack.supervisor.check_alive(exited_ok=["trainer"])
             tail.poll()
             latest = tail.rows[-1] if tail.rows else None
             text = line.render(latest, queue_depth(stack.endpoints.queue_http))
-            status.update(text)
-            # Without a terminal the spinner is invisible: print the line now and then instead.
-            if not console.is_terminal and time.monotonic() - last_printed > 10:
+            if status is not None:
+                status.update(text)
+            elif time.monotonic() - last_printed > 10:
                 console.print(text)
                 last_printed = time.monotonic()
             code = stack.trainer_exit_code()
@@ -89,12 +134,12 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
             time.sleep(1.0)
 
 
-def _write_report(stack: LocalStack, started_at: float) -> RunReport:
+def _write_report(stack: LocalStack, started_at: float, title: str) -> RunReport:
     rows = read_metrics(stack.run_dir / "metrics.jsonl")
     report = build_report(
         stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
         rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
     )  # fmt: skip
     write_report(report, stack.run_dir)
-    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"RelayRL demo ({stack.run_id})")
+    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"{title} ({stack.run_id})")
     return report

@@ -1,7 +1,7 @@
 """Operator control of a replica: REST (bearer token) and the RolloutControl gRPC service.
 
-``POST /v1/pause`` with ``{"mode": "abort"|"retract"|"in_place"}`` (default abort) stops
-leasing and pauses the engine in that mode; ``POST /v1/resume``; ``GET /v1/status``. Nothing
+``POST /control/pause`` with ``{"mode": "abort"|"retract"|"in_place"}`` (default abort) stops
+leasing and pauses the engine in that mode; ``POST /control/resume``; ``GET /control/status``. Nothing
 leased is lost: aborted requests are resubmitted (and held by the paused engine), retracted and
 frozen ones continue on resume.
 """
@@ -29,7 +29,7 @@ class PauseBody(BaseModel):
 
 
 def control_router(replica: Replica) -> APIRouter:
-    router = APIRouter(prefix="/v1")
+    router = APIRouter()
 
     @router.post("/pause")
     async def pause(body: PauseBody | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ class Control:
 
 
 def control_router(control: Control, status: Callable[[], dict[str, Any]]) -> APIRouter:
-    router = APIRouter(prefix="/control")
+    router = APIRouter()
 
     @router.post("/pause")
     async def pause() -> dict[str, Any]:

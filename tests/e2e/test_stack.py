@@ -15,7 +15,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _generated(rollout_url: str) -> int:
-    return httpx.get(f"{rollout_url}/v1/status", headers=AUTH, timeout=5).json()["total_generated_samples"]
+    return httpx.get(f"{rollout_url}/control/status", headers=AUTH, timeout=5).json()["total_generated_samples"]
 
 
 def _wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -43,15 +43,15 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         rollout = stack.endpoints.rollouts_http[0]
         _wait_until(lambda: _generated(rollout) > 0, 120, "the first samples")
 
-        paused = httpx.post(f"{rollout}/v1/pause", json={"mode": "abort"}, headers=AUTH, timeout=10)
+        paused = httpx.post(f"{rollout}/control/pause", json={"mode": "abort"}, headers=AUTH, timeout=10)
         assert paused.status_code == 200 and paused.json()["paused"] is True
         time.sleep(1.0)  # aborted requests come back and nothing new is leased
         frozen = _generated(rollout)
         time.sleep(2.0)
         assert _generated(rollout) == frozen, "a paused replica kept generating"
-        assert httpx.post(f"{rollout}/v1/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.post(f"{rollout}/control/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
-        resumed = httpx.post(f"{rollout}/v1/resume", headers=AUTH, timeout=10)
+        resumed = httpx.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
         _wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume")
 

@@ -63,7 +63,7 @@ async def test_http_app_probes_metrics_and_bearer_auth():
     requests = metrics.counter("requests", "Requests served.", unit="total")
     requests.inc(3)
     ready = {"value": False}
-    control = APIRouter(prefix="/v1")
+    control = APIRouter()
 
     @control.post("/pause")
     async def pause() -> dict[str, bool]:
@@ -87,17 +87,17 @@ async def test_http_app_probes_metrics_and_bearer_auth():
             body = (await client.get("/metrics")).text
             assert "relayrl_demo_requests_total 3.0" in body
 
-            missing = await client.post("/v1/pause")
+            missing = await client.post("/control/pause")
             assert missing.status_code == 401 and "bearer token" in missing.json()["detail"]
-            wrong = await client.post("/v1/pause", headers={"Authorization": "Bearer nope"})
+            wrong = await client.post("/control/pause", headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 401 and wrong.json()["detail"] == "invalid bearer token"
-            ok = await client.post("/v1/pause", headers={"Authorization": "Bearer tok"})
+            ok = await client.post("/control/pause", headers={"Authorization": "Bearer tok"})
             assert ok.json() == {"paused": True}
 
             auth = {"Authorization": "Bearer tok"}
-            bad = await client.post("/v1/scale", params={"replicas": 0}, headers=auth)
+            bad = await client.post("/control/scale", params={"replicas": 0}, headers=auth)
             assert bad.status_code == 400 and "replicas must be" in bad.json()["detail"]
-            garbage = await client.post("/v1/scale", params={"replicas": "many"}, headers=auth)
+            garbage = await client.post("/control/scale", params={"replicas": "many"}, headers=auth)
             assert garbage.status_code == 422
     finally:
         await server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,8 @@ def by_data_source(data_source: str, solution_str: str, ground_truth: str, extra
 
 
 def resolve_reward(spec: str) -> RewardFn:
-    """``""``/``"auto"``: by data_source; a name in :data:`NAMED`; or ``"package.module:function"``."""
+    """``""``/``"auto"``: by data_source; a name in :data:`NAMED`; ``"package.module:function"``; or
+    verl's file form ``"/path/to/my_reward.py:function"``."""
     if spec in ("", "auto"):
         return by_data_source
     if spec in NAMED:
@@ -47,9 +49,23 @@ def resolve_reward(spec: str) -> RewardFn:
     if not sep or not module_name or not attr:
         raise ValueError(f"reward function {spec!r} is neither one of {sorted(NAMED)} nor 'module:function'")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        fn = getattr(module, attr)
+    except (ImportError, AttributeError, SyntaxError) as exc:
         raise ValueError(f"cannot import reward function {spec!r}: {exc}") from exc
     if not callable(fn):
         raise ValueError(f"reward function {spec!r} is not callable")
     return fn
+
+
+def _load_file(path: str) -> Any:
+    """Imports a reward file by path, as verl's ``custom_reward_function.path`` does."""
+    spec = importlib.util.spec_from_file_location(f"relayrl_user_reward_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except FileNotFoundError as exc:
+        raise ImportError(f"no such file {path}") from exc
+    return module

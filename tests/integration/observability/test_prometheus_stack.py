@@ -68,7 +68,7 @@ def _wait_for_steps(prometheus: PrometheusServer, stack: LocalStack, steps: int,
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stack.supervisor.check_alive()
-        result = prometheus.query("max(relayrl_trainer_trainer_global_steps)")
+        result = prometheus.query("max(relayrl_trainer_global_steps)")
         if result.series and float(result.series[0]["value"][1]) >= steps:
             return
         time.sleep(1)

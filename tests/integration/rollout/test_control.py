@@ -80,11 +80,11 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
     rollout: RolloutProcess, engine: EngineProcess
 ) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert (await rollout.http.get("/v1/status")).status_code == 401
-    assert (await rollout.http.post("/v1/pause", headers={"Authorization": "Bearer wrong"})).status_code == 401
-    assert (await rollout.http.post("/v1/pause", json={"mode": "sideways"}, headers=auth)).status_code == 422
+    assert (await rollout.http.get("/control/status")).status_code == 401
+    assert (await rollout.http.post("/control/pause", headers={"Authorization": "Bearer wrong"})).status_code == 401
+    assert (await rollout.http.post("/control/pause", json={"mode": "sideways"}, headers=auth)).status_code == 422
 
-    paused = (await rollout.http.post("/v1/pause", json={"mode": "in_place"}, headers=auth)).json()
+    paused = (await rollout.http.post("/control/pause", json={"mode": "in_place"}, headers=auth)).json()
     assert paused["paused"] and paused["pause_mode"] == "in_place"
     async with httpx.AsyncClient(base_url=engine.url) as eng:
         assert (await eng.get("/get_model_info")).json()["paused"] == "in_place"
@@ -95,7 +95,7 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
             assert await q.pull("trainer-0", 0, 100, 1, block_timeout_s=1.0) == []
             stats = await q.prompt_stats()
             assert stats.total_completed == 0 and stats.waiting + stats.leased == 1
-            resumed = (await rollout.http.post("/v1/resume", headers=auth)).json()
+            resumed = (await rollout.http.post("/control/resume", headers=auth)).json()
             assert not resumed["paused"]
             assert (await eng.get("/get_model_info")).json()["paused"] is None
             (group,) = await pull_groups(rollout.queue.grpc_address, 1)
@@ -103,7 +103,7 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
     # The replica counts a group once the queue has acknowledged its push, a moment after
     # the queue could hand it to us.
     for _ in range(50):
-        status = (await rollout.http.get("/v1/status", headers=auth)).json()
+        status = (await rollout.http.get("/control/status", headers=auth)).json()
         if status["total_generated_samples"]:
             break
         await asyncio.sleep(0.1)

@@ -138,7 +138,7 @@ def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
     assert httpx.get(f"{base}/readyz").status_code == 200
     _wait_for(lambda: len(_rows(run_dir)) > paused_at + 1, 60, "training to resume", proc)
     metrics = httpx.get(f"{base}/metrics").text
-    assert "relayrl_trainer_actor_pg_loss" in metrics and "relayrl_trainer_trainer_global_steps" in metrics
+    assert "relayrl_trainer_actor_pg_loss" in metrics and "relayrl_trainer_global_steps" in metrics
 
 
 pytestmark = pytest.mark.timeout(240)

@@ -125,11 +125,13 @@ def test_outcomes_read_as_one_line_each() -> None:
         Console(file=out, width=40, color_system=None),
         [
             Outcome("trainer", "http://t:8080", True, "stopped consuming after the current step"),
-            Outcome("rollout", "POST http://r:8080/v1/pause", False, "401 Unauthorized: the API token was refused"),
+            Outcome(
+                "rollout", "POST http://r:8080/control/pause", False, "401 Unauthorized: the API token was refused"
+            ),
         ],
     )
     lines = out.getvalue().splitlines()
     assert lines == [
         "✓ trainer http://t:8080: stopped consuming after the current step",
-        "✗ rollout POST http://r:8080/v1/pause: 401 Unauthorized: the API token was refused",
+        "✗ rollout POST http://r:8080/control/pause: 401 Unauthorized: the API token was refused",
     ]

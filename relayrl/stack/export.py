@@ -1,0 +1,72 @@
+"""``relayrl export RUN_DIR OUT_DIR [--step N]``: a run's policy as a Hugging Face directory.
+
+The trainer's checkpoints are ``torch.distributed.checkpoint`` shards; this loads the actor's
+shards (without a process group) into the run's base model and writes what
+``AutoModelForCausalLM.from_pretrained`` loads: config, safetensors, tokenizer and generation
+config. The base model is the one the run trained (``runs/<id>/config.yaml``'s
+``stack.model_dir``, else the built-in tiny model in ``runs/<id>/model``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+# What ``relayrl up`` writes in every run directory: the checked config the run started with.
+RUN_CONFIG = "config.yaml"
+
+
+class ExportError(ValueError):
+    """The run directory or the checkpoint asked for cannot be exported."""
+
+
+def checkpoint_dir(run_dir: Path, step: int | None) -> Path:
+    """The checkpoint of ``step``, or the latest one when ``step`` is None."""
+    root = run_dir / "checkpoints"
+    if step is None:
+        marker = root / "latest"
+        if not marker.is_file():
+            raise ExportError(f"{run_dir} has no finished checkpoint ({marker} is missing)")
+        path = root / marker.read_text().strip()
+    else:
+        path = root / f"step_{step:08d}"
+    if not (path / "trainer_state.json").is_file():
+        kept = sorted(int(p.name.removeprefix("step_")) for p in root.glob("step_*") if p.is_dir())
+        raise ExportError(f"{run_dir} has no finished checkpoint at step {step}; kept steps: {kept}")
+    return path
+
+
+def base_model_dir(run_dir: Path) -> Path:
+    config_file = run_dir / RUN_CONFIG
+    if config_file.is_file():
+        stack = (yaml.safe_load(config_file.read_text()) or {}).get("stack") or {}
+        if stack.get("model_dir"):
+            return Path(stack["model_dir"])
+    model_dir = run_dir / "model"
+    if not (model_dir / "config.json").is_file():
+        raise ExportError(f"{run_dir}: cannot find the run's base model ({RUN_CONFIG} or model/)")
+    return model_dir
+
+
+def export_policy(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
+    """Writes the actor of checkpoint ``step`` (default: latest) to ``out_dir``; returns the checkpoint used."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    checkpoint = checkpoint_dir(run_dir, step)
+    base = base_model_dir(run_dir)
+    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    state = {"actor": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    model.load_state_dict(state["actor"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out_dir)
+    try:
+        generation = GenerationConfig.from_pretrained(base)
+    except OSError:
+        generation = GenerationConfig.from_model_config(model.config)
+    generation.save_pretrained(out_dir)
+    return checkpoint

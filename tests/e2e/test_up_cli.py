@@ -1,0 +1,177 @@
+"""``relayrl up`` as a user runs it: verl's reward file and dataset paths relative to the
+config, a quiet console, and a report and plot at the end."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from relayrl.net import free_port
+from relayrl.stack.progress import REWARD_KEY
+from tests.integration.rollout.conftest import EngineProcess
+
+REPO = Path(__file__).resolve().parents[2]
+# Scores in [0.25, 0.75], which no built-in scorer gives: the metrics show this file was called.
+REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    return 0.25 + 0.5 * solution_str.strip().startswith(ground_truth)\n"
+)
+
+
+def _rows(count: int) -> str:
+    rows = []
+    for index in range(count):
+        bit = "01"[index % 2]
+        rows.append(
+            {
+                "data_source": "flip_bit",
+                "prompt": [{"role": "user", "content": f"flip {bit}"}],
+                "reward_model": {"ground_truth": "1" if bit == "0" else "0"},
+            }
+        )
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def test_up_trains_on_a_users_files_quietly_writes_a_report_and_exports(tmp_path, tiny_model_dir):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_reward.py").write_text(REWARD)
+    (project / "train.jsonl").write_text(_rows(64))
+    runs = tmp_path / "runs"
+    (project / "stack.yaml").write_text(
+        f"stack: {{run_id: mine, runs_dir: {runs}, model_dir: {tiny_model_dir}, ready_timeout_s: 120}}\n"
+        "custom_reward_function: {path: my_reward.py, name: compute_score}\n"
+        "trainer: {dataset: train.jsonl, n_samples: 4, batch_size: 4, max_new_tokens: 3, total_steps: 4,"
+        " checkpoint_every: 2, lr: 0.003}\n"
+        "rollout: {max_inflight_prompts: 8, max_new_tokens: 3}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "up", "--config", "project/stack.yaml"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=280,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+
+    run_dir = runs / "mine"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 4
+    assert (run_dir / "reward.png").stat().st_size > 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scores = [row[REWARD_KEY] for row in rows if REWARD_KEY in row]
+    assert scores and all(0.25 <= score <= 0.75 for score in scores), scores
+    assert "report.json" in output and "reward " in output
+
+    # Service logs go to runs/<id>/logs/, not the console; printed commands are never wrapped.
+    assert " INFO " not in output, output
+    assert (run_dir / "logs" / "trainer.log").stat().st_size > 0
+    ctl_lines = [line for line in output.splitlines() if "relayrl ctl --env-file" in line]
+    assert ctl_lines and ctl_lines[0].rstrip().endswith("status --all"), output
+
+    _exported_policy_generates_what_the_engine_did(tmp_path, run_dir, tiny_model_dir)
+
+
+def _exported_policy_generates_what_the_engine_did(tmp_path: Path, run_dir: Path, base_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "exported"
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "export", str(run_dir), str(out), "--step", "4"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (out / name).is_file(), name
+    # Version 4 as the rollout received it for its engine: the export holds the same tensors.
+    version_dir = run_dir / "weights" / "rollout-0" / f"v{4:012d}"
+    exported, served_weights = load_file(out / "model.safetensors"), load_file(version_dir / "model.safetensors")
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, served_weights[name]), f"{name} differs from version 4"
+
+    # And the engine serving version 4 generates what transformers generates from the export.
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"flip {bit}"}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for bit in "01"
+    ]
+    engine = EngineProcess(base_dir, free_port("127.0.0.1")).start()
+    try:
+        loaded = httpx.post(
+            f"{engine.url}/update_weights_from_disk",
+            json={"model_path": str(version_dir), "weight_version": "4"},
+            timeout=60,
+        )
+        assert loaded.status_code == 200 and loaded.json()["success"], loaded.text
+        for prompt in prompts:
+            served = httpx.post(
+                f"{engine.url}/generate",
+                json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+                timeout=60,
+            ).json()
+            generated = model.generate(
+                torch.tensor([prompt]), max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )[0, len(prompt) :].tolist()
+            assert generated[: len(served["output_ids"])] == served["output_ids"], (generated, served)
+    finally:
+        engine.stop()
+
+
+def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    config = tmp_path / "stack.yaml"
+    config.write_text(
+        f"stack: {{run_id: long, runs_dir: {runs}, model_dir: {tiny_model_dir}, ready_timeout_s: 120}}\n"
+        "trainer: {dataset: 'builtin:copy_bits', dataset_difficulty: 1, n_samples: 4, batch_size: 4,"
+        " max_new_tokens: 3, total_steps: 8, checkpoint_every: 2, lr: 0.003}\n"
+        "rollout: {max_inflight_prompts: 8, max_new_tokens: 3}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run_dir = runs / "long"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 200
+    while not (run_dir / "checkpoints" / "latest").is_file():
+        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    stopped_output, _ = first.communicate(timeout=60)
+    assert first.returncode == 130, stopped_output
+    assert "Traceback" not in stopped_output, stopped_output
+    checkpoint_step = json.loads(
+        (
+            run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "trainer_state.json"
+        ).read_text()
+    )["step"]
+    assert checkpoint_step < 8
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "up", "--resume", str(run_dir)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=280,
+    )  # fmt: skip
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output
+    steps = [row["trainer/global_steps"] for row in _rows_of(run_dir) if "trainer/global_steps" in row]
+    assert steps[-1] == 8
+    session = steps[steps.index(checkpoint_step + 1, len(steps) - (8 - checkpoint_step)) :]
+    assert session == list(range(checkpoint_step + 1, 9)), steps
+    rates = [float(part.split()[0]) for part in output.split(" | ") if part.endswith("samples/s")]
+    assert rates and max(rates) < 10_000, f"samples/s after resuming: {rates}"
+    assert json.loads((run_dir / "report.json").read_text())["steps"] >= 8 - checkpoint_step
+
+
+def _rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

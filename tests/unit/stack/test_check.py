@@ -1,0 +1,145 @@
+"""``relayrl check`` and the check ``relayrl up`` runs first: every bad-config case is one
+block naming the YAML key or file, exit code 2, before anything starts."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayrl.stack.check import ConfigError, load_checked
+
+REPO = Path(__file__).resolve().parents[3]
+REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+ROW = (
+    '{"prompt": [{"role": "user", "content": "2+2?"}], "data_source": "mine", "reward_model": {"ground_truth": "4"}}\n'
+)
+
+
+def _problems(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_checked(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: invalid config")
+    return message
+
+
+def test_a_misspelled_key_is_rejected_with_the_closest_name(tmp_path):
+    message = _problems(tmp_path, "trainer:\n  batchsize: 8\n")
+    assert "trainer.batchsize: unknown setting; did you mean trainer.batch_size?" in message
+
+
+def test_misspelled_sections_and_stack_keys_are_named(tmp_path):
+    message = _problems(tmp_path, "trainr:\n  total_steps: 5\nstack:\n  rollout_replica: 2\n")
+    assert "trainr: unknown section; did you mean trainer?" in message
+    assert "stack.rollout_replica: unknown setting; did you mean stack.rollout_replicas?" in message
+
+
+def test_a_bad_value_names_the_yaml_key_and_the_allowed_range(tmp_path):
+    message = _problems(tmp_path, "trainer:\n  batch_size: -4\nrollout:\n  partial_rollout_mode: sometimes\n")
+    assert "trainer.batch_size: Input should be greater than or equal to 1 (got -4)" in message
+    assert "rollout.partial_rollout_mode:" in message and "'sometimes'" in message
+    assert "RELAYRL_" not in message
+
+
+def test_a_cross_field_rule_names_the_section(tmp_path):
+    message = _problems(tmp_path, "trainer:\n  sync_every: 2\n  checkpoint_every: 3\n")
+    assert "trainer: checkpoint_every (3) must be a multiple of sync_every (2)" in message
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    message = _problems(tmp_path, "trainer:\n  total_steps: [1\n  lr: 3\n")
+    assert "YAML syntax error at line 3" in message
+    assert "<unicode string>" not in message and len(message.splitlines()) == 2
+
+
+def test_a_missing_or_unparsable_dataset_is_reported(tmp_path):
+    message = _problems(tmp_path, "trainer:\n  dataset: data/train.parquet\n")
+    assert f"trainer.dataset: dataset '{tmp_path / 'data' / 'train.parquet'}' is neither" in message
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    assert "trainer.val_dataset:" in _problems(tmp_path, "trainer:\n  val_dataset: bad.jsonl\n")
+    (tmp_path / "noprompt.jsonl").write_text('{"question": "2+2?"}\n')
+    assert "no 'prompt' field" in _problems(tmp_path, "trainer:\n  dataset: noprompt.jsonl\n")
+
+
+def test_reward_files_that_do_not_import_or_do_not_fit_are_reported(tmp_path):
+    (tmp_path / "broken.py").write_text("def compute_score(\n")
+    message = _problems(tmp_path, "custom_reward_function: {path: broken.py}\n")
+    assert "rollout.reward_function: cannot import reward function" in message and "broken.py" in message
+    (tmp_path / "narrow.py").write_text("def score(text):\n    return 0.0\n")
+    message = _problems(tmp_path, "custom_reward_function: {path: narrow.py, name: score}\n")
+    assert "must accept compute_score(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
+def test_an_unimportable_module_reward_suggests_the_file_form(tmp_path):
+    message = _problems(tmp_path, "rollout:\n  reward_function: no_such_reward_mod:compute_score\n")
+    assert "No module named 'no_such_reward_mod'" in message and "custom_reward_function: {path:" in message
+
+
+def test_a_fixed_port_in_use_is_reported(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        message = _problems(tmp_path, f"paramsync:\n  data_port: {port}\n")
+    assert f"paramsync.data_port: port {port} is in use" in message
+
+
+def test_verl_reward_file_and_dataset_resolve_against_the_config_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "my_reward.py").write_text(REWARD)
+    (folder / "train.jsonl").write_text(ROW)
+    (folder / "stack.yaml").write_text(
+        "custom_reward_function: {path: my_reward.py, name: compute_score}\ntrainer:\n  dataset: train.jsonl\n"
+    )
+    monkeypatch.chdir(tmp_path)  # run from elsewhere: paths still resolve against the file
+    config = load_checked(Path("project/stack.yaml"))
+    assert config.rollout["reward_function"] == f"{folder / 'my_reward.py'}:compute_score"
+    assert config.trainer["dataset"] == str(folder / "train.jsonl")
+    env = config.section_env("rollout")
+    assert env["RELAYRL_ROLLOUT_REWARD_FUNCTION"].endswith("project/my_reward.py:compute_score")
+
+
+def test_the_reward_file_form_scores_in_the_rollout(tmp_path):
+    from services.rollout.rewards.registry import resolve_reward
+
+    (tmp_path / "my_reward.py").write_text(REWARD.replace("1.0", "float(solution_str == ground_truth)"))
+    fn = resolve_reward(f"{tmp_path / 'my_reward.py'}:compute_score")
+    assert fn("mine", "4", "4") == 1.0 and fn("mine", "5", "4") == 0.0
+
+
+def test_up_with_a_bad_config_exits_2_fast_and_starts_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    path = tmp_path / "stack.yaml"
+    path.write_text(f"stack:\n  runs_dir: {runs}\n  run_id: r\ntrainer:\n  batchsize: 8\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(path)],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "trainer.batchsize: unknown setting; did you mean trainer.batch_size?" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 2
+    assert not runs.exists(), "a run directory means the stack started"
+
+
+def test_the_check_imports_no_torch(tmp_path):
+    # Importing torch takes seconds; the check must answer before a user wonders.
+    path = tmp_path / "stack.yaml"
+    path.write_text("trainer:\n  total_steps: 3\n")
+    code = (
+        "import sys, pathlib; from relayrl.stack.check import load_checked;"
+        f" load_checked(pathlib.Path({str(path)!r})); print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+    assert done.stdout.strip() == "False", done.stderr
