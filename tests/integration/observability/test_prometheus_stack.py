@@ -58,6 +58,10 @@ def _config(runs_dir: Path) -> StackConfig:
             "max_new_tokens": 4,
             "total_steps": 1000,
             "sync_every": 1,
+            # The recipe panels need their metrics: mismatch metrics (weights not applied) and
+            # dynamic sampling.
+            "rollout_is_threshold": 2.0,
+            "filter_groups_enable": True,
         },
         rollout={"max_new_tokens": 4, "max_inflight_prompts": 4},
         queue={"stats_refresh_s": 0.5},
