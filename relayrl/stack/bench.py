@@ -398,8 +398,12 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
     workload: Annotated[str, typer.Option(help="realistic (long-tailed, up to 512 tokens) or toy.")] = "toy",
     preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base.")] = "tiny",
-    steps: Annotated[int, typer.Option(min=3, help="Trainer steps of the sync and async runs.")] = 100,
-    alone_steps: Annotated[int, typer.Option(min=3, help="Trainer steps of the stage-alone run.")] = 10,
+    steps: Annotated[
+        int | None, typer.Option(min=3, help="Trainer steps of the sync and async runs (toy 100, realistic 10).")
+    ] = None,
+    alone_steps: Annotated[
+        int | None, typer.Option(min=3, help="Trainer steps of the stage-alone run (toy 10, realistic 4).")
+    ] = None,
     async_staleness: Annotated[int, typer.Option(min=1, help="η of the asynchronous run.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the dataset and the trainer.")] = 0,
     timeout_s: Annotated[float, typer.Option(help="Longest run per phase, seconds.")] = 1800,

@@ -44,6 +44,9 @@ class Workload:
     write_dataset: Callable[[Path, int, int], Path]
     # Rollout settings of this workload (beside the bench's own).
     rollout: dict[str, Any] = field(default_factory=dict)
+    # Trainer steps of the bench's sync and async runs, and of its stage-alone run.
+    bench_steps: int = 100
+    bench_alone_steps: int = 10
 
     def trainer_settings(self, dataset: Path, steps: int, seed: int) -> dict[str, Any]:
         return {
@@ -119,6 +122,8 @@ WORKLOADS: dict[str, Workload] = {
         lr=0.001,
         write_dataset=realistic_dataset,
         rollout={"partial_rollout_mode": "in_place"},
+        bench_steps=10,
+        bench_alone_steps=4,
     ),
 }
 
