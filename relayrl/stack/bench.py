@@ -418,6 +418,8 @@ def bench(
         raise typer.BadParameter(
             f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}", param_hint="--preset"
         )
+    steps = steps or chosen.bench_steps
+    alone_steps = alone_steps or chosen.bench_alone_steps
     from relayrl.stack.cpus import plan_cpus
 
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()

@@ -36,7 +36,8 @@ KEYS = {
 def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
-    argv += ["--steps", "3", "--alone-steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
+    # No --alone-steps: the workload's own default (4 for realistic) applies.
+    argv += ["--steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -52,12 +53,12 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
         assert 0.0 <= printed["trainer_idle_ratio"][mode] <= 1.0
         assert 0.0 < printed["cpu_busy_ratio"][mode] <= 1.0
         assert printed["weight_version_s"][mode] > 0
-    # Lengths of the backlog generated alone (3 steps of 4 groups of 8), within the 512-token cap.
+    # Lengths of the backlog generated alone (4 steps of 8 groups of 8), within the 512-token cap.
     lengths = printed["generated_lengths"]
-    assert lengths["samples"] >= 3 * 4 * 8
+    assert lengths["samples"] >= 4 * 8 * 8
     assert 1 <= lengths["median"] <= lengths["p90"] <= lengths["p99"] <= lengths["max"] <= 512
     # Phases are announced on stderr while they run.
-    assert "engine alone" in done.stderr and "async pipeline" in done.stderr
+    assert "trainer alone (4 steps)" in done.stderr and "async pipeline" in done.stderr
 
 
 def test_an_unknown_preset_or_workload_is_a_clear_error() -> None:
