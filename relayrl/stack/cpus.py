@@ -3,8 +3,10 @@
 On a machine with few cores an engine's decode threads and the trainer's forward/backward threads
 otherwise land on the same cores and slow each other down unpredictably. The stack pins each
 heavy stage to its own CPU set and sizes its torch intra-op threads to that set (the engine's
-``torch_threads``, the trainer's ``OMP_NUM_THREADS``); the light services (redis, queue,
-paramsync, rollout replicas) float over every CPU.
+``torch_threads``, the trainer's ``OMP_NUM_THREADS``). The light services (redis, queue,
+paramsync, rollout replicas) share the engines' CPUs: their work comes and goes with generation,
+and the engines' set has slack whenever generation outpaces training, whereas every cycle they
+take from the trainer's set comes straight off the training rate.
 
 ``stack.cpus`` is ``auto`` (half the CPUs to the engines, the rest to the trainer: on 2 cores
 one each), ``off`` (no pinning; every process sees every CPU, one torch thread each), or the
@@ -41,6 +43,11 @@ class CpuPlan:
     trainer_cpus: tuple[int, ...] | None
     trainer_threads: int
 
+    @property
+    def service_cpus(self) -> tuple[int, ...] | None:
+        """Where redis, the queue, paramsync and the rollout replicas run."""
+        return self.engine_cpus
+
     def describe(self) -> dict[str, object]:
         """The split as the bench reports it."""
         return {
@@ -48,6 +55,7 @@ class CpuPlan:
             "engine_threads": self.engine_threads,
             "trainer": list(self.trainer_cpus) if self.trainer_cpus else "all",
             "trainer_threads_per_rank": self.trainer_threads,
+            "services": list(self.service_cpus) if self.service_cpus else "all",
         }
 
 

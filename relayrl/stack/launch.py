@@ -156,7 +156,8 @@ class LocalStack:
         except FileNotFoundError as exc:
             raise ComponentError("redis", str(exc), INSTALL_HINT) from None
         self.endpoints.redis_url = redis.url
-        spec = ComponentSpec("redis", command, ready=partial(port_open, HOST, redis.port), hint=INSTALL_HINT)
+        ready = partial(port_open, HOST, redis.port)
+        spec = ComponentSpec("redis", command, ready=ready, hint=INSTALL_HINT, cpus=self.cpus.service_cpus)
         self.supervisor.start(spec)
 
     def _start_queue_and_paramsync(self) -> None:
@@ -168,7 +169,12 @@ class LocalStack:
         self.supervisor.start_all(
             [
                 self._spec(
-                    "queue", [*RELAYRL, "queue", "serve"], "queue", q_wiring, f"{self.endpoints.queue_http}/readyz"
+                    "queue",
+                    [*RELAYRL, "queue", "serve"],
+                    "queue",
+                    q_wiring,
+                    f"{self.endpoints.queue_http}/readyz",
+                    self.cpus.service_cpus,
                 ),
                 self._spec(
                     "paramsync",
@@ -176,6 +182,7 @@ class LocalStack:
                     "paramsync",
                     {**p_wiring, "RELAYRL_PARAMSYNC_SHARED_DIR": str(self.run_dir / "weights")},
                     f"{self.endpoints.paramsync_http}/readyz",
+                    self.cpus.service_cpus,
                 ),
             ]
         )
@@ -210,7 +217,14 @@ class LocalStack:
                 "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
             }
             specs.append(
-                self._spec(f"rollout-{i}", [*RELAYRL, "rollout", "serve"], "rollout", wiring, f"{url}/healthz")
+                self._spec(
+                    f"rollout-{i}",
+                    [*RELAYRL, "rollout", "serve"],
+                    "rollout",
+                    wiring,
+                    f"{url}/healthz",
+                    self.cpus.service_cpus,
+                )
             )
         self.supervisor.start_all(specs)
 

@@ -13,6 +13,8 @@ pytestmark = pytest.mark.unit
 def test_auto_on_two_cores_gives_one_to_the_engine_and_one_to_the_trainer():
     plan = plan_cpus("auto", replicas=1, trainer_procs=1, available=(0, 1))
     assert (plan.engine_cpus, plan.engine_threads, plan.trainer_cpus, plan.trainer_threads) == ((0,), 1, (1,), 1)
+    # The light services keep off the trainer's core.
+    assert plan.service_cpus == (0,) and plan.describe()["services"] == [0]
 
 
 def test_auto_shares_each_half_among_its_processes():
@@ -23,7 +25,7 @@ def test_auto_shares_each_half_among_its_processes():
 
 def test_one_core_or_off_pins_nothing():
     for plan in (plan_cpus("auto", 1, 1, available=(3,)), plan_cpus("off", 1, 1, available=(0, 1))):
-        assert plan.engine_cpus is None and plan.trainer_cpus is None
+        assert plan.engine_cpus is None and plan.trainer_cpus is None and plan.service_cpus is None
         assert plan.engine_threads == plan.trainer_threads == 1
 
 
