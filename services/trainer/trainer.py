@@ -23,6 +23,7 @@ from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
+from services.trainer.loggers import build_loggers
 from services.trainer.model import build_optimizer, load_actor, load_critic, shard_model
 from services.trainer.state import TrainerState
 from services.trainer.step import Models, train_step
@@ -113,7 +114,15 @@ class Trainer:
                 name,
                 settings.max_prompt_tokens,
             )
-            self.telemetry = Telemetry(settings.resolved_run_dir())
+            run_dir = settings.resolved_run_dir()
+            loggers = build_loggers(
+                settings.logger,
+                run_dir,
+                settings.project_name,
+                settings.experiment_name or settings.run_id,
+                settings.model_dump(mode="json", exclude={"api_token"}),
+            )
+            self.telemetry = Telemetry(run_dir, loggers)
             stalls = StallWatch(self.telemetry.stalled, settings.stall_warn_s, log)
             self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state, stalls)
             self.val_rows = self._val_rows(tokenizer)
@@ -282,6 +291,11 @@ class Trainer:
             self.checkpoint()
         if self.ctx.is_main:
             self.publisher.drain()
+
+    def close(self) -> None:
+        """Flushes and closes the experiment trackers (finishes the wandb run), however ``run`` ended."""
+        if self.ctx.is_main:
+            self.telemetry.close()
 
     def status(self) -> dict[str, Any]:
         feed = self.feed
