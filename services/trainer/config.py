@@ -107,6 +107,11 @@ class TrainerSettings(ServiceSettings):
     eval_timeout_s: float = Field(300.0, gt=0, description="Longest wait for validation groups.")
     pull_timeout_s: float = Field(1.0, gt=0, description="Longest block of one queue pull.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (the newest ones).")
+    save_hf_model: bool = Field(
+        False,
+        description="Every checkpoint also holds hf/: the policy as a Hugging Face directory (config, safetensors,"
+        " tokenizer, generation config), what `relayrl export` writes for that step.",
+    )
 
     # --- experiment tracking (verl trainer.logger / project_name / experiment_name) -------
     # NoDecode: the validator below parses the variable itself, which takes more spellings than JSON.

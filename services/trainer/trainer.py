@@ -10,6 +10,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -220,12 +221,30 @@ class Trainer:
     def checkpoint(self) -> None:
         if self.feed is not None:
             self.state.data = self.feed.dataset.state_dict()
-        ckpt.save(self.ckpt_dir, self.state.step, self.models, self.state.to_json(), self.s.keep_checkpoints)
+        ckpt.save(
+            self.ckpt_dir,
+            self.state.step,
+            self.models,
+            self.state.to_json(),
+            self.s.keep_checkpoints,
+            extra=self.write_hf_model if self.s.save_hf_model else None,
+        )
         if self.feed is not None:
             self.feed.ack_trained()
             self.control.checkpoint_requested.clear()
         if self.ctx.is_main:
             log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
+
+    def write_hf_model(self, checkpoint: Path) -> None:
+        """``hf/`` in the checkpoint being written: the actor as ``relayrl export`` writes it (collective)."""
+        from relayrl.models.loading import load_causal_lm, save_hf_dir
+
+        weights = gather_weights(self.models.actor)
+        if weights is None:
+            return
+        model = load_causal_lm(self.s.model_dir)
+        model.load_state_dict(dict(weights))
+        save_hf_dir(model, self.s.model_dir, checkpoint / "hf")
 
     def resume(self) -> None:
         """Restores the latest checkpoint, and settles which version its weights are.
