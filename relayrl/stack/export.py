@@ -51,22 +51,15 @@ def base_model_dir(run_dir: Path) -> Path:
 
 def export_policy(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Writes the actor of checkpoint ``step`` (default: latest) to ``out_dir``; returns the checkpoint used."""
-    import torch
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from relayrl.models.loading import load_causal_lm, save_hf_dir
 
     checkpoint = checkpoint_dir(run_dir, step)
     base = base_model_dir(run_dir)
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    model = load_causal_lm(base)
     state = {"actor": model.state_dict()}
     dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["actor"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out_dir)
-    try:
-        generation = GenerationConfig.from_pretrained(base)
-    except OSError:
-        generation = GenerationConfig.from_model_config(model.config)
-    generation.save_pretrained(out_dir)
+    save_hf_dir(model, base, out_dir)
     return checkpoint

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,19 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
-def save(root: Path, step: int, models: Models, trainer_state: dict[str, Any], keep: int) -> Path:
-    """Writes checkpoint ``step`` (collective: every rank calls it) and marks it latest."""
+def save(
+    root: Path,
+    step: int,
+    models: Models,
+    trainer_state: dict[str, Any],
+    keep: int,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Writes checkpoint ``step`` (collective: every rank calls it) and marks it latest.
+
+    ``extra``, when given, is called on every rank with the unfinished directory to add more to it
+    (the Hugging Face copy of ``save_hf_model``); a crash inside it leaves no finished checkpoint.
+    """
     path = root / f"step_{step:08d}"
     if latest(root) == path:
         return path  # this very state is already durable (a stop right after a checkpoint)
@@ -93,6 +105,8 @@ def save(root: Path, step: int, models: Models, trainer_state: dict[str, Any], k
             schedulers["critic"] = models.critic_sched.state_dict()
         torch.save(schedulers, partial / "schedulers.pt")
         (partial / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+    if extra is not None:
+        extra(partial)
     D.barrier()
     if D.get_rank() == 0:
         _fsync_tree(partial)

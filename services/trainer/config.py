@@ -8,10 +8,10 @@ off-policy variant is ROLL's ``pg_variant``. No torch import here, so ``--help``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from relayrl.config import ServiceSettings, shared_field
 
@@ -21,6 +21,7 @@ RolloutIsLevel = Literal["token", "sequence", "geometric"]
 RolloutIsMode = Literal["truncate", "mask"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KlType = Literal["k1", "k2", "k3"]
+LoggerBackend = Literal["console", "tensorboard", "wandb"]
 
 
 class TrainerSettings(ServiceSettings):
@@ -106,6 +107,26 @@ class TrainerSettings(ServiceSettings):
     eval_timeout_s: float = Field(300.0, gt=0, description="Longest wait for validation groups.")
     pull_timeout_s: float = Field(1.0, gt=0, description="Longest block of one queue pull.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (the newest ones).")
+    save_hf_model: bool = Field(
+        False,
+        description="Every checkpoint also holds hf/: the policy as a Hugging Face directory (config, safetensors,"
+        " tokenizer, generation config), what `relayrl export` writes for that step.",
+    )
+
+    # --- experiment tracking (verl trainer.logger / project_name / experiment_name) -------
+    # NoDecode: the validator below parses the variable itself, which takes more spellings than JSON.
+    logger: Annotated[list[LoggerBackend], NoDecode] = Field(
+        ["console"],
+        description="Where training metrics go besides metrics.jsonl and Prometheus, which are always written:"
+        " console (the progress line `relayrl up` prints from metrics.jsonl; the trainer adds nothing),"
+        " tensorboard (event files in <run_dir>/tensorboard/), wandb (Weights & Biases; offline unless"
+        ' WANDB_API_KEY is set or WANDB_MODE says otherwise). In the environment: ["console","tensorboard"]'
+        " or console,tensorboard.",
+    )
+    project_name: str = Field("relayrl", min_length=1, description="wandb project (verl trainer.project_name).")
+    experiment_name: str = Field(
+        "", description="wandb run name (verl trainer.experiment_name); empty uses the run id."
+    )
 
     # --- optimisation ----------------------------------------------------------------------
     lr: float = Field(1e-5, gt=0, description="Actor learning rate (AdamW).")
@@ -201,6 +222,16 @@ class TrainerSettings(ServiceSettings):
         gt=0,
         description="verl rollout_is_veto_threshold: a sequence with a token ratio below this gets weight 0.",
     )
+
+    @field_validator("logger", mode="before")
+    @classmethod
+    def _logger_list(cls, value: Any) -> Any:
+        # The environment gives a string: JSON (what `relayrl up` and the chart write), verl's
+        # ['console','wandb'], or names separated by commas; verl also accepts one bare name.
+        if isinstance(value, str):
+            names = value.strip().removeprefix("[").removesuffix("]").split(",")
+            return [name.strip().strip("'\"") for name in names if name.strip()]
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerSettings:

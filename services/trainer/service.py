@@ -35,6 +35,7 @@ def run_service(settings: TrainerSettings) -> TrainerState:
     control = Control()
     install_stop_handlers(control)
     io = queue = sink = http = grpc_server = None
+    trainer: Trainer | None = None
     try:
         if ctx.is_main:
             io = IoThread()
@@ -63,4 +64,6 @@ def run_service(settings: TrainerSettings) -> TrainerState:
                 if closer is not None:
                     io.call(closer, timeout_s=30)
             io.stop()
+        if trainer is not None:
+            trainer.close()
         D.shutdown()

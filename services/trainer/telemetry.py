@@ -1,22 +1,25 @@
-"""Training metrics under verl's keys, written to ``metrics.jsonl`` and exported to Prometheus
-as ``relayrl_trainer_<key>`` gauges (``actor/pg_loss`` → ``relayrl_trainer_actor_pg_loss``)."""
+"""Training metrics under verl's keys, written to ``metrics.jsonl``, exported to Prometheus
+as ``relayrl_trainer_<key>`` gauges (``actor/pg_loss`` → ``relayrl_trainer_actor_pg_loss``) and
+handed to the experiment trackers of the ``logger`` setting (:mod:`services.trainer.loggers`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client import Gauge
 
 from relayrl.metrics import ServiceMetrics, key_to_metric_name
+from services.trainer.loggers import MetricLogger
 
 SERVICE = "trainer"
 
 
 class Telemetry:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, loggers: Sequence[MetricLogger] = ()) -> None:
         self.metrics = ServiceMetrics(SERVICE)
         self.stalled = self.metrics.gauge(
             "stalled",
@@ -29,6 +32,7 @@ class Telemetry:
         self.path = run_dir / "metrics.jsonl"
         self.groups_path = run_dir / "groups.jsonl"
         self.latest: dict[str, float] = {}
+        self.loggers = list(loggers)
 
     def _gauge(self, key: str) -> Gauge:
         if key not in self._gauges:
@@ -37,13 +41,21 @@ class Telemetry:
         return self._gauges[key]
 
     def record(self, step: int, values: dict[str, float]) -> None:
-        """One line per step in metrics.jsonl and the latest value of each key in Prometheus."""
+        """One line per step in metrics.jsonl, the latest value of each key in Prometheus, and the step to
+        every tracker."""
         finite = {k: float(v) for k, v in values.items() if math.isfinite(float(v))}
         for key, value in finite.items():
             self._gauge(key).set(value)
         self.latest = finite
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **finite}, sort_keys=True) + "\n")
+        for logger in self.loggers:
+            logger.log(step, finite)
+
+    def close(self) -> None:
+        """Flushes and closes the trackers (a wandb run is finished)."""
+        for logger in self.loggers:
+            logger.close()
 
     def record_groups(self, step: int, version: int, group_ids: list[str], ages: list[int]) -> None:
         """One line per step in groups.jsonl: the groups trained on and their age in versions.

@@ -10,6 +10,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
+from services.trainer.loggers import build_loggers
 from services.trainer.model import build_optimizer, load_actor, load_critic, shard_model
 from services.trainer.state import TrainerState
 from services.trainer.step import Models, train_step
@@ -113,7 +115,15 @@ class Trainer:
                 name,
                 settings.max_prompt_tokens,
             )
-            self.telemetry = Telemetry(settings.resolved_run_dir())
+            run_dir = settings.resolved_run_dir()
+            loggers = build_loggers(
+                settings.logger,
+                run_dir,
+                settings.project_name,
+                settings.experiment_name or settings.run_id,
+                settings.model_dump(mode="json", exclude={"api_token"}),
+            )
+            self.telemetry = Telemetry(run_dir, loggers)
             stalls = StallWatch(self.telemetry.stalled, settings.stall_warn_s, log)
             self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state, stalls)
             self.val_rows = self._val_rows(tokenizer)
@@ -211,12 +221,30 @@ class Trainer:
     def checkpoint(self) -> None:
         if self.feed is not None:
             self.state.data = self.feed.dataset.state_dict()
-        ckpt.save(self.ckpt_dir, self.state.step, self.models, self.state.to_json(), self.s.keep_checkpoints)
+        ckpt.save(
+            self.ckpt_dir,
+            self.state.step,
+            self.models,
+            self.state.to_json(),
+            self.s.keep_checkpoints,
+            extra=self.write_hf_model if self.s.save_hf_model else None,
+        )
         if self.feed is not None:
             self.feed.ack_trained()
             self.control.checkpoint_requested.clear()
         if self.ctx.is_main:
             log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
+
+    def write_hf_model(self, checkpoint: Path) -> None:
+        """``hf/`` in the checkpoint being written: the actor as ``relayrl export`` writes it (collective)."""
+        from relayrl.models.loading import load_causal_lm, save_hf_dir
+
+        weights = gather_weights(self.models.actor)
+        if weights is None:
+            return
+        model = load_causal_lm(self.s.model_dir)
+        model.load_state_dict(dict(weights))
+        save_hf_dir(model, self.s.model_dir, checkpoint / "hf")
 
     def resume(self) -> None:
         """Restores the latest checkpoint, and settles which version its weights are.
@@ -282,6 +310,11 @@ class Trainer:
             self.checkpoint()
         if self.ctx.is_main:
             self.publisher.drain()
+
+    def close(self) -> None:
+        """Flushes and closes the experiment trackers (finishes the wandb run), however ``run`` ended."""
+        if self.ctx.is_main:
+            self.telemetry.close()
 
     def status(self) -> dict[str, Any]:
         feed = self.feed

@@ -143,3 +143,19 @@ def test_the_check_imports_no_torch(tmp_path):
         timeout=60,
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_logger_list_passes_the_check_and_reaches_the_trainer_through_its_env(tmp_path, monkeypatch):
+    from relayrl.config import load_settings
+    from services.trainer.config import TrainerSettings
+
+    path = tmp_path / "stack.yaml"
+    path.write_text("trainer:\n  logger: [console, tensorboard]\n  save_hf_model: true\n")
+    env = load_checked(path).section_env("trainer")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings(TrainerSettings)
+    assert settings.logger == ["console", "tensorboard"] and settings.save_hf_model
+
+    message = _problems(tmp_path, "trainer:\n  logger: [console, tensorbord]\n")
+    assert "trainer.logger: Input should be 'console', 'tensorboard' or 'wandb' (got 'tensorbord')" in message

@@ -24,3 +24,23 @@ def test_unknown_algorithm_names_the_variable(monkeypatch):
 
 def test_every_field_is_documented():
     assert all(f.description for f in TrainerSettings.model_fields.values())
+
+
+def test_logger_is_console_by_default_and_a_list_in_any_env_spelling(monkeypatch):
+    assert load_settings(TrainerSettings).logger == ["console"]
+    for spelling in ('["console", "tensorboard"]', "['console','tensorboard']", "console,tensorboard"):
+        monkeypatch.setenv("RELAYRL_TRAINER_LOGGER", spelling)
+        assert load_settings(TrainerSettings).logger == ["console", "tensorboard"], spelling
+    monkeypatch.setenv("RELAYRL_TRAINER_LOGGER", "wandb")
+    assert load_settings(TrainerSettings).logger == ["wandb"]
+    monkeypatch.delenv("RELAYRL_TRAINER_LOGGER")
+    assert load_settings(TrainerSettings, logger=["tensorboard", "wandb"]).logger == ["tensorboard", "wandb"]
+
+
+def test_an_unknown_logger_names_the_variable_and_the_choices(monkeypatch):
+    monkeypatch.setenv("RELAYRL_TRAINER_LOGGER", '["console", "tensorbord"]')
+    with pytest.raises(SettingsError) as info:
+        load_settings(TrainerSettings)
+    message = str(info.value)
+    assert "RELAYRL_TRAINER_LOGGER" in message and "'console', 'tensorboard' or 'wandb'" in message
+    assert "'tensorbord'" in message
