@@ -10,6 +10,9 @@ at verl's three levels and two modes:
   with ``mask`` is IcePop's token masking.
 - veto: a sequence with any token ρ_t < ``veto_threshold`` gets weight 0 (a catastrophic outlier).
 
+Masked and vetoed tokens also leave the loss's normaliser (``keep_BT``), as verl's rejection mask
+does: a rejected token is not a token of the batch, so it must not dilute the mean of the others.
+
 Sequence-level ratios are formed in log space and clamped so one long sequence cannot overflow.
 """
 
@@ -42,6 +45,8 @@ class CorrectionConfig:
 class CorrectionOut:
     weight_BT: torch.Tensor
     """Detached weight per token (0 where masked or vetoed); padded positions are 0."""
+    keep_BT: torch.Tensor
+    """1.0 where a response token stays in the loss (neither masked nor vetoed), else 0.0."""
     metrics: dict[str, float]
 
 
@@ -94,4 +99,5 @@ def correction_weights(
         "mismatch/ratio_q95": q95,
         "mismatch/weight_mean": float(masked_mean(weight, fmask)),
     }
-    return CorrectionOut(weight_BT=weight, metrics=metrics)
+    keep = (mask & ~masked).to(fmask.dtype)
+    return CorrectionOut(weight_BT=weight, keep_BT=keep, metrics=metrics)

@@ -55,6 +55,7 @@ class Plan:
 
     micro: list[MicroBatch]
     norm: Normaliser
+    rows: list[int]  # the mini-batch's rows of the whole batch, every rank's
     padding: int = 0  # padding tokens in this rank's micro-batches (dummies aside)
     padded_total: int = 0  # all tokens in them, padding included
 
@@ -114,9 +115,30 @@ def plan_mini_batch(samples: list[TrainSample], index: list[int], s: TrainerSett
             tokens=float(sum(len(x.response_ids) for x in chosen)),
             sequences=float(sum(1 for x in chosen if x.response_ids)),
         ),
+        rows=list(index),
         padding=padding,
         padded_total=padded_total,
     )
+
+
+def loss_mask(
+    full: MicroBatch, samples: list[TrainSample], s: TrainerSettings, keep_BT: torch.Tensor | None
+) -> torch.Tensor:
+    """The response tokens the policy loss is taken over (and normalised by): the overlong filter
+    drops truncated responses, mismatch correction its masked and vetoed tokens."""
+    mask = full.mask_BT.float()
+    if s.overlong_filter:
+        kept = torch.tensor([0.0 if x.truncated else 1.0 for x in samples])
+        mask = mask * kept.unsqueeze(-1)
+    if keep_BT is not None:
+        mask = mask * keep_BT
+    return mask
+
+
+def loss_normaliser(mask_NT: torch.Tensor, rows: list[int]) -> Normaliser:
+    """The counts of ``rows`` under ``mask_NT`` (a sequence with no token left counts for nothing)."""
+    per_seq = mask_NT[rows].sum(-1)
+    return Normaliser(tokens=float(per_seq.sum()), sequences=float((per_seq > 0).sum()))
 
 
 def _rows(full_NT: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
@@ -245,10 +267,11 @@ def update_actor(
     this forward's own, detached (see ``skips_old_log_prob``), and their rows go to ``own_prox``."""
     cfg = loss_config(s)
     world = D.world_size()
+    norm = loss_normaliser(extras["loss_mask"], plan.rows)
     for mb in plan.micro:
         out = policy_forward(models.actor, mb, s.temperature, with_entropy=True)
         dev = out.logp_BT.device
-        mask = mb.mask_BT.to(dev)
+        mask = _rows(extras["loss_mask"], mb).to(dev)
         if "prox" in extras:
             prox = _rows(extras["prox"], mb).to(dev)
         else:
@@ -266,17 +289,15 @@ def update_actor(
             score_BT=_rows(extras["score"], mb).to(dev),
             correction_BT=correction,
         )
-        if s.overlong_filter:
-            pl.loss_BT = pl.loss_BT * _rows(extras["kept"], mb).to(dev)
-        pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, plan.norm)
-        entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, plan.norm)
+        pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, norm)
+        entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, norm)
         loss = pg_loss - s.entropy_coeff * entropy
         if s.use_kl_loss:
             kl = aggregate(
                 kl_estimate(out.logp_BT, _rows(extras["ref"], mb).to(dev), s.kl_loss_type),
                 mask,
                 s.loss_agg_mode,
-                plan.norm,
+                norm,
             )
             loss = loss + s.kl_loss_coef * kl
             sums.add("actor/kl_loss", kl.detach())
@@ -331,13 +352,14 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     extras = recompute(models, plans, n, T, s, with_prox=not skip)
     adv, returns, rewards = compute_advantages(full, samples, extras, s)
     extras["score"] = torch.tensor([x.reward for x in samples]).unsqueeze(-1).expand_as(full.mask_BT)
-    kept = torch.tensor([0.0 if x.truncated else 1.0 for x in samples])
-    extras["kept"] = kept.unsqueeze(-1).expand_as(full.mask_BT)
-    recipe_metrics = {"overlong/truncated_frac": 1.0 - float(kept.mean())}
+    recipe_metrics = {"overlong/truncated_frac": sum(x.truncated for x in samples) / len(samples)}
+    keep = None
     if (ccfg := correction_config(s)) is not None:
         corr = correction_weights(extras["prox"], full.behav_logp_BT, full.mask_BT, ccfg)
-        extras["correction"] = corr.weight_BT
         recipe_metrics |= corr.metrics
+        if s.rollout_is:  # otherwise only the metrics: the loss stays as it is
+            extras["correction"], keep = corr.weight_BT, corr.keep_BT
+    extras["loss_mask"] = loss_mask(full, samples, s, keep)
     sums = _Sums()
     own_prox: dict[int, list[float]] = {}
     for plan in plans:

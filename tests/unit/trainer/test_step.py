@@ -197,3 +197,51 @@ def test_overlong_filter_gives_truncated_responses_no_loss(tiny_model_dir):
     assert torch.equal(before, _params(models.actor))
     unfiltered = train_step(_models(tiny_model_dir), samples, TrainerSettings(), pad_id=0)
     assert unfiltered["actor/grad_norm"] > 0
+
+
+def _vanilla_pg_loss_over(adv_BT, weight_BT, keep_BT):
+    """verl's token-mean of −A·w at ratio 1 (the first update of a step) over the kept tokens only."""
+    return float(-(adv_BT * weight_BT * keep_BT).sum() / keep_BT.sum())
+
+
+def test_filtered_responses_leave_the_loss_normaliser(tiny_model_dir):
+    from services.trainer import advantages as adv_lib
+
+    samples = _samples([3, 1, 2, 2])
+    samples[1].truncated = samples[2].truncated = True
+    settings = TrainerSettings(pg_variant="vanilla", overlong_filter=True, loss_agg_mode="token-mean")
+    metrics = train_step(_models(tiny_model_dir), samples, settings, pad_id=0)
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    adv = adv_lib.grpo(torch.tensor([float(x.reward) for x in samples]), full.mask_BT, [x.group for x in samples])
+    keep = full.mask_BT.float() * torch.tensor([1.0, 0.0, 0.0, 1.0]).unsqueeze(-1)
+    # 5 kept tokens: dividing by all 8 response tokens would shrink the loss by 5/8.
+    assert metrics["actor/pg_loss"] == pytest.approx(_vanilla_pg_loss_over(adv, torch.ones_like(adv), keep), abs=1e-6)
+
+
+def test_icepop_masked_tokens_leave_the_loss_normaliser(tiny_model_dir):
+    from services.trainer import advantages as adv_lib
+    from services.trainer.correction import CorrectionConfig, correction_weights
+
+    samples = _samples([3, 1, 2, 2])
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    with torch.no_grad():
+        prox = policy_forward(_models(tiny_model_dir).actor, full, 1.0, with_entropy=False).logp_BT
+    # The engine's log-probs: the trainer's own on even tokens (ρ = 1, kept), 2 nats higher on odd
+    # ones (ρ = e⁻² < 1/2, masked by IcePop's [1/2, 2]).
+    for b, x in enumerate(samples):
+        x.behav_logp = [float(prox[b, t]) + 2.0 * (t % 2) for t in range(len(x.response_ids))]
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    corr = correction_weights(prox, full.behav_logp_BT, full.mask_BT, CorrectionConfig(mode="mask", threshold=2.0))
+    assert float(corr.keep_BT.sum()) == 5.0 and float(full.mask_BT.sum()) == 8.0
+    common = dict(pg_variant="vanilla", rollout_is_threshold=2.0, rollout_is_mode="mask", rollout_is_level="token")
+    metrics = train_step(_models(tiny_model_dir), samples, TrainerSettings(rollout_is=True, **common), pad_id=0)
+    adv = adv_lib.grpo(torch.tensor([float(x.reward) for x in samples]), full.mask_BT, [x.group for x in samples])
+    assert metrics["mismatch/masked_frac"] == pytest.approx(3 / 8)
+    assert metrics["actor/pg_loss"] == pytest.approx(_vanilla_pg_loss_over(adv, corr.weight_BT, corr.keep_BT), abs=1e-5)
+    # Without rollout_is the same threshold only reports: every token stays in the loss, unweighted.
+    metrics_only = train_step(_models(tiny_model_dir), samples, TrainerSettings(**common), pad_id=0)
+    assert metrics_only["mismatch/masked_frac"] == pytest.approx(3 / 8)
+    everything = full.mask_BT.float()
+    assert metrics_only["actor/pg_loss"] == pytest.approx(
+        _vanilla_pg_loss_over(adv, torch.ones_like(adv), everything), abs=1e-5
+    )
