@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import httpx
+
 from relayrl.schema import Group, PromptSpec, Sample, validate_group
 from relayrl.staleness import check_staleness
 from relayrl.stalls import StallWatch
@@ -180,21 +182,42 @@ class Replica:
     # --- loops ----------------------------------------------------------------------
 
     async def watch_engine(self) -> None:
-        """Probes the engine; learns its weight version once it is up."""
+        """Probes the engine; learns its weight version once it is up, and sees that it generates."""
+        unpause = False
         while True:
             healthy = await self.engine.health()
             if healthy and not self.engine_ready:
                 try:
                     await self._adopt_engine_version(await self.engine.weight_version())
+                    unpause = True
                 except EngineError as exc:
                     log.warning("engine answered /health but not /get_model_info: %r", exc)
                     healthy = False
+            if healthy and unpause:
+                unpause = not await self._unpause_engine()
             if healthy != self.engine_ready:
                 log.log(logging.INFO if healthy else logging.WARNING, "engine %s", "ready" if healthy else "down")
             self.engine_ready = healthy
             self.metrics.engine_ready.set(int(healthy))
             self._update_leasable()
             await asyncio.sleep(self.settings.engine_check_interval_s)
+
+    async def _unpause_engine(self) -> bool:
+        """Tells an engine that was out of reach to continue, unless this replica is paused on
+        purpose; True once that is settled. A weight switch whose ``continue_generation`` was lost
+        with the link leaves the engine paused, and a paused engine answers probes but generates
+        nothing, so every in-flight request would wait out its timeout."""
+        if self.control_lock.locked():
+            return False  # a switch or an operator call is under way and settles it; ask again next probe
+        async with self.control_lock:
+            if self.paused:
+                return True
+            try:
+                await self.engine.continue_generation()
+            except (EngineError, httpx.TransportError) as exc:
+                log.warning("engine did not take continue_generation: %r", exc)
+                return False
+        return True
 
     async def _adopt_engine_version(self, reported: str) -> None:
         version = parse_version(reported, self.held_version)

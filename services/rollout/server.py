@@ -86,11 +86,20 @@ async def serve(settings: RolloutSettings) -> None:
             weights_tmp.cleanup()
 
 
-async def sync_forever(sync: WeightSync, engine_restarted: asyncio.Event | None = None) -> None:
-    """Runs the subscription; re-subscribes when it breaks or when the engine restarted (paramsync
-    then sends the latest version at once, so a restarted engine gets the current weights back)."""
+async def sync_forever(
+    sync: WeightSync,
+    engine_restarted: asyncio.Event | None = None,
+    backoff_s: float = 1.0,
+    max_backoff_s: float = 30.0,
+) -> None:
+    """Runs the subscription; re-subscribes when it breaks, when a version did not load, or when
+    the engine restarted (paramsync then sends the latest version at once, so a restarted engine
+    gets the current weights back and a failed load is tried again). The wait before
+    re-subscribing doubles from ``backoff_s`` to ``max_backoff_s`` while no version loads."""
     restarted = engine_restarted or asyncio.Event()
+    delay = backoff_s
     while True:
+        held_before = sync.held_version()
         run = asyncio.create_task(sync.run())
         restart = asyncio.create_task(restarted.wait())
         try:
@@ -102,6 +111,9 @@ async def sync_forever(sync: WeightSync, engine_restarted: asyncio.Event | None 
         if restarted.is_set():
             restarted.clear()
             continue
+        if sync.held_version() > held_before:
+            delay = backoff_s
         if not run.cancelled() and run.exception() is not None:
-            log.warning("paramsync subscription failed: %r; re-subscribing", run.exception())
-        await asyncio.sleep(1.0)
+            log.warning("weight sync stopped: %r; re-subscribing in %.1fs", run.exception(), delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_backoff_s)

@@ -25,7 +25,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.rollout.engine_client import EngineClient, EngineError
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError
 from services.rollout.generation import parse_version
 from services.rollout.metrics import RolloutMetrics
 
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # Versions kept on local disk (the engine may still be reading the previous one).
 _KEEP_VERSIONS = 2
+# How long a switch keeps asking a paused engine to continue before leaving it to the engine probe.
+RESUME_DEADLINE_S = 60.0
 
 
 class Announcement(Protocol):
@@ -62,6 +67,31 @@ def write_safetensors(tensors: dict[str, Any], directory: Path) -> Path:
     save_file({name: t.contiguous() for name, t in tensors.items()}, str(partial))
     partial.rename(directory / "model.safetensors")
     return directory
+
+
+class SyncFailed(RuntimeError):
+    """A version announced by paramsync could not be loaded into the engine."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"version {version} did not load")
+        self.version = version
+
+
+async def resume_generation(engine: EngineClient, deadline_s: float = RESUME_DEADLINE_S) -> None:
+    """``continue_generation``, retried until the engine answers: an engine left paused by a lost
+    answer generates nothing and says nothing, so this must not give up at the first reset."""
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(deadline_s),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception_type((EngineUnavailableError, httpx.TransportError)),
+            reraise=True,
+        ):
+            with attempt:
+                await engine.continue_generation()
+    except (EngineUnavailableError, httpx.TransportError) as exc:
+        # The replica resumes it again when it sees the engine come back (Replica.watch_engine).
+        log.error("engine did not answer continue_generation for %.0fs: %r", deadline_s, exc)
 
 
 class WeightSync:
@@ -94,12 +124,19 @@ class WeightSync:
         self.metrics = metrics
 
     async def run(self) -> None:
+        """Loads each announced version; raises :class:`SyncFailed` at the first that does not load.
+
+        The caller (:func:`services.rollout.server.sync_forever`) subscribes again after a backoff,
+        and paramsync then announces its newest version at once: a failed load is retried even when
+        no newer version follows (a trainer waiting for this replica's groups publishes none).
+        """
         async for ann in self.source.subscribe(self.replica_id, self.held_version(), self.engine_url):
             self.on_latest(ann.version)
             # Versions only move forward: an announcement at or below what the engine holds is skipped.
             if ann.version <= self.held_version():
                 continue
-            await self.sync(ann)
+            if not await self.sync(ann):
+                raise SyncFailed(ann.version)
 
     async def sync(self, ann: Announcement) -> bool:
         started = time.perf_counter()
@@ -128,8 +165,10 @@ class WeightSync:
             return Path(ann.disk_path)
         if ann.transport != "grpc":
             raise ValueError(f"unknown weight transport {ann.transport!r}")
-        tensors = await self.source.fetch(ann.version, self.replica_id)
         target = self.weights_dir / f"v{ann.version:012d}"
+        if (target / "model.safetensors").is_file():
+            return target  # fetched by an attempt whose switch failed; written by rename, so whole
+        tensors = await self.source.fetch(ann.version, self.replica_id)
         return await asyncio.to_thread(write_safetensors, tensors, target)
 
     async def _switch(self, path: str, version: int) -> None:
@@ -137,16 +176,17 @@ class WeightSync:
             # A replica paused by its operator stays paused; the update still lands.
             user_paused = self.is_paused()
             paused_at = time.perf_counter()
-            if not user_paused:
-                await self.engine.pause_generation("in_place" if self.mode == "in_place" else "abort")
             try:
+                if not user_paused:
+                    await self.engine.pause_generation("in_place" if self.mode == "in_place" else "abort")
                 # SGLang cannot flush its cache while requests sit frozen in the running batch.
                 result = await self.engine.update_weights_from_disk(
                     path, weight_version=version, flush_cache=self.mode != "in_place"
                 )
             finally:
+                # Also when the pause itself failed: its answer may be what was lost, not the pause.
                 if not user_paused:
-                    await self.engine.continue_generation()
+                    await resume_generation(self.engine)
                     self.metrics.generation_paused.observe(time.perf_counter() - paused_at)
             if not result.success:
                 raise EngineError(f"engine refused version {version}: {result.message}")

@@ -1,0 +1,125 @@
+"""Engine calls lost with the link (a connection reset mid-call, as a network partition does) while
+a replica switches weights: the engine must not be left paused, and the announced version must
+still load though paramsync announces nothing newer (the trainer waits for this replica's groups)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from relayrl.redis_process import RedisProcess
+from relayrl.stack.chaos.proxy import FaultyProxy
+from services.paramsync.client import ParamSyncClient
+from services.queue.config import QueueSettings
+from services.queue.server import start_queue_server
+from services.rollout.engine_client import EngineClient, SamplingParams
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.server import sync_forever
+from services.rollout.weight_sync import WeightSync
+from tests.integration.rollout.conftest import EngineProcess, queue_overrides
+from tests.integration.rollout.replica_harness import new_policy, paramsync_service, running_replica, wait_until
+
+
+class LossyLink(EngineClient):
+    """The real client, except that the next calls to the endpoints in ``lose`` are lost: ``"answer"``
+    sends the call (the engine acts on it) and then fails as a reset does; ``"request"`` fails before
+    sending."""
+
+    def __init__(self, base_url: str, lose: dict[str, list[str]]) -> None:
+        super().__init__(base_url, retries=0)
+        self.lose = lose
+
+    async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
+        pending = self.lose.get(path)
+        if pending:
+            if pending.pop(0) == "answer":
+                await super()._send_once(method, path, json)
+            raise httpx.ReadError(f"{path}: connection reset by peer (lost on purpose)")
+        return await super()._send_once(method, path, json)
+
+
+async def _generates(engine_url: str, timeout_s: float = 10.0) -> bool:
+    """A request completes within ``timeout_s``: the engine is not paused."""
+    async with EngineClient(engine_url, timeout=timeout_s) as client:
+        with contextlib.suppress(httpx.TimeoutException):
+            out = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True))
+            return len(out[0].output_ids) == 4
+    return False
+
+
+async def test_a_switch_whose_answers_are_lost_leaves_the_engine_generating_at_the_new_version(
+    start_engine: Callable[..., EngineProcess], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    engine = start_engine()
+    lose = {
+        "/pause_generation": ["answer"],  # the engine paused; the replica never heard so
+        "/update_weights_from_disk": ["request"],
+        "/continue_generation": ["request", "request"],
+    }
+    async with (
+        paramsync_service() as address,
+        ParamSyncClient(address) as paramsync,
+        LossyLink(engine.url, lose) as link,
+    ):
+        old = int(await link.weight_version())
+        held = {"version": old}
+
+        async def on_version(version: int, _: float) -> None:
+            held["version"] = version
+
+        sync = WeightSync(
+            source=paramsync,
+            engine=link,
+            replica_id="r-lossy",
+            engine_url=engine.url,
+            mode="abort_resume",
+            weights_dir=tmp_path / "weights",
+            control_lock=asyncio.Lock(),
+            is_paused=lambda: False,
+            held_version=lambda: held["version"],
+            on_version=on_version,
+            on_latest=lambda _: None,
+            metrics=RolloutMetrics(),
+        )
+        syncing = asyncio.create_task(sync_forever(sync, backoff_s=0.2))
+        try:
+            await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))
+            # One announcement only: the retry comes from re-subscribing, not from a newer version.
+            await wait_until(lambda: held["version"] == old + 1, timeout_s=30, what="the version loaded")
+            assert await link.weight_version() == str(old + 1)
+            assert not any(lose.values()), f"every planned loss happened: {lose}"
+            assert await _generates(engine.url), "the engine was left paused"
+        finally:
+            syncing.cancel()
+            await asyncio.gather(syncing, return_exceptions=True)
+
+
+async def test_an_engine_found_paused_after_a_partition_is_told_to_continue(
+    start_engine: Callable[..., EngineProcess], redis_server: RedisProcess, run_id: str
+) -> None:
+    engine = start_engine()
+    proxy = FaultyProxy("engine", "127.0.0.1", engine.port)
+    port = await proxy.start()
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
+    try:
+        async with (
+            EngineClient(engine.url) as direct,
+            running_replica(f"http://127.0.0.1:{port}", queue.grpc_address) as replica,
+        ):
+            await wait_until(replica.ready, what="engine ready")
+            # What a switch cut off mid-way leaves behind when its continue never arrives.
+            await direct.pause_generation("abort")
+            assert not await _generates(engine.url, timeout_s=2.0)
+            partition = asyncio.create_task(proxy.partition(6.0))
+            await wait_until(lambda: not replica.ready(), timeout_s=10, what="replica sees the engine down")
+            await partition
+            await wait_until(replica.ready, timeout_s=10, what="replica sees the engine back")
+            await wait_until(lambda: _generates(engine.url), timeout_s=20, what="the engine generates again")
+    finally:
+        await proxy.close()
+        await queue.stop()
