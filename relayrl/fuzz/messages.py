@@ -23,6 +23,7 @@ _STRINGS = ("", "a", "g0", "0-0", "rollout-0", "../../etc/passwd", "\x00", "Ã©âœ
 # Kept small enough that a run of 10,000 calls stays within memory; `huge` messages go further.
 _MAX_REPEATED = 64
 _MAX_DEPTH = 4
+_SHORTEST = {D.FieldDescriptor.TYPE_STRING: "h", D.FieldDescriptor.TYPE_BYTES: b"h"}
 
 _INT_KINDS = {
     D.FieldDescriptor.TYPE_INT32: _INT32,
@@ -168,7 +169,10 @@ def huge(rng: random.Random, msg: Message, elements: int) -> Message:
         return msg
     holder, field = rng.choice(candidates)
     if _is_repeated(field):
-        getattr(holder, field.name).extend([scalar(rng, field)] * elements)
+        # The count is what is huge: a random long string (70,000 characters) two million times
+        # would be 140 GB in the fuzzer itself, which the OOM killer stopped.
+        item = _SHORTEST.get(field.type) or scalar(rng, field)
+        getattr(holder, field.name).extend([item] * elements)
     else:
         setattr(holder, field.name, "h" * elements)
     return msg

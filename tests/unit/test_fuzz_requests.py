@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from relayrl.fuzz.grpc_fuzz import build_request
+from relayrl.fuzz.grpc_fuzz import HUGE_ELEMENTS, build_request
 from relayrl.fuzz.grpc_targets import queue_methods
+from relayrl.fuzz.messages import huge
 from relayrl.v1 import trajectory_pb2 as tpb
 
 pytestmark = pytest.mark.fuzz
@@ -35,3 +36,14 @@ def test_requests_cover_every_kind_and_break_array_lengths():
             mismatched += any(len(t.behavior_logprobs) != len(t.response_token_ids) for t in trajectories)
     assert kinds == {"valid", "random", "mutated", "huge", "bytes"}
     assert mismatched > 10
+
+
+def test_huge_requests_are_huge_in_count_not_in_the_fuzzers_memory():
+    """A run of 10,000 calls sends hundreds of these; each must stay a few megabytes."""
+    abandon = next(m for m in queue_methods() if m.path.endswith("/Abandon"))
+    for seed in range(40):
+        rng = random.Random(seed)
+        (message,) = abandon.template(rng)
+        grown = huge(rng, message, HUGE_ELEMENTS)
+        assert max(len(grown.lease_ids), len(grown.replica_id), len(grown.reason)) >= HUGE_ELEMENTS
+        assert grown.ByteSize() < 64 * 2**20, seed
