@@ -20,9 +20,11 @@ from services.paramsync.service import add_to_server
 from services.queue.client import QueueClient
 from services.rollout.config import RolloutSettings
 from services.rollout.engine_client import EngineClient
+from services.rollout.metrics import RolloutMetrics
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
 from services.rollout.server import sync_forever, weight_sync_for
+from services.rollout.weight_sync import WeightSync
 
 
 @contextlib.asynccontextmanager
@@ -121,3 +123,29 @@ def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return {k: v * scale for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+
+
+def bare_weight_sync(
+    source: Any, engine: EngineClient, replica_id: str, engine_url: str, mode: str, weights_dir: Path, held_version: int
+) -> tuple[WeightSync, dict[str, int]]:
+    """A WeightSync with no replica around it; the returned dict's "version" is the version it holds."""
+    held = {"version": held_version}
+
+    async def on_version(version: int, _: float) -> None:
+        held["version"] = version
+
+    sync = WeightSync(
+        source=source,
+        engine=engine,
+        replica_id=replica_id,
+        engine_url=engine_url,
+        mode=mode,
+        weights_dir=weights_dir,
+        control_lock=asyncio.Lock(),
+        is_paused=lambda: False,
+        held_version=lambda: held["version"],
+        on_version=on_version,
+        on_latest=lambda _: None,
+        metrics=RolloutMetrics(),
+    )
+    return sync, held

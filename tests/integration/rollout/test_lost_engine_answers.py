@@ -18,11 +18,15 @@ from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
 from services.rollout.engine_client import EngineClient, SamplingParams
-from services.rollout.metrics import RolloutMetrics
 from services.rollout.server import sync_forever
-from services.rollout.weight_sync import WeightSync
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
-from tests.integration.rollout.replica_harness import new_policy, paramsync_service, running_replica, wait_until
+from tests.integration.rollout.replica_harness import (
+    bare_weight_sync,
+    new_policy,
+    paramsync_service,
+    running_replica,
+    wait_until,
+)
 
 
 class LossyLink(EngineClient):
@@ -67,25 +71,7 @@ async def test_a_switch_whose_answers_are_lost_leaves_the_engine_generating_at_t
         LossyLink(engine.url, lose) as link,
     ):
         old = int(await link.weight_version())
-        held = {"version": old}
-
-        async def on_version(version: int, _: float) -> None:
-            held["version"] = version
-
-        sync = WeightSync(
-            source=paramsync,
-            engine=link,
-            replica_id="r-lossy",
-            engine_url=engine.url,
-            mode="abort_resume",
-            weights_dir=tmp_path / "weights",
-            control_lock=asyncio.Lock(),
-            is_paused=lambda: False,
-            held_version=lambda: held["version"],
-            on_version=on_version,
-            on_latest=lambda _: None,
-            metrics=RolloutMetrics(),
-        )
+        sync, held = bare_weight_sync(paramsync, link, "r-lossy", engine.url, "abort_resume", tmp_path / "weights", old)
         syncing = asyncio.create_task(sync_forever(sync, backoff_s=0.2))
         try:
             await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))

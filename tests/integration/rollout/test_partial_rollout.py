@@ -13,10 +13,8 @@ import pytest
 from services.paramsync.client import ParamSyncClient
 from services.rollout.engine_client import EngineClient, SamplingParams
 from services.rollout.generation import generate_group
-from services.rollout.metrics import RolloutMetrics
-from services.rollout.weight_sync import WeightSync
 from tests.integration.rollout.conftest import EngineProcess
-from tests.integration.rollout.replica_harness import new_policy, paramsync_service, wait_until
+from tests.integration.rollout.replica_harness import bare_weight_sync, new_policy, paramsync_service, wait_until
 
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_place", "restart"])
@@ -30,25 +28,7 @@ async def test_partial_rollout_records_per_token_versions(
         EngineClient(engine.url) as client,
     ):
         old = int(await client.weight_version())
-        held = {"version": old}
-
-        async def on_version(version: int, _: float) -> None:
-            held["version"] = version
-
-        sync = WeightSync(
-            source=paramsync,
-            engine=client,
-            replica_id="r-partial",
-            engine_url=engine.url,
-            mode=mode,
-            weights_dir=tmp_path / "weights",
-            control_lock=asyncio.Lock(),
-            is_paused=lambda: False,
-            held_version=lambda: held["version"],
-            on_version=on_version,
-            on_latest=lambda _: None,
-            metrics=RolloutMetrics(),
-        )
+        sync, held = bare_weight_sync(paramsync, client, "r-partial", engine.url, mode, tmp_path / "weights", old)
         syncing = asyncio.create_task(sync.run())
         sample = asyncio.create_task(
             generate_group(client, [5, 6, 7], SamplingParams(max_new_tokens=budget, ignore_eos=True), 2, mode, old, "s")
