@@ -165,10 +165,8 @@ class WeightSync:
             return Path(ann.disk_path)
         if ann.transport != "grpc":
             raise ValueError(f"unknown weight transport {ann.transport!r}")
-        target = self.weights_dir / f"v{ann.version:012d}"
-        if (target / "model.safetensors").is_file():
-            return target  # fetched by an attempt whose switch failed; written by rename, so whole
         tensors = await self.source.fetch(ann.version, self.replica_id)
+        target = self.weights_dir / f"v{ann.version:012d}"
         return await asyncio.to_thread(write_safetensors, tensors, target)
 
     async def _switch(self, path: str, version: int) -> None:
