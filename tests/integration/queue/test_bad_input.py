@@ -12,6 +12,7 @@ from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
 from services.queue.client import QueueClient
+from services.queue.errors import BadRequest
 from services.queue.keys import Keys
 
 from .helpers import make_group
@@ -51,11 +52,11 @@ async def test_malformed_push_is_refused_with_every_problem_and_nothing_is_queue
     bad.group_id = ""
     bad.trajectories[1].policy_versions.append(0)
     async with QueueClient(server.grpc_address) as client:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(BadRequest) as err:
             await client.push_protos([make_group(0).to_proto(), bad])
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "group_id is empty" in err.value.details()
-        assert "trajectory 1: 4 policy_versions for 3 response tokens" in err.value.details()
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "group_id is empty" in err.value.details
+        assert "trajectory 1: 4 policy_versions for 3 response tokens" in err.value.details
         stats = await client.stats()
         # All or nothing: the good group of the same push was not stored either.
         assert stats.total_produced == 0 and stats.queue_size == 0
