@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import httpx
 import pytest
@@ -14,6 +12,7 @@ from relayrl.v1 import trajectory_pb2 as tpb
 from services.queue.client import QueueClient
 from services.queue.errors import BadRequest
 from services.queue.keys import Keys
+from tests.waiting import wait_until_async
 
 from .helpers import make_group
 
@@ -141,11 +140,12 @@ async def test_http_probes_and_metrics(start_queue):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
         assert (await http.get("/healthz")).status_code == 200
         assert (await http.get("/readyz")).status_code == 200
-        for _ in range(50):
+
+        async def metrics_once_refreshed() -> str:
             body = (await http.get("/metrics")).text
-            if "relayrl_queue_total_produced_groups 2.0" in body:
-                break
-            await asyncio.sleep(0.05)
+            return body if "relayrl_queue_total_produced_groups 2.0" in body else ""
+
+        body = await wait_until_async(metrics_once_refreshed, 2.5, "the gauges to count both pushes")
         assert "relayrl_queue_total_produced_groups 2.0" in body
         assert 'relayrl_queue_dropped_samples_groups{reason="stale"} 1.0' in body
         assert "relayrl_queue_stale_samples_ratio 0.5" in body

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
@@ -12,22 +10,24 @@ from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.errors import QueueError, QueueUnavailable
 from services.queue.server import start_queue_server
+from tests.waiting import wait_until_async
 
 from .helpers import make_group
 
 
 async def _pull_when_back(client: QueueClient, want: int) -> list:
     got: list = []
-    for _ in range(100):
+
+    async def all_back() -> bool:
         try:
-            got += await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=want)
+            got.extend(await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=want))
         except QueueError as err:
             # While Redis restarts the service answers UNAVAILABLE and keeps serving.
             assert err.code == grpc.StatusCode.UNAVAILABLE, err
-        if len(got) >= want:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"got {len(got)} of {want} groups back")
+        return len(got) >= want
+
+    await wait_until_async(all_back, 20, f"{want} groups back", poll_s=0.1)
+    return got
 
 
 async def test_sigkilled_redis_with_appendfsync_always_loses_no_accepted_group(tmp_path):
