@@ -25,6 +25,7 @@ from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
 from services.queue.errors import from_rpc_error
+from services.queue.stats import PromptQueueStats
 
 Request = TypeVar("Request")
 Reply = TypeVar("Reply")
@@ -86,18 +87,6 @@ class QueueStats:
             stale_samples_ratio=msg.stale_samples_ratio,
             consumer_lag=msg.consumer_lag,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class PromptQueueStats:
-    waiting: int
-    leased: int
-    total_released: int
-    total_completed: int
-    total_reissued: int
-    # Leases given back by replicas, and prompts dropped after too many give-backs, by reason.
-    abandoned_by_reason: dict[str, int]
-    dropped_by_reason: dict[str, int]
 
 
 @dataclass
@@ -231,16 +220,7 @@ class QueueClient:
         return list(reply.requeued), list(reply.dropped)
 
     async def prompt_stats(self) -> PromptQueueStats:
-        msg = await _call(self._prompts.Stats, qpb.PromptStatsRequest(), 30.0)
-        return PromptQueueStats(
-            waiting=msg.waiting,
-            leased=msg.leased,
-            total_released=msg.total_released,
-            total_completed=msg.total_completed,
-            total_reissued=msg.total_reissued,
-            abandoned_by_reason=dict(msg.abandoned_by_reason),
-            dropped_by_reason=dict(msg.dropped_by_reason),
-        )
+        return PromptQueueStats.from_proto(await _call(self._prompts.Stats, qpb.PromptStatsRequest(), 30.0))
 
 
 async def _call(method: Callable[..., Awaitable[Reply]], request: Request, timeout_s: float) -> Reply:

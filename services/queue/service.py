@@ -161,13 +161,4 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
 
     @_status_mapped
     async def Stats(self, request: qpb.PromptStatsRequest, context: grpc.aio.ServicerContext) -> qpb.PromptQueueStats:
-        s = await self._store.stats()
-        return qpb.PromptQueueStats(
-            waiting=s.waiting,
-            leased=s.leased,
-            total_released=s.total_released,
-            total_completed=s.total_completed,
-            total_reissued=s.total_reissued,
-            abandoned_by_reason=s.abandoned_by_reason,
-            dropped_by_reason=s.dropped_by_reason,
-        )
+        return (await self._store.stats()).to_proto()
