@@ -1,8 +1,9 @@
 """Typed asyncio client of the queue service, used by the trainer (consumer) and the rollout (producer).
 
 It converts between the wire messages and :mod:`relayrl.schema` dataclasses, so callers
-never touch protobuf. gRPC failures surface as ``grpc.aio.AioRpcError`` except a push that
-found the queue full for its whole timeout, which raises :class:`QueueFullError`.
+never touch protobuf. A failed call raises the :mod:`services.queue.errors` class of its status
+(``QueueUnavailable`` when the queue or its Redis is down or did not answer in time, ``QueueFull``
+for a push that found the queue full for its whole timeout, ``BadRequest``), never a gRPC error.
 
 Each client instance is one consumer *session*: a restarted trainer (a new client) that pulls
 under the same consumer name gets its own un-acknowledged entries re-delivered first.
@@ -11,8 +12,10 @@ under the same consumer name gets its own un-acknowledged entries re-delivered f
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
@@ -21,10 +24,11 @@ from relayrl.serving import grpc_channel
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
+from services.queue.errors import from_rpc_error
+from services.queue.stats import PromptQueueStats
 
-
-class QueueFullError(RuntimeError):
-    """The queue stayed at capacity for the whole push timeout; nothing of the push was stored."""
+Request = TypeVar("Request")
+Reply = TypeVar("Reply")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +89,6 @@ class QueueStats:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PromptQueueStats:
-    waiting: int
-    leased: int
-    total_released: int
-    total_completed: int
-    total_reissued: int
-    # Leases given back by replicas, and prompts dropped after too many give-backs, by reason.
-    abandoned_by_reason: dict[str, int]
-    dropped_by_reason: dict[str, int]
-
-
 @dataclass
 class QueueClient:
     """One channel to the queue service at ``address`` (``host:port``)."""
@@ -124,19 +116,14 @@ class QueueClient:
 
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]:
         """Stores ``groups`` (all or none) and returns their entry ids; waits up to ``timeout_s``
-        (0: the server default) for capacity, then raises :class:`QueueFullError`."""
+        (0: the server default) for capacity, then raises :class:`services.queue.errors.QueueFull`."""
         return await self.push_protos([g.to_proto() for g in groups], timeout_s)
 
     async def push_protos(self, groups: list[tpb.TrajectoryGroup], timeout_s: float = 0.0) -> list[str]:
         """:meth:`push` for callers that already hold ``TrajectoryGroup`` messages."""
         request = qpb.PushRequest(groups=groups, timeout_s=timeout_s)
         # The server bounds its own wait by timeout_s; the deadline only guards a dead server.
-        try:
-            reply = await self._trajectories.Push(request, timeout=_deadline(timeout_s, default_s=600.0))
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise QueueFullError(err.details()) from err
-            raise
+        reply = await _call(self._trajectories.Push, request, _deadline(timeout_s, default_s=600.0))
         return list(reply.entry_ids)
 
     async def pull(
@@ -159,7 +146,7 @@ class QueueClient:
             block_timeout_s=block_timeout_s,
             session_id=self.session_id,
         )
-        reply = await self._trajectories.Pull(request, timeout=_deadline(block_timeout_s, default_s=60.0))
+        reply = await _call(self._trajectories.Pull, request, _deadline(block_timeout_s, default_s=60.0))
         return [
             DeliveredGroup(
                 entry_id=d.entry_id,
@@ -172,18 +159,18 @@ class QueueClient:
 
     async def ack(self, consumer: str, entry_ids: list[str]) -> int:
         """Acknowledges entries whose training step is durable; returns how many were pending."""
-        reply = await self._trajectories.Ack(qpb.AckRequest(consumer=consumer, entry_ids=entry_ids), timeout=60.0)
+        reply = await _call(self._trajectories.Ack, qpb.AckRequest(consumer=consumer, entry_ids=entry_ids), 60.0)
         return reply.acked
 
     async def stats(self) -> QueueStats:
-        return QueueStats.from_proto(await self._trajectories.Stats(qpb.StatsRequest(), timeout=30.0))
+        return QueueStats.from_proto(await _call(self._trajectories.Stats, qpb.StatsRequest(), 30.0))
 
     # Prompt queue -----------------------------------------------------------------------
 
     async def release(self, prompts: list[PromptSpec]) -> int:
         """Makes ``prompts`` available for leasing; returns how many were released."""
         request = qpb.ReleaseRequest(prompts=[p.to_proto() for p in prompts])
-        return (await self._prompts.Release(request, timeout=60.0)).released
+        return (await _call(self._prompts.Release, request, 60.0)).released
 
     async def lease(
         self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
@@ -195,7 +182,7 @@ class QueueClient:
         request = qpb.LeaseRequest(
             replica_id=replica_id, max_prompts=max_prompts, held_version=held_version, block_timeout_s=block_timeout_s
         )
-        reply = await self._prompts.Lease(request, timeout=_deadline(block_timeout_s, default_s=60.0))
+        reply = await _call(self._prompts.Lease, request, _deadline(block_timeout_s, default_s=60.0))
         return [
             PromptLease(
                 lease_id=lease.lease_id,
@@ -209,12 +196,12 @@ class QueueClient:
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
         """Marks leases done (their groups were pushed); returns how many prompts it finished."""
         request = qpb.CompleteRequest(replica_id=replica_id, lease_ids=lease_ids)
-        return (await self._prompts.Complete(request, timeout=60.0)).completed
+        return (await _call(self._prompts.Complete, request, 60.0)).completed
 
     async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]:
         """Extends the leases this replica still holds; returns (renewed lease ids, their new expiry)."""
         request = qpb.RenewRequest(replica_id=replica_id, lease_ids=lease_ids)
-        reply = await self._prompts.Renew(request, timeout=60.0)
+        reply = await _call(self._prompts.Renew, request, 60.0)
         return list(reply.renewed), reply.expires_at_unix_s
 
     async def abandon(
@@ -229,20 +216,19 @@ class QueueClient:
             min_start_version=min_start_version,
             all_held=all_held,
         )
-        reply = await self._prompts.Abandon(request, timeout=60.0)
+        reply = await _call(self._prompts.Abandon, request, 60.0)
         return list(reply.requeued), list(reply.dropped)
 
     async def prompt_stats(self) -> PromptQueueStats:
-        msg = await self._prompts.Stats(qpb.PromptStatsRequest(), timeout=30.0)
-        return PromptQueueStats(
-            waiting=msg.waiting,
-            leased=msg.leased,
-            total_released=msg.total_released,
-            total_completed=msg.total_completed,
-            total_reissued=msg.total_reissued,
-            abandoned_by_reason=dict(msg.abandoned_by_reason),
-            dropped_by_reason=dict(msg.dropped_by_reason),
-        )
+        return PromptQueueStats.from_proto(await _call(self._prompts.Stats, qpb.PromptStatsRequest(), 30.0))
+
+
+async def _call(method: Callable[..., Awaitable[Reply]], request: Request, timeout_s: float) -> Reply:
+    """One RPC, its failure raised as the queue error of its status: the one place the client translates."""
+    try:
+        return await method(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err) from err
 
 
 def _deadline(wait_s: float, default_s: float) -> float:

@@ -8,7 +8,7 @@ from the stores every ``stats_refresh_s``; latencies are histograms observed per
 from __future__ import annotations
 
 from relayrl.metrics import ServiceMetrics
-from services.queue.prompts import PromptStats
+from services.queue.stats import PromptQueueStats
 from services.queue.trajectories import TrajectoryStats
 
 
@@ -41,7 +41,7 @@ class QueueMetrics:
             "prompts_reissued", "Expired leases re-issued since the run began.", unit="prompts"
         )
 
-    def update(self, traj: TrajectoryStats, prompts: PromptStats) -> None:
+    def update(self, traj: TrajectoryStats, prompts: PromptQueueStats) -> None:
         self.queue_size.set(traj.queue_size)
         self.pending.set(traj.pending)
         self.capacity.set(traj.capacity)

@@ -40,6 +40,7 @@ from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest
 from services.queue.keys import Keys
+from services.queue.stats import PromptQueueStats
 
 LEASE_ID = re.compile(r"^(\d{12})\.(\d+)$")
 
@@ -166,17 +167,6 @@ class LeaseGrant:
     delivery_count: int
 
 
-@dataclass(frozen=True, slots=True)
-class PromptStats:
-    waiting: int
-    leased: int
-    total_released: int
-    total_completed: int
-    total_reissued: int
-    abandoned_by_reason: dict[str, int]
-    dropped_by_reason: dict[str, int]
-
-
 class PromptQueue:
     def __init__(self, redis: aioredis.Redis, settings: QueueSettings, bells: Bells) -> None:
         self._redis = redis
@@ -296,7 +286,7 @@ class PromptQueue:
         ids = [item.decode() for item in out[1:]]
         return ids[: int(out[0])], ids[int(out[0]) :]
 
-    async def stats(self) -> PromptStats:
+    async def stats(self) -> PromptQueueStats:
         await self._requeue(keys=self._script_keys[:4], args=[repr(time.time())])
         pipe = self._redis.pipeline(transaction=False)
         pipe.zcard(self._keys.prompts_waiting)
@@ -308,7 +298,7 @@ class PromptQueue:
         def by_reason(prefix: str) -> dict[str, int]:
             return {k.removeprefix(prefix): v for k, v in values.items() if k.startswith(prefix)}
 
-        return PromptStats(
+        return PromptQueueStats(
             waiting=int(waiting),
             leased=int(leased),
             total_released=values.get("released", 0),

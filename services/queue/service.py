@@ -20,11 +20,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
-from services.queue.errors import BadRequest, QueueFull
+from services.queue.errors import BadRequest, QueueError, QueueUnavailable
 from services.queue.metrics import QueueMetrics
 from services.queue.prompts import PromptQueue
 from services.queue.trajectories import PullResult, TrajectoryQueue
-from services.queue.wire import RawPullResponse, RawPushRequest
+from services.queue.wire import RawPushRequest
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,11 @@ def _status_mapped(handler: Handler[R]) -> Handler[R]:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
             return await handler(self, request, context)
-        except BadRequest as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except QueueFull as err:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except QueueError as err:
+            await context.abort(err.code, err.details)
         except (RedisConnectionError, RedisTimeoutError, OSError) as err:
             log.warning("%s: Redis unavailable: %s", handler.__name__, err)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis unavailable: {err}")
+            await context.abort(QueueUnavailable.code, f"Redis unavailable: {err}")
         except ResponseError as err:
             # A Redis key of the wrong type or a refused command: an operator problem, not the caller's.
             log.error("%s: Redis refused a command: %s", handler.__name__, err)
@@ -68,7 +66,7 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
         return qpb.PushResponse(entry_ids=ids)
 
     @_status_mapped
-    async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> RawPullResponse:
+    async def Pull(self, request: qpb.PullRequest, context: grpc.aio.ServicerContext) -> PullResult:
         started = time.perf_counter()
         pulling = asyncio.ensure_future(
             self._store.pull(
@@ -91,7 +89,7 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
             lambda ctx: self._store.not_received(request.consumer, result.deliveries) if ctx.cancelled() else None
         )
         self._metrics.pull_latency.observe(time.perf_counter() - started)
-        return RawPullResponse(result.deliveries, result.dropped_stale)
+        return result
 
     def _give_back(self, consumer: str, pulling: asyncio.Future[PullResult]) -> None:
         if not pulling.cancelled() and pulling.exception() is None:
@@ -163,13 +161,4 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
 
     @_status_mapped
     async def Stats(self, request: qpb.PromptStatsRequest, context: grpc.aio.ServicerContext) -> qpb.PromptQueueStats:
-        s = await self._store.stats()
-        return qpb.PromptQueueStats(
-            waiting=s.waiting,
-            leased=s.leased,
-            total_released=s.total_released,
-            total_completed=s.total_completed,
-            total_reissued=s.total_reissued,
-            abandoned_by_reason=s.abandoned_by_reason,
-            dropped_by_reason=s.dropped_by_reason,
-        )
+        return (await self._store.stats()).to_proto()

@@ -10,14 +10,14 @@ splices the stored bytes into the reply. Both produce standard protobuf encoding
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
-from services.queue.trajectories import Delivery
+from services.queue.trajectories import PullResult
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
@@ -28,12 +28,6 @@ class RawPushRequest:
 
     groups: list[bytes]
     timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class RawPullResponse:
-    groups: Sequence[Delivery]
-    dropped_stale: int
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -98,10 +92,11 @@ def _decode_push(data: bytes) -> RawPushRequest | ValueError:
         return err
 
 
-def encode_pull_response(reply: RawPullResponse) -> bytes:
+def encode_pull_response(reply: PullResult) -> bytes:
+    """``PullResponse`` with each delivery's stored bytes spliced in as its ``group``."""
     # One join at the end: each payload is copied once, not once per enclosing message.
     parts: list[bytes] = []
-    for d in reply.groups:
+    for d in reply.deliveries:
         head = qpb.DeliveredGroup(
             entry_id=d.entry_id, delivery_count=d.delivery_count, age_versions=d.age_versions
         ).SerializeToString()

@@ -1,5 +1,10 @@
 """Rank 0's side of the queue: releasing prompts ahead (within the staleness bound), pulling
-and routing delivered groups, validation rounds, and acknowledgements after checkpoints."""
+and routing delivered groups, validation rounds, and acknowledgements after checkpoints.
+
+The :class:`Feed` alone holds what is queue-facing: groups buffered for later batches, entries
+trained on and not yet acknowledged, and the counters a checkpoint keeps (:class:`FeedState`).
+The training loop tells it the step and version and asks it for batches and acknowledgements.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +15,25 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import grpc
-
+from relayrl.retry import RetryPolicy, retrying_sync
 from relayrl.schema import Group
 from relayrl.staleness import check_staleness, min_start_version
 from relayrl.stalls import StallWatch
+from services.queue.errors import is_transient
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
 from services.trainer.filtering import no_signal_reason
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
-from services.trainer.state import TrainerState
+from services.trainer.state import FeedState
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+# Training cannot go on without the queue, and a restarted queue loses nothing (Redis holds the
+# state), so a queue that is down is waited out, however long, rather than crashing the trainer.
+QUEUE_RETRY = RetryPolicy(attempts=None, first_wait_s=0.5, max_wait_s=10.0)
 
 
 def plan_release(
@@ -67,62 +75,90 @@ class Batch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
 class Feed:
-    settings: TrainerSettings
-    queue: TrajectoryQueue
-    io: IoThread
-    dataset: PromptDataset
-    control: Control
-    state: TrainerState
-    stalls: StallWatch
-    buffer: list[Delivered] = field(default_factory=list)
-    unacked: list[str] = field(default_factory=list)  # trained on, waiting for a durable checkpoint
-    seen: set[str] = field(default_factory=set)
-    eval_groups: dict[str, Group] = field(default_factory=dict)
-    queue_dropped: int = 0
-    rpc_s: float = 0.0  # seconds in queue calls since the last batch
-    # Told of every group skipped here (reason, group ids) when it is acknowledged: the run's
-    # record of drops, which a crash cannot roll back the way it rolls back the state's counters.
-    on_drop: Callable[[str, list[str]], None] | None = None
-    filtered_now: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reason -> groups, this batch
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        queue: TrajectoryQueue,
+        io: IoThread,
+        dataset: PromptDataset,
+        control: Control,
+        stalls: StallWatch,
+        on_drop: Callable[[str, list[str]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.io = io
+        self.dataset = dataset
+        self.control = control
+        self.stalls = stalls
+        # Told of every group skipped here (reason, group ids) when it is acknowledged: the run's
+        # record of drops, which a crash cannot roll back the way it rolls back the state's counters.
+        self.on_drop = on_drop
+        self.state = FeedState()
+        self._buffer: list[Delivered] = []
+        # Entries trained on, with the step that trained them, waiting for a durable checkpoint.
+        self._unacked: list[tuple[int, str]] = []
+        self._seen: set[str] = set()
+        self._eval_groups: dict[str, Group] = {}
+        self._queue_dropped = 0
+        self._rpc_s = 0.0  # seconds in queue calls since the last batch
+        self._filtered_now: dict[str, int] = defaultdict(int)  # reason -> groups, this batch
 
-    def _rpc(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """Runs one queue call, waiting out a queue that is down or restarting (with backoff).
+    # --- checkpoints --------------------------------------------------------------------
 
-        Training cannot go on without the queue, and a restarted queue loses nothing (Redis holds
-        the state), so the trainer waits rather than crashing; a stop request ends the wait.
-        """
-        delay = 0.5
-        with self.stalls.waiting("an answer", "queue") as wait:
-            while True:
-                started = time.perf_counter()
-                try:
-                    return self.io.call(call())
-                except grpc.aio.AioRpcError as err:
-                    if err.code() not in RETRIED or self.control.stop_requested.is_set():
-                        raise
-                    log.warning("queue call failed (%s); retrying in %.1fs", err.code().name, delay)
-                    wait.tick()
-                    time.sleep(delay)
-                    delay = min(delay * 2, 10.0)
-                finally:
-                    self.rpc_s += time.perf_counter() - started
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The counters and dataset position a checkpoint keeps (keys of the checkpoint's JSON)."""
+        self.state.data = self.dataset.state_dict()
+        return self.state.to_json()
+
+    def restore(self, raw: dict[str, Any]) -> None:
+        """Continues from a checkpoint's JSON (the one :meth:`checkpoint_state` contributed to)."""
+        self.state = FeedState.from_json(raw)
+        if self.state.data:
+            self.dataset.load_state_dict(self.state.data)
+
+    def buffered_count(self) -> int:
+        """Groups delivered and held for the next batches."""
+        return len(self._buffer)
+
+    def unacked_count(self) -> int:
+        """Groups trained on whose acknowledgement waits for a durable checkpoint."""
+        return len(self._unacked)
+
+    def _rpc(self, what: str, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Runs one queue call, retried while the queue is down or restarting (:data:`QUEUE_RETRY`);
+        a stop request ends the wait."""
+
+        def transient(exc: BaseException) -> bool:
+            return is_transient(exc) and not self.control.stop_requested.is_set()
+
+        started = time.perf_counter()
+        try:
+            with self.stalls.waiting("an answer", "queue") as wait:
+                for attempt in retrying_sync(f"queue {what}", transient, QUEUE_RETRY, log):
+                    with attempt:
+                        if attempt.retry_state.attempt_number > 1:
+                            wait.tick()
+                        return self.io.call(call())
+        finally:
+            self._rpc_s += time.perf_counter() - started
+        raise AssertionError("unreachable: tenacity returns or re-raises")
 
     # --- releasing ----------------------------------------------------------------------
 
-    def release_ahead(self) -> int:
+    def _release_ahead(self, step: int, version: int) -> int:
         """Releases the training prompts :func:`plan_release` asks for; returns how many."""
         s = self.settings
         versions = plan_release(
-            self.state.step,
-            self.state.version,
+            step,
+            version,
             s.max_staleness,
             s.sync_every,
             s.batch_size,
             s.total_steps,
             self.state.released,
-            self.queue_dropped + self.state.dropped_stale + self.state.filtered_groups,
+            self._queue_dropped + self.state.dropped_stale + self.state.filtered_groups,
         )
         if not versions:
             return 0
@@ -132,7 +168,7 @@ class Feed:
                 row,
                 s.n_samples,
                 min_start_version(train_version, s.max_staleness),
-                self.state.version,
+                version,
                 now,
                 temperature=s.temperature,
                 top_p=s.top_p,
@@ -140,79 +176,84 @@ class Feed:
             )
             for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
         ]
-        self._rpc(lambda: self.queue.release(specs))
+        self._rpc("release", lambda: self.queue.release(specs))
         self.state.released += len(specs)
         return len(specs)
 
-    def refresh_dropped(self) -> None:
+    def _refresh_dropped(self) -> None:
         """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
-        groups = self._rpc(self.queue.stats).dropped_by_reason
-        prompts = self._rpc(self.queue.prompt_stats).dropped_by_reason
-        self.queue_dropped = int(sum(groups.values()) + sum(prompts.values()))
+        groups = self._rpc("stats", self.queue.stats).dropped_by_reason
+        prompts = self._rpc("prompt stats", self.queue.prompt_stats).dropped_by_reason
+        self._queue_dropped = int(sum(groups.values()) + sum(prompts.values()))
 
     # --- pulling ------------------------------------------------------------------------
 
-    def _pull(self, max_groups: int) -> int:
+    def _pull(self, version: int, max_groups: int) -> int:
         """Pulls and routes up to ``max_groups`` groups; returns how many came."""
         s = self.settings
-        rpc_s = self.rpc_s
+        rpc_s = self._rpc_s
         got = self._rpc(
-            lambda: self.queue.pull(s.consumer, self.state.version, s.max_staleness, max_groups, s.pull_timeout_s)
+            "pull", lambda: self.queue.pull(s.consumer, version, s.max_staleness, max_groups, s.pull_timeout_s)
         )
         if not got:
-            self.rpc_s = rpc_s  # an empty pull only blocked, waiting for groups
+            self._rpc_s = rpc_s  # an empty pull only blocked, waiting for groups
         trained = set(self.state.trained_group_ids)
         for delivered in got:
             self._route(delivered, trained)
         return len(got)
 
     def _route(self, d: Delivered, trained: set[str]) -> None:
-        if d.entry_id in self.seen:
+        if d.entry_id in self._seen:
             return  # re-delivered while we still hold it (acks wait for checkpoints)
         if d.group.group_id in trained:
             # Trained on in the state we run from and acknowledged, but the ack was lost.
             self.state.duplicate_groups += 1
             log.warning("group %s was trained on already; skipping it", d.group.group_id)
-            self.ack_now([d.entry_id])
+            self._ack_now([d.entry_id])
             self._dropped("duplicate", [d.group.group_id])
             return
-        self.seen.add(d.entry_id)
+        self._seen.add(d.entry_id)
         if d.group.is_eval:
-            self.eval_groups[d.group.prompt_id] = d.group
-            self.ack_now([d.entry_id])
+            self._eval_groups[d.group.prompt_id] = d.group
+            self._ack_now([d.entry_id])
             return
         if self.settings.filter_groups_enable and (
             reason := no_signal_reason(d.group, self.settings.filter_groups_metric)
         ):
             self.state.filtered_groups += 1
-            self.filtered_now[reason] += 1
-            self.ack_now([d.entry_id])
+            self._filtered_now[reason] += 1
+            self._ack_now([d.entry_id])
             return
-        self.buffer.append(d)
+        self._buffer.append(d)
 
-    def _drop_stale(self) -> None:
+    def _drop_stale(self, version: int) -> None:
         fresh = []
-        for d in self.buffer:
-            if check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness).ok:
+        for d in self._buffer:
+            if check_staleness(d.group.min_policy_version, version, self.settings.max_staleness).ok:
                 fresh.append(d)
             else:
                 self.state.dropped_stale += 1
-                self.ack_now([d.entry_id])
+                self._ack_now([d.entry_id])
                 self._dropped("stale", [d.group.group_id])
-        self.buffer = fresh
+        self._buffer = fresh
 
     def _dropped(self, reason: str, group_ids: list[str]) -> None:
         if self.on_drop is not None:
             self.on_drop(reason, group_ids)
 
-    def next_batch(self) -> Batch | None:
-        """Blocks until ``batch_size`` fresh groups are in hand; None when asked to stop."""
+    def next_batch(self, step: int, version: int) -> Batch | None:
+        """The batch that trains step ``step + 1`` at ``version``: blocks until ``batch_size`` fresh
+        groups are in hand; None when asked to stop.
+
+        Its groups count as trained from here on: their entries wait for
+        :meth:`acknowledge_through` and their ids go into the next checkpoint.
+        """
         started = time.perf_counter()
-        self.rpc_s = 0.0
+        self._rpc_s = 0.0
         size = self.settings.batch_size
-        self._drop_stale()
+        self._drop_stale(version)
         with self.stalls.waiting("trajectory groups", "rollout") as wait:
-            while len(self.buffer) < size:
+            while len(self._buffer) < size:
                 if self.control.stop_requested.is_set():
                     return None
                 self._check_generation_budget()
@@ -220,73 +261,75 @@ class Feed:
                     wait.progress()  # paused on request: not a stall
                     time.sleep(0.1)
                     continue
-                self.refresh_dropped()
-                self.release_ahead()
-                came = self._pull(size - len(self.buffer))
-                self._drop_stale()
+                self._refresh_dropped()
+                self._release_ahead(step, version)
+                came = self._pull(version, size - len(self._buffer))
+                self._drop_stale(version)
                 if came:
                     wait.progress()
                 else:
                     wait.tick()
-        taken, self.buffer = self.buffer[:size], self.buffer[size:]
+        taken, self._buffer = self._buffer[:size], self._buffer[size:]
         for d in taken:
-            verdict = check_staleness(d.group.min_policy_version, self.state.version, self.settings.max_staleness)
-            assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {self.state.version}"
+            verdict = check_staleness(d.group.min_policy_version, version, self.settings.max_staleness)
+            assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {version}"
+        self._unacked.extend((step + 1, d.entry_id) for d in taken)
+        self.state.note_trained([d.group.group_id for d in taken])
         return Batch(
             [d.group for d in taken],
             [d.entry_id for d in taken],
             time.perf_counter() - started,
-            self.rpc_s,
+            self._rpc_s,
             self._filter_metrics(),
         )
 
     def _check_generation_budget(self) -> None:
         limit = self.settings.max_num_gen_batches
-        if limit and sum(self.filtered_now.values()) + self.settings.batch_size > limit * self.settings.batch_size:
+        if limit and sum(self._filtered_now.values()) + self.settings.batch_size > limit * self.settings.batch_size:
             raise RuntimeError(
                 f"dynamic sampling: more than max_num_gen_batches={limit} batches of groups generated for one batch "
-                f"({dict(self.filtered_now)} without signal); the data is too easy or too hard for the policy"
+                f"({dict(self._filtered_now)} without signal); the data is too easy or too hard for the policy"
             )
 
     def _filter_metrics(self) -> dict[str, float]:
         if not self.settings.filter_groups_enable:
             return {}
         size = self.settings.batch_size
-        dropped = sum(self.filtered_now.values())
+        dropped = sum(self._filtered_now.values())
         out = {
             "filter_groups/dropped": float(dropped),
-            "filter_groups/dropped_all_solved": float(self.filtered_now.get("all_solved", 0)),
-            "filter_groups/dropped_all_failed": float(self.filtered_now.get("all_failed", 0)),
+            "filter_groups/dropped_all_solved": float(self._filtered_now.get("all_solved", 0)),
+            "filter_groups/dropped_all_failed": float(self._filtered_now.get("all_failed", 0)),
             "filter_groups/gen_batches_per_batch": (dropped + size) / size,
             "filter_groups/dropped_total": float(self.state.filtered_groups),
         }
-        self.filtered_now.clear()
+        self._filtered_now.clear()
         return out
 
     # --- validation ---------------------------------------------------------------------
 
-    def validate(self, rows: list[PromptRow]) -> dict[str, float]:
-        """Greedy generation of ``rows`` at the current version; ``val/score/<data_source>``.
+    def validate(self, rows: list[PromptRow], step: int, version: int) -> dict[str, float]:
+        """Greedy generation of ``rows`` at ``version`` after ``step``; ``val/score/<data_source>``.
 
         No training prompts are released meanwhile; training groups that arrive are kept.
         """
-        s, v = self.settings, self.state.version
-        tag = f"eval/{self.state.step}/"
+        s, v = self.settings, version
+        tag = f"eval/{step}/"
         specs = [to_spec(r, 1, v, v, time.time(), temperature=0.0, max_new_tokens=s.max_new_tokens) for r in rows]
         for spec in specs:
             spec.prompt_id = tag + spec.prompt_id
             spec.is_eval = True
-        self._rpc(lambda: self.queue.release(specs))
+        self._rpc("release", lambda: self.queue.release(specs))
         wanted = {spec.prompt_id for spec in specs}
         deadline = time.monotonic() + s.eval_timeout_s
-        while not wanted <= self.eval_groups.keys() and time.monotonic() < deadline:
+        while not wanted <= self._eval_groups.keys() and time.monotonic() < deadline:
             if self.control.stop_requested.is_set():
                 break
-            self._pull(max(1, len(wanted - self.eval_groups.keys())))
+            self._pull(version, max(1, len(wanted - self._eval_groups.keys())))
         scores: dict[str, list[float]] = defaultdict(list)
-        returned = wanted & self.eval_groups.keys()
+        returned = wanted & self._eval_groups.keys()
         for pid in returned:
-            group = self.eval_groups.pop(pid)
+            group = self._eval_groups.pop(pid)
             scores[group.data_source].extend(x.reward for x in group.samples)
         metrics = {f"val/score/{ds}": sum(v_) / len(v_) for ds, v_ in scores.items()}
         # Below 1 when the eval timeout struck before every prompt came back.
@@ -295,12 +338,12 @@ class Feed:
 
     # --- acknowledging ------------------------------------------------------------------
 
-    def ack_now(self, entry_ids: list[str]) -> None:
+    def _ack_now(self, entry_ids: list[str]) -> None:
         if entry_ids:
-            self._rpc(lambda: self.queue.ack(self.settings.consumer, entry_ids))
-            self.seen.difference_update(entry_ids)
+            self._rpc("ack", lambda: self.queue.ack(self.settings.consumer, entry_ids))
+            self._seen.difference_update(entry_ids)
 
-    def ack_trained(self) -> None:
-        """After a durable checkpoint: every group trained on before it is acknowledged."""
-        self.ack_now(self.unacked)
-        self.unacked = []
+    def acknowledge_through(self, step: int) -> None:
+        """Once the checkpoint of ``step`` is durable: acknowledges every group trained at or before it."""
+        self._ack_now([entry_id for trained_at, entry_id in self._unacked if trained_at <= step])
+        self._unacked = [(trained_at, entry_id) for trained_at, entry_id in self._unacked if trained_at > step]

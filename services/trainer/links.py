@@ -36,6 +36,8 @@ class Delivered(Protocol):
 
 
 class TrajectoryQueue(Protocol):
+    """What the feed needs from the queue; failures raise :mod:`services.queue.errors` classes."""
+
     async def release(self, prompts: list[PromptSpec]) -> int: ...
 
     async def pull(

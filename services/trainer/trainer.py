@@ -125,10 +125,10 @@ class Trainer:
             )
             self.telemetry = Telemetry(run_dir, loggers)
             stalls = StallWatch(self.telemetry.stalled, settings.stall_warn_s, log)
-            self.feed = Feed(settings, queue, io, PromptDataset(rows, settings.seed), control, self.state, stalls)
+            dataset = PromptDataset(rows, settings.seed)
+            self.feed = Feed(settings, queue, io, dataset, control, stalls, on_drop=self.telemetry.record_dropped)
             self.val_rows = self._val_rows(tokenizer)
             self.publisher = Publisher(io, sink)
-            self.feed.on_drop = self.telemetry.record_dropped
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
@@ -172,13 +172,11 @@ class Trainer:
         plan = StepPlan()
         if self.ctx.is_main:
             assert self.feed is not None
-            batch: Batch | None = self.feed.next_batch()
+            batch: Batch | None = self.feed.next_batch(self.state.step, self.state.version)
             if batch is None:
                 plan.stop = True
             else:
-                self.feed.unacked.extend(batch.entry_ids)
                 plan.group_ids = [g.group_id for g in batch.groups]
-                self.state.note_trained(plan.group_ids)
                 plan.samples = samples_from_groups(batch.groups)
                 plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
                 plan.version = self.state.version
@@ -214,23 +212,24 @@ class Trainer:
             return {}
         assert self.feed is not None
         started = time.perf_counter()
-        metrics = self.feed.validate(self.val_rows)
+        metrics = self.feed.validate(self.val_rows, self.state.step, self.state.version)
         metrics["timing/validate_s"] = time.perf_counter() - started
         return metrics
 
     def checkpoint(self) -> None:
+        saved = self.state.to_json()
         if self.feed is not None:
-            self.state.data = self.feed.dataset.state_dict()
+            saved.update(self.feed.checkpoint_state())
         ckpt.save(
             self.ckpt_dir,
             self.state.step,
             self.models,
-            self.state.to_json(),
+            saved,
             self.s.keep_checkpoints,
             extra=self.write_hf_model if self.s.save_hf_model else None,
         )
         if self.feed is not None:
-            self.feed.ack_trained()
+            self.feed.acknowledge_through(self.state.step)
             self.control.checkpoint_requested.clear()
         if self.ctx.is_main:
             log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
@@ -257,6 +256,8 @@ class Trainer:
         raw = ckpt.load(self.ckpt_dir, self.models)
         if raw is not None:
             self.state = TrainerState.from_json(raw)
+            if self.feed is not None:
+                self.feed.restore(raw)
         latest = self.publisher.latest_version() if self.ctx.is_main else 0
         latest = D.broadcast_object(latest)
         if latest > self.state.version:
@@ -267,16 +268,13 @@ class Trainer:
                 latest + 1,
             )
             self.state.version = latest + 1
-        if self.feed is not None:
-            self.feed.state = self.state
-            if self.state.data:
-                self.feed.dataset.load_state_dict(self.state.data)
         if self.ctx.is_main:
             log.info("starting at step %d, version %d", self.state.step, self.state.version)
 
     def record(self, plan: StepPlan, metrics: dict[str, float], step_s: float) -> None:
         if not self.ctx.is_main:
             return
+        assert self.feed is not None
         total_s = step_s + plan.wait_s
         tokens = sum(x.length for x in plan.samples)
         metrics.update(
@@ -287,8 +285,8 @@ class Trainer:
                 "trainer/param_sync_count": self.state.param_sync_count,
                 "trainer/idle_ratio": plan.wait_s / total_s if total_s > 0 else 0.0,
                 "trainer/skipped_empty_batches": self.state.skipped_empty_batches,
-                "trainer/dropped_stale_groups": self.state.dropped_stale,
-                "trainer/duplicate_groups": self.state.duplicate_groups,
+                "trainer/dropped_stale_groups": self.feed.state.dropped_stale,
+                "trainer/duplicate_groups": self.feed.state.duplicate_groups,
                 "trainer/param_sync_failures": sum(1 for r in self.publisher.records if not r.ok),
                 "timing/wait_s": plan.wait_s,
                 "timing/queue_s": plan.queue_s,
@@ -324,9 +322,9 @@ class Trainer:
             "total_steps": self.s.total_steps,
             "consuming": self.control.consuming.is_set(),
             "checkpoint_requested": self.control.checkpoint_requested.is_set(),
-            "buffered_groups": len(feed.buffer) if feed else 0,
-            "unacked_groups": len(feed.unacked) if feed else 0,
-            "released_prompts": self.state.released,
+            "buffered_groups": feed.buffered_count() if feed else 0,
+            "unacked_groups": feed.unacked_count() if feed else 0,
+            "released_prompts": feed.state.released if feed else 0,
             "param_sync_count": self.state.param_sync_count,
             "world_size": self.ctx.world_size,
         }

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from services.queue.client import QueueClient, QueueFullError
+from services.queue.client import QueueClient
+from services.queue.errors import QueueFull
 from services.queue.keys import Keys
 
 from .helpers import make_group
@@ -18,7 +19,7 @@ async def test_push_beyond_capacity_waits_then_fails_without_losing_data(start_q
     async with QueueClient(server.grpc_address) as client:
         await client.push([make_group(i) for i in range(3)])
         started = time.monotonic()
-        with pytest.raises(QueueFullError, match="capacity of 4"):
+        with pytest.raises(QueueFull, match="capacity of 4"):
             # All or nothing: two groups do not fit in the one free slot.
             await client.push([make_group(3), make_group(4)], timeout_s=0.4)
         assert time.monotonic() - started >= 0.4
@@ -34,7 +35,7 @@ async def test_pending_groups_hold_capacity_until_acked_and_a_blocked_push_then_
         await producer.push([make_group(0), make_group(1)])
         held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
         # Delivered but not acked still counts: the trainer may crash before its checkpoint.
-        with pytest.raises(QueueFullError):
+        with pytest.raises(QueueFull):
             await producer.push([make_group(2)], timeout_s=0.2)
 
         blocked = asyncio.create_task(producer.push([make_group(2)], timeout_s=5))
@@ -86,7 +87,7 @@ async def test_concurrent_pushes_never_overshoot_capacity(start_queue, raw_redis
             await c.close()
     accepted = [r for r in results if not isinstance(r, BaseException)]
     assert len(accepted) == 2
-    assert all(isinstance(r, QueueFullError) for r in results if isinstance(r, BaseException))
+    assert all(isinstance(r, QueueFull) for r in results if isinstance(r, BaseException))
     assert await raw_redis.xlen(stream) == 4
 
 
@@ -97,7 +98,7 @@ async def test_room_held_by_a_push_that_died_midway_is_freed_when_its_reservatio
     # A live reservation for the whole capacity (a push between its check and its append)...
     await raw_redis.zadd(reservations, {"live:4": now_ms + 60_000})
     async with QueueClient(server.grpc_address) as client:
-        with pytest.raises(QueueFullError):
+        with pytest.raises(QueueFull):
             await client.push([make_group(0)], timeout_s=0.2)
         # ...and the same left behind by a service that died: expired, it holds nothing.
         await raw_redis.zadd(reservations, {"live:4": now_ms - 1})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import httpx
 import pytest
@@ -12,7 +10,9 @@ from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
 from services.queue.client import QueueClient
+from services.queue.errors import BadRequest
 from services.queue.keys import Keys
+from tests.waiting import wait_until_async
 
 from .helpers import make_group
 
@@ -51,11 +51,11 @@ async def test_malformed_push_is_refused_with_every_problem_and_nothing_is_queue
     bad.group_id = ""
     bad.trajectories[1].policy_versions.append(0)
     async with QueueClient(server.grpc_address) as client:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(BadRequest) as err:
             await client.push_protos([make_group(0).to_proto(), bad])
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "group_id is empty" in err.value.details()
-        assert "trajectory 1: 4 policy_versions for 3 response tokens" in err.value.details()
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "group_id is empty" in err.value.details
+        assert "trajectory 1: 4 policy_versions for 3 response tokens" in err.value.details
         stats = await client.stats()
         # All or nothing: the good group of the same push was not stored either.
         assert stats.total_produced == 0 and stats.queue_size == 0
@@ -140,11 +140,12 @@ async def test_http_probes_and_metrics(start_queue):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
         assert (await http.get("/healthz")).status_code == 200
         assert (await http.get("/readyz")).status_code == 200
-        for _ in range(50):
+
+        async def metrics_once_refreshed() -> str:
             body = (await http.get("/metrics")).text
-            if "relayrl_queue_total_produced_groups 2.0" in body:
-                break
-            await asyncio.sleep(0.05)
+            return body if "relayrl_queue_total_produced_groups 2.0" in body else ""
+
+        body = await wait_until_async(metrics_once_refreshed, 2.5, "the gauges to count both pushes")
         assert "relayrl_queue_total_produced_groups 2.0" in body
         assert 'relayrl_queue_dropped_samples_groups{reason="stale"} 1.0' in body
         assert "relayrl_queue_stale_samples_ratio 0.5" in body

@@ -6,28 +6,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import redis
 
 from relayrl.net import free_port
 from services.queue.client import QueueClient
+from tests.waiting import wait_until
 
 from .helpers import make_group
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "queue service exited during start-up"
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("queue service never became ready")
+def _ready(url: str, proc: subprocess.Popen) -> bool:
+    assert proc.poll() is None, "queue service exited during start-up"
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 async def test_serve_from_env_answers_and_stops_on_sigterm(redis_server):
@@ -41,7 +36,7 @@ async def test_serve_from_env_answers_and_stops_on_sigterm(redis_server):
     }
     proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "queue", "serve"], env=env, stderr=subprocess.PIPE)
     try:
-        _wait_ready(f"http://127.0.0.1:{http_port}/readyz", proc)
+        wait_until(lambda: _ready(f"http://127.0.0.1:{http_port}/readyz", proc), 30, "the queue service to be ready")
         async with QueueClient(f"127.0.0.1:{grpc_port}") as client:
             await client.push([make_group(0)])
             assert (await client.stats()).total_produced == 1

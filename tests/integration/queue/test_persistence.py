@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
+import pytest
 
 from relayrl.redis_process import RedisProcess
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
+from services.queue.errors import QueueError, QueueUnavailable
 from services.queue.server import start_queue_server
+from tests.waiting import wait_until_async
 
 from .helpers import make_group
 
 
 async def _pull_when_back(client: QueueClient, want: int) -> list:
     got: list = []
-    for _ in range(100):
+
+    async def all_back() -> bool:
         try:
-            got += await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=want)
-        except grpc.aio.AioRpcError as err:
+            got.extend(await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=want))
+        except QueueError as err:
             # While Redis restarts the service answers UNAVAILABLE and keeps serving.
-            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-        if len(got) >= want:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"got {len(got)} of {want} groups back")
+            assert err.code == grpc.StatusCode.UNAVAILABLE, err
+        return len(got) >= want
+
+    await wait_until_async(all_back, 20, f"{want} groups back", poll_s=0.1)
+    return got
 
 
 async def test_sigkilled_redis_with_appendfsync_always_loses_no_accepted_group(tmp_path):
@@ -66,12 +68,10 @@ async def test_password_from_settings_and_aof_policy_applied_at_start(tmp_path):
         wrong = await start_queue_server(QueueSettings(redis_url=bare_url, redis_password="nope", run_id="auth"))
         servers.append(wrong)
         async with QueueClient(wrong.grpc_address) as client:
-            try:
+            # A wrong Redis password must not serve.
+            with pytest.raises(QueueUnavailable) as err:
                 await client.stats()
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.UNAVAILABLE
-            else:
-                raise AssertionError("a wrong Redis password must not serve")
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
     finally:
         for server in servers:
             await server.stop()

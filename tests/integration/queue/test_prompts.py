@@ -9,6 +9,7 @@ import pytest
 
 from relayrl.schema import PromptSpec
 from services.queue.client import QueueClient
+from services.queue.errors import BadRequest
 
 
 def prompt(i: int, min_start: int = 0) -> PromptSpec:
@@ -102,9 +103,9 @@ async def test_a_renewed_lease_outlives_its_timeout_and_a_reissued_one_cannot_be
         assert renewed == [slow.lease_id]
         assert (await client.renew("replica-a", [other[0].lease_id]))[0] == []  # not replica-a's
         assert (await client.prompt_stats()).total_reissued == 1
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(BadRequest) as err:
             await client.renew("replica-a", ["not-a-lease"])
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a lease id" in err.value.details()
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "not a lease id" in err.value.details
 
 
 async def test_an_abandoned_lease_is_leased_again_at_once_not_after_its_timeout(start_queue):
@@ -169,9 +170,9 @@ async def test_a_prompt_given_back_too_often_is_dropped_and_counted(start_queue)
 async def test_a_bad_give_back_is_invalid_argument(start_queue, reason, lease_ids, min_start, message):
     server = await start_queue()
     async with QueueClient(server.grpc_address) as client:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(BadRequest) as err:
             await client.abandon("replica-a", lease_ids, reason, min_start_version=min_start)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details
 
 
 async def test_a_restarted_replica_gives_back_every_lease_its_predecessor_held(start_queue):
@@ -194,12 +195,12 @@ async def test_a_restarted_replica_gives_back_every_lease_its_predecessor_held(s
 async def test_oversized_lease_calls_are_refused_before_they_reach_redis(start_queue):
     server = await start_queue()
     async with QueueClient(server.grpc_address) as client:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(BadRequest) as err:
             await client.lease("replica-a", max_prompts=2**31 - 1, held_version=0)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_prompts must be in" in err.value.details()
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "max_prompts must be in" in err.value.details
+        with pytest.raises(BadRequest) as err:
             await client.complete("replica-a", [f"{i:012d}.1" for i in range(5000)])
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 4096 lease ids" in err.value.details()
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "at most 4096 lease ids" in err.value.details
         # The queue still serves.
         await client.release([prompt(0)])
         assert len(await client.lease("replica-a", max_prompts=1, held_version=0)) == 1

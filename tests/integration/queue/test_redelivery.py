@@ -17,6 +17,7 @@ from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.client import QueueClient
 from services.queue.keys import Keys
+from tests.waiting import wait_until_async
 
 from .helpers import make_group
 
@@ -124,7 +125,11 @@ async def test_groups_read_for_a_pull_the_consumer_gave_up_on_come_back_to_it(st
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # The server is still blocked in Redis for the trainer that stopped waiting; it reads this group.
         await client.push([make_group(0)])
-        await asyncio.sleep(0.3)
+
+        async def pending() -> int:
+            return (await client.stats()).pending
+
+        await wait_until_async(pending, 5, "the abandoned read to leave the group pending")
         assert (await client.stats()).pending == 1
         got = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
         assert [(d.group.group_id, d.delivery_count) for d in got] == [("g0", 2)]

@@ -14,6 +14,7 @@ import pytest
 from relayrl.net import free_port, wait_for_port
 from services.queue.client import QueueClient
 from tests.integration.trainer.harness import Stack, start_trainer, stop_group
+from tests.waiting import wait_until
 
 SMALL = dict(batch_size=2, n_samples=2, max_new_tokens=4, micro_batch_tokens=64, dataset_size=32, lr=1e-3)
 
@@ -25,14 +26,15 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_for(predicate, timeout_s: float, what: str, proc=None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"trainer exited with {proc.returncode} while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+def _while_running(proc, predicate):
+    """``predicate``, failing at once if the trainer exits while it is waited on."""
+
+    def check():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited with {proc.returncode}")
+        return predicate()
+
+    return check
 
 
 def _queue_stats(stack: Stack):
@@ -93,7 +95,7 @@ def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, ti
             _check_control(http_port, token, run_dir, proc)
             # pause so the crash lands at a known step, then kill every rank at once
             httpx.post(f"http://127.0.0.1:{http_port}/control/pause", headers={"Authorization": f"Bearer {token}"})
-            time.sleep(1.5)
+            time.sleep(1.5)  # the step under way finishes; nothing says so but time
             stop_group(proc, signal.SIGKILL)
         finally:
             stop_group(proc)
@@ -128,7 +130,7 @@ def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
     assert httpx.get(f"{base}/healthz").status_code == 200
     assert httpx.post(f"{base}/control/pause", headers=auth).json() == {"consuming": False}
     paused_at = len(_rows(run_dir))
-    time.sleep(1.5)
+    time.sleep(1.5)  # what is checked next is that nothing more happens meanwhile
     status = httpx.get(f"{base}/control/status", headers=auth).json()
     assert status["consuming"] is False and status["world_size"] == 2
     # at most the step already under way finishes while paused
@@ -136,7 +138,7 @@ def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
     assert httpx.post(f"{base}/control/resume", headers=auth).json() == {"consuming": True}
     assert httpx.post(f"{base}/control/checkpoint", headers=auth).status_code == 200
     assert httpx.get(f"{base}/readyz").status_code == 200
-    _wait_for(lambda: len(_rows(run_dir)) > paused_at + 1, 60, "training to resume", proc)
+    wait_until(_while_running(proc, lambda: len(_rows(run_dir)) > paused_at + 1), 60, "training to resume")
     metrics = httpx.get(f"{base}/metrics").text
     assert "relayrl_trainer_actor_pg_loss" in metrics and "relayrl_trainer_global_steps" in metrics
 
@@ -151,7 +153,7 @@ def test_sigterm_checkpoints_and_ppo_with_critic_resumes(redis_server, tiny_mode
         env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=50, **ppo)
         proc = start_trainer(env, tmp_path / "first.log")
         try:
-            _wait_for(lambda: len(_rows(run_dir)) >= 2, 90, "two steps", proc)
+            wait_until(_while_running(proc, lambda: len(_rows(run_dir)) >= 2), 90, "two steps")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0  # an orderly stop, not a crash
         finally:

@@ -6,8 +6,8 @@ import pytest
 
 from relayrl.schema import Group, Sample
 from relayrl.v1 import queue_pb2 as qpb
-from services.queue.trajectories import Delivery
-from services.queue.wire import RawPullResponse, encode_pull_response, parse_push_request
+from services.queue.trajectories import Delivery, PullResult
+from services.queue.wire import encode_pull_response, parse_push_request
 
 
 def _group(i: int) -> Group:
@@ -40,7 +40,7 @@ def test_broken_push_request_is_refused(broken):
 def test_pull_response_is_a_standard_encoding():
     groups = [_group(i).to_proto() for i in range(2)]
     deliveries = [Delivery(f"1-{i}", g.SerializeToString(), i + 1, 3 - i) for i, g in enumerate(groups)]
-    decoded = qpb.PullResponse.FromString(encode_pull_response(RawPullResponse(deliveries, dropped_stale=4)))
+    decoded = qpb.PullResponse.FromString(encode_pull_response(PullResult(deliveries, dropped_stale=4)))
     expected = qpb.PullResponse(
         groups=[
             qpb.DeliveredGroup(entry_id=f"1-{i}", group=g, delivery_count=i + 1, age_versions=3 - i)

@@ -4,15 +4,18 @@ import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from relayrl.retry import RetryPolicy
 from relayrl.schema import Group, Sample
 from relayrl.stalls import StallWatch
+from services.queue.errors import QueueUnavailable
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow
 from services.trainer.feed import Feed, plan_release
-from services.trainer.state import TRAINED_IDS_KEPT, TrainerState
+from services.trainer.state import TRAINED_IDS_KEPT, FeedState, TrainerState
 
 log = logging.getLogger(__name__)
 
@@ -79,40 +82,100 @@ class _Queue:
         return SimpleNamespace(dropped_by_reason={})
 
 
+@dataclass
+class _DownThenUp(_Queue):
+    """Answers UNAVAILABLE to its first ``failures`` acks (a queue restarting)."""
+
+    failures: int = 0
+
+    async def ack(self, consumer: str, entry_ids: list[str]) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise QueueUnavailable("queue restarting")
+        return await super().ack(consumer, entry_ids)
+
+
 class _Io:
     def call(self, coro):
         return asyncio.run(coro)
 
 
-def _resumed_feed(state: TrainerState, groups: list[Group], batch_size: int = 2) -> tuple[Feed, _Queue]:
-    queue = _Queue([_Delivered(f"e-{g.group_id}", g) for g in groups])
+def _feed(groups: list[Group], batch_size: int = 2, failures: int = 0) -> tuple[Feed, _Queue]:
+    queue = _DownThenUp([_Delivered(f"e-{g.group_id}", g) for g in groups], failures=failures)
     settings = TrainerSettings(batch_size=batch_size, max_staleness=1, total_steps=100)
-    # The trainer's resume() hands the Feed the state it restored from the checkpoint.
-    restored = TrainerState.from_json(json.loads(json.dumps(state.to_json())))
     dataset = PromptDataset([PromptRow("p/0", [1], "s", "", {})], seed=0)
     stalls = StallWatch(Gauge("t_stalled_seconds", "", ["waiting_for", "peer"], registry=CollectorRegistry()), 60, log)
-    return Feed(settings, queue, _Io(), dataset, Control(), restored, stalls), queue
+    return Feed(settings, queue, _Io(), dataset, Control(), stalls), queue
+
+
+def _resumed_feed(
+    state: TrainerState, groups: list[Group], fed: FeedState | None = None, batch_size: int = 2
+) -> tuple[Feed, _Queue]:
+    feed, queue = _feed(groups, batch_size)
+    # The trainer's resume() hands the Feed the checkpoint's JSON, which both states wrote.
+    saved = {**state.to_json(), **(fed or FeedState()).to_json()}
+    feed.restore(json.loads(json.dumps(saved)))
+    return feed, queue
 
 
 def test_after_resume_staleness_is_judged_against_the_restored_version_not_zero():
     # Restored at version 5 with η = 1: a group started at version 3 is stale (it would pass
     # against version 0), those started at 4 and 5 are fresh.
     feed, queue = _resumed_feed(TrainerState(step=5, version=5), [_group("old", 3), _group("a", 4), _group("b", 5)])
-    batch = feed.next_batch()
+    batch = feed.next_batch(step=5, version=5)
     assert [g.group_id for g in batch.groups] == ["a", "b"]
     assert feed.state.dropped_stale == 1 and queue.acked == ["e-old"]
 
 
 def test_a_group_trained_before_the_checkpoint_and_delivered_again_is_skipped_not_retrained():
-    before = TrainerState(step=3, version=3)
+    before = FeedState()
     before.note_trained(["done"])
-    feed, queue = _resumed_feed(before, [_group("done", 3), _group("a", 3), _group("b", 3)])
-    batch = feed.next_batch()
+    feed, queue = _resumed_feed(
+        TrainerState(step=3, version=3), [_group("done", 3), _group("a", 3), _group("b", 3)], before
+    )
+    batch = feed.next_batch(step=3, version=3)
     assert [g.group_id for g in batch.groups] == ["a", "b"]
     assert feed.state.duplicate_groups == 1 and queue.acked == ["e-done"]
 
 
 def test_trained_ids_kept_in_a_checkpoint_are_bounded():
-    state = TrainerState()
+    state = FeedState()
     state.note_trained([str(i) for i in range(TRAINED_IDS_KEPT + 10)])
     assert len(state.trained_group_ids) == TRAINED_IDS_KEPT and state.trained_group_ids[-1] == str(TRAINED_IDS_KEPT + 9)
+
+
+def test_trained_groups_are_acknowledged_only_through_the_checkpointed_step():
+    feed, queue = _feed([_group(g, 0) for g in "abcd"])
+    first = feed.next_batch(step=0, version=0)
+    second = feed.next_batch(step=1, version=0)
+    assert [first.entry_ids, second.entry_ids] == [["e-a", "e-b"], ["e-c", "e-d"]]
+    assert feed.unacked_count() == 4 and queue.acked == []
+    feed.acknowledge_through(1)  # the checkpoint after step 1 covers the first batch only
+    assert queue.acked == ["e-a", "e-b"] and feed.unacked_count() == 2
+    feed.acknowledge_through(2)
+    assert queue.acked == ["e-a", "e-b", "e-c", "e-d"] and feed.unacked_count() == 0
+
+
+def test_a_batch_counts_its_groups_as_trained_and_a_checkpoint_keeps_them_with_the_dataset_position():
+    feed, _ = _feed([_group(g, 0) for g in "abc"])
+    feed.next_batch(step=0, version=0)
+    assert feed.buffered_count() == 0
+    saved = feed.checkpoint_state()
+    assert saved["trained_group_ids"] == ["a", "b"] and saved["released"] == feed.state.released > 0
+    assert saved["data"] == feed.dataset.state_dict()
+    assert TrainerState.from_json(saved) == TrainerState()  # the loop's part is not the feed's
+
+
+def test_a_queue_call_is_retried_while_the_queue_is_unavailable_and_not_once_stop_is_asked(monkeypatch):
+    monkeypatch.setattr("services.trainer.feed.QUEUE_RETRY", RetryPolicy(attempts=None, first_wait_s=0.01))
+    feed, queue = _feed([_group(g, 0) for g in "ab"], failures=2)
+    feed.next_batch(step=0, version=0)
+    feed.acknowledge_through(1)
+    assert queue.acked == ["e-a", "e-b"] and queue.failures == 0
+
+    feed, queue = _feed([_group(g, 0) for g in "ab"], failures=1)
+    feed.next_batch(step=0, version=0)
+    feed.control.stop_requested.set()
+    with pytest.raises(QueueUnavailable):
+        feed.acknowledge_through(1)
+    assert queue.acked == []
