@@ -24,7 +24,7 @@ MAX_RESUBMITS = 64
 
 
 class GenerationError(RuntimeError):
-    """A sample could not be generated; its prompt stays leased until the lease expires."""
+    """A sample could not be generated; its prompt is given back to the queue."""
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ class Lease(Protocol):
     expires_at: float
 
 
-class PromptQueue(Protocol):
+class ReplicaQueue(Protocol):
     """What the replica needs from the queue service (services.queue.client.QueueClient fits)."""
 
     async def lease(
@@ -65,7 +65,7 @@ class LeaseKeeper:
     def __init__(
         self,
         state: ReplicaState,
-        queue: PromptQueue,
+        queue: ReplicaQueue,
         metrics: RolloutMetrics,
         stalls: StallWatch,
         block_timeout_s: float,

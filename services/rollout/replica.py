@@ -13,7 +13,7 @@ from services.rollout.control import ReplicaControl
 from services.rollout.engine_client import EngineClient
 from services.rollout.engine_watch import EngineWatch
 from services.rollout.groups import GroupBuilder
-from services.rollout.leases import LeaseKeeper, PromptQueue
+from services.rollout.leases import LeaseKeeper, ReplicaQueue
 from services.rollout.loop import RolloutLoop
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.rewards import RewardRunner
@@ -30,7 +30,7 @@ class Replica:
         self,
         settings: RolloutSettings,
         engine: EngineClient,
-        queue: PromptQueue,
+        queue: ReplicaQueue,
         rewards: RewardRunner,
         weight_source: WeightSource | None = None,
         weights_dir: Path | None = None,
