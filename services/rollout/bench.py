@@ -12,18 +12,14 @@ rounds, so load from other processes on a shared machine hits both alike.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import httpx
 
 from relayrl.net import free_port
 
@@ -46,25 +42,15 @@ class BenchResult:
 
 
 def _start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RELAYRL_ENGINE_TORCH_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("engine process exited during start-up")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("engine did not start")
+    from services.engine.launch import launch_engine, wait_engine_healthy
+
+    proc = launch_engine(model_dir, port)
+    try:
+        wait_engine_healthy(proc, f"http://127.0.0.1:{port}", timeout_s=120)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc
 
 
 async def _direct(engine_url: str, prompts: list[list[int]], n: int, max_new_tokens: int, concurrency: int) -> int:
@@ -112,8 +98,8 @@ async def _through_service(
     engine = EngineClient(engine_url)
     async with QueueClient(queue.grpc_address) as client:
         replica = Replica(settings, engine, client, rewards)
-        probe = asyncio.create_task(replica.watch_engine())
-        while not replica.ready():
+        probe = asyncio.create_task(replica.engine_watch.run())
+        while not replica.state.ready():
             await asyncio.sleep(0.05)
         specs = [
             PromptSpec(prompt_id=f"bench/{i}", prompt_token_ids=p, n_samples=n, data_source="relayrl/copy")
@@ -122,7 +108,7 @@ async def _through_service(
         # Timed like the direct path: from the first request to the last answer, servers already up.
         started = time.perf_counter()
         await client.release(specs)
-        loop = asyncio.create_task(replica.run())
+        loop = asyncio.create_task(replica.loop.run())
         tokens, received = 0, 0
         while received < len(specs):
             delivered = await client.pull("bench", 0, 1_000_000, len(specs) - received, block_timeout_s=0.2)

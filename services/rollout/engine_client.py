@@ -18,8 +18,11 @@ the same client drives a real SGLang server on GPUs and the built-in CPU engine
   ``/continue_generation``, ``/flush_cache``, ``/abort_request`` (``{"rid", "abort_all"}``),
   ``/health``, ``/health_generate`` and ``GET /get_model_info``.
 
-Only transient failures are retried (the engine could not be reached, or answered 502, 503
-or 504), with exponential backoff; a 4xx is the caller's mistake and is raised at once.
+Only failures that leave a request undone are retried (the engine could not be reached, dropped
+the connection unanswered, or answered 502, 503 or 504: :func:`engine_unavailable`), with
+exponential backoff through :mod:`relayrl.retry`; a 4xx is the caller's mistake and is raised
+at once. A call that may be sent twice (such as ``continue_generation``) can also retry a link
+that failed mid-answer, with :func:`engine_link_failed`.
 """
 
 from __future__ import annotations
@@ -29,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from relayrl.retry import HTTP_TRANSIENT_STATUS, RetryPolicy, http_transient, retrying
 
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
-
-_TRANSIENT_STATUS = frozenset({502, 503, 504})
 
 
 class EngineError(RuntimeError):
@@ -47,6 +49,17 @@ class EngineError(RuntimeError):
 
 class EngineUnavailableError(EngineError):
     """The engine could not be reached or said it is overloaded (502/503/504); worth retrying."""
+
+
+def engine_unavailable(exc: BaseException) -> bool:
+    """The engine did not take the request (:class:`EngineUnavailableError`): any call may be sent again."""
+    return isinstance(exc, EngineUnavailableError)
+
+
+def engine_link_failed(exc: BaseException) -> bool:
+    """:func:`engine_unavailable`, or the link failed after the request left (the engine may have
+    acted on it): only calls that may be sent twice are retried on this."""
+    return engine_unavailable(exc) or http_transient(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,16 +181,11 @@ class EngineClient:
         await self.aclose()
 
     async def _request(self, method: str, path: str, json: Any = None, retry: bool = True) -> httpx.Response:
-        attempts = self.retries + 1 if retry else 1
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(attempts),
-            wait=wait_exponential(multiplier=self._backoff_s, max=5.0),
-            retry=retry_if_exception_type(EngineUnavailableError),
-            reraise=True,
-        ):
+        policy = RetryPolicy(attempts=self.retries + 1 if retry else 1, first_wait_s=self._backoff_s, max_wait_s=5.0)
+        async for attempt in retrying(f"{method} {self.base_url}{path}", engine_unavailable, policy):
             with attempt:
                 return await self._send_once(method, path, json)
-        raise AssertionError("unreachable: tenacity either returns or re-raises")
+        raise AssertionError("unreachable: tenacity returns or re-raises")
 
     async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
         try:
@@ -187,7 +195,7 @@ class EngineClient:
         except httpx.RemoteProtocolError as exc:
             # The engine closed the connection without answering (e.g. it was killed mid-request).
             raise EngineUnavailableError(f"{method} {self.base_url}{path}: connection dropped ({exc!r})") from exc
-        if response.status_code in _TRANSIENT_STATUS:
+        if response.status_code in HTTP_TRANSIENT_STATUS:
             raise EngineUnavailableError(
                 f"{method} {self.base_url}{path}: {response.status_code} {response.text[:200]}", response.status_code
             )
@@ -331,16 +339,15 @@ class EngineClient:
 
     async def health(self) -> bool:
         """True when the engine process answers ``/health`` with 200 (no retries: a probe)."""
-        try:
-            response = await self._http.get("/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        return await self._probe("/health", timeout_s=5.0)
 
     async def health_generate(self) -> bool:
         """True when the engine can run a one-token generation (``/health_generate``)."""
+        return await self._probe("/health_generate", timeout_s=30.0)
+
+    async def _probe(self, path: str, timeout_s: float) -> bool:
         try:
-            response = await self._http.get("/health_generate", timeout=30.0)
+            response = await self._http.get(path, timeout=timeout_s)
         except httpx.HTTPError:
             return False
         return response.status_code == 200

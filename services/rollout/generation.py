@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.rollout.engine_client import EngineClient, EngineError, GenerateOutput, SamplingParams
 
@@ -24,7 +24,7 @@ MAX_RESUBMITS = 64
 
 
 class GenerationError(RuntimeError):
-    """A sample could not be generated; its prompt stays leased until the lease expires."""
+    """A sample could not be generated; its prompt is given back to the queue."""
 
 
 @dataclass(slots=True)
@@ -48,15 +48,7 @@ def parse_version(version: str, fallback: int) -> int:
 
 
 def _params(sampling: SamplingParams, max_new_tokens: int, n: int = 1) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        stop_token_ids=sampling.stop_token_ids,
-        ignore_eos=sampling.ignore_eos,
-        n=n,
-    )
+    return replace(sampling, max_new_tokens=max_new_tokens, n=n)
 
 
 def _absorb(result: SampleResult, out: GenerateOutput, mode: str, held_version: int) -> SampleResult:

@@ -21,16 +21,17 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError
+from relayrl.retry import RetryPolicy, call_with_retries, retrying
+from services.rollout.config import RolloutSettings
+from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
 from services.rollout.generation import parse_version
 from services.rollout.metrics import RolloutMetrics
+from services.rollout.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 _KEEP_VERSIONS = 2
 # How long a switch keeps asking a paused engine to continue before leaving it to the engine probe.
 RESUME_DEADLINE_S = 60.0
+# The wait before subscribing again while no version loads: 1 s, doubling up to 30 s.
+RESUBSCRIBE = RetryPolicy(attempts=None, first_wait_s=1.0, max_wait_s=30.0)
 
 
 class Announcement(Protocol):
@@ -80,60 +83,90 @@ class SyncFailed(RuntimeError):
 async def resume_generation(engine: EngineClient, deadline_s: float = RESUME_DEADLINE_S) -> None:
     """``continue_generation``, retried until the engine answers: an engine left paused by a lost
     answer generates nothing and says nothing, so this must not give up at the first reset."""
+    policy = RetryPolicy(attempts=None, deadline_s=deadline_s, first_wait_s=0.2, max_wait_s=2.0)
     try:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_delay(deadline_s),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            retry=retry_if_exception_type((EngineUnavailableError, httpx.TransportError)),
-            reraise=True,
-        ):
-            with attempt:
-                await engine.continue_generation()
+        await call_with_retries("continue_generation", engine.continue_generation, engine_link_failed, policy, log)
     except (EngineUnavailableError, httpx.TransportError) as exc:
-        # The replica resumes it again when it sees the engine come back (Replica.watch_engine).
+        # The engine watch resumes it again when it sees the engine come back (EngineWatch.run).
         log.error("engine did not answer continue_generation for %.0fs: %r", deadline_s, exc)
 
 
+def subscription_broke(exc: BaseException) -> bool:
+    """Whatever ended a subscription is worth subscribing again for (cancellation is not an error)."""
+    return isinstance(exc, Exception)
+
+
+class SubscriptionEnded(RuntimeError):
+    """Paramsync closed the announcement stream."""
+
+
 class WeightSync:
+    """Loads each version paramsync announces into the engine, and records it in the replica's state.
+
+    ``resubscribe`` is the backoff between subscriptions while no version loads (1 s doubling to
+    30 s by default); it starts over after each version that loads.
+    """
+
     def __init__(
         self,
+        state: ReplicaState,
         source: WeightSource,
         engine: EngineClient,
-        replica_id: str,
-        engine_url: str,
-        mode: str,
+        settings: RolloutSettings,
         weights_dir: Path,
-        control_lock: asyncio.Lock,
-        is_paused: Callable[[], bool],
-        held_version: Callable[[], int],
-        on_version: Callable[[int, float], Awaitable[None]],
-        on_latest: Callable[[int], None],
         metrics: RolloutMetrics,
+        resubscribe: RetryPolicy = RESUBSCRIBE,
     ) -> None:
+        self.state = state
         self.source = source
         self.engine = engine
-        self.replica_id = replica_id
-        self.engine_url = engine_url
-        self.mode = mode
+        self.settings = settings
         self.weights_dir = weights_dir
-        self.control_lock = control_lock
-        self.is_paused = is_paused
-        self.held_version = held_version
-        self.on_version = on_version
-        self.on_latest = on_latest
         self.metrics = metrics
+        self.resubscribe = resubscribe
+
+    async def run_forever(self) -> None:
+        """Runs the subscription; subscribes again when it breaks, when a version did not load, or
+        when the engine restarted (paramsync then sends the latest version at once, so a restarted
+        engine gets the current weights back and a failed load is tried again)."""
+        while True:
+            async for attempt in retrying("weight sync subscription", subscription_broke, self.resubscribe, log):
+                with attempt:
+                    await self._subscribe_once()
+
+    async def _subscribe_once(self) -> None:
+        """One subscription, until the engine restarts or the subscription ends. It returns (and
+        the backoff starts over) when the engine restarted or a version loaded meanwhile; else it
+        raises what ended the subscription."""
+        held_before = self.state.held_version
+        run = asyncio.create_task(self.run())
+        restart = asyncio.create_task(self.state.engine_restarted())
+        try:
+            await asyncio.wait({run, restart}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (run, restart):
+                task.cancel()
+            await asyncio.gather(run, restart, return_exceptions=True)
+        if self.state.take_engine_restart():
+            return
+        error = (None if run.cancelled() else run.exception()) or SubscriptionEnded("paramsync closed the stream")
+        if self.state.held_version > held_before:
+            log.warning("weight sync stopped after loading a version: %r; re-subscribing", error)
+            return
+        raise error
 
     async def run(self) -> None:
         """Loads each announced version; raises :class:`SyncFailed` at the first that does not load.
 
-        The caller (:func:`services.rollout.server.sync_forever`) subscribes again after a backoff,
-        and paramsync then announces its newest version at once: a failed load is retried even when
-        no newer version follows (a trainer waiting for this replica's groups publishes none).
+        :meth:`run_forever` subscribes again after a backoff, and paramsync then announces its
+        newest version at once: a failed load is retried even when no newer version follows (a
+        trainer waiting for this replica's groups publishes none).
         """
-        async for ann in self.source.subscribe(self.replica_id, self.held_version(), self.engine_url):
-            self.on_latest(ann.version)
+        replica_id, engine_url = self.state.replica_id, self.settings.engine_url
+        async for ann in self.source.subscribe(replica_id, self.state.held_version, engine_url):
+            self.state.note_latest(ann.version)
             # Versions only move forward: an announcement at or below what the engine holds is skipped.
-            if ann.version <= self.held_version():
+            if ann.version <= self.state.held_version:
                 continue
             if not await self.sync(ann):
                 raise SyncFailed(ann.version)
@@ -153,7 +186,7 @@ class WeightSync:
             await self._report(ann.version, ok=False, error=str(exc)[:500])
             return False
         elapsed = time.perf_counter() - started
-        await self.on_version(ann.version, elapsed)
+        self.state.hold(ann.version, elapsed)
         await self._report(ann.version, ok=True, sync_s=elapsed)
         self._prune()
         return True
@@ -165,21 +198,22 @@ class WeightSync:
             return Path(ann.disk_path)
         if ann.transport != "grpc":
             raise ValueError(f"unknown weight transport {ann.transport!r}")
-        tensors = await self.source.fetch(ann.version, self.replica_id)
+        tensors = await self.source.fetch(ann.version, self.state.replica_id)
         target = self.weights_dir / f"v{ann.version:012d}"
         return await asyncio.to_thread(write_safetensors, tensors, target)
 
     async def _switch(self, path: str, version: int) -> None:
-        async with self.control_lock:
+        async with self.state.controlling():
             # A replica paused by its operator stays paused; the update still lands.
-            user_paused = self.is_paused()
+            user_paused = self.state.paused
+            in_place = self.settings.partial_rollout_mode == "in_place"
             paused_at = time.perf_counter()
             try:
                 if not user_paused:
-                    await self.engine.pause_generation("in_place" if self.mode == "in_place" else "abort")
+                    await self.engine.pause_generation("in_place" if in_place else "abort")
                 # SGLang cannot flush its cache while requests sit frozen in the running batch.
                 result = await self.engine.update_weights_from_disk(
-                    path, weight_version=version, flush_cache=self.mode != "in_place"
+                    path, weight_version=version, flush_cache=not in_place
                 )
             finally:
                 # Also when the pause itself failed: its answer may be what was lost, not the pause.
@@ -198,8 +232,8 @@ class WeightSync:
 
     async def _report(self, version: int, ok: bool, error: str = "", sync_s: float = 0.0) -> None:
         try:
-            latest = await self.source.report_version(self.replica_id, version, ok=ok, error=error, sync_s=sync_s)
-            self.on_latest(latest)
+            latest = await self.source.report_version(self.state.replica_id, version, ok=ok, error=error, sync_s=sync_s)
+            self.state.note_latest(latest)
         except Exception as exc:  # the table catches up on the next report; generation goes on
             log.warning("could not report version %d to paramsync: %r", version, exc)
 

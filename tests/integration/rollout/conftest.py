@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from relayrl.net import free_port
+from services.engine.launch import EngineExited, launch_engine, wait_engine_healthy
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -41,36 +38,15 @@ class EngineProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> EngineProcess:
-        env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "relayrl.cli",
-                "engine",
-                "serve",
-                "--model",
-                str(self.model_dir),
-                "--port",
-                str(self.port),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"engine exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError("engine did not come up")
+        self.process = launch_engine(self.model_dir, self.port, stderr=subprocess.PIPE, cwd=REPO)
+        try:
+            wait_engine_healthy(self.process, self.url, timeout_s)
+        except EngineExited as exc:
+            raise RuntimeError(f"engine exited: {self.process.stderr.read().decode()[-2000:]}") from exc  # type: ignore[union-attr]
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -13,6 +13,7 @@ import torch
 
 from relayrl.schema import Group, PromptSpec
 from relayrl.serving import start_grpc_server
+from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.discovery import create_discovery
 from services.paramsync.server import SERVICE_NAME, build_service
@@ -23,8 +24,8 @@ from services.rollout.engine_client import EngineClient
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
-from services.rollout.server import sync_forever, weight_sync_for
-from services.rollout.weight_sync import WeightSync
+from services.rollout.state import ReplicaState
+from services.rollout.weight_sync import WeightSource, WeightSync
 
 
 @contextlib.asynccontextmanager
@@ -45,11 +46,9 @@ async def running_replica(engine_url: str, queue_address: str, **overrides: Any)
         engine_url, timeout=settings.engine_timeout_s, retries=settings.engine_retries, backoff_s=0.05
     )
     queue = QueueClient(queue_address)
-    replica = Replica(settings, engine, queue, rewards)
-    tasks = [asyncio.create_task(replica.watch_engine()), asyncio.create_task(replica.run())]
-    if settings.paramsync_address:
-        sync = weight_sync_for(replica, settings, Path(settings.weights_dir))
-        tasks.append(asyncio.create_task(sync_forever(sync, replica.engine_restarted)))
+    source = ParamSyncClient(settings.paramsync_address) if settings.paramsync_address else None
+    replica = Replica(settings, engine, queue, rewards, source, Path(settings.weights_dir) if source else None)
+    tasks = replica.start()
     try:
         yield replica
     finally:
@@ -58,6 +57,8 @@ async def running_replica(engine_url: str, queue_address: str, **overrides: Any)
         await asyncio.gather(*tasks, return_exceptions=True)
         await engine.aclose()
         await queue.close()
+        if source is not None:
+            await source.close()
         rewards.close()
 
 
@@ -87,19 +88,6 @@ async def pull_groups(queue_address: str, count: int, timeout_s: float = 30.0, v
     return groups
 
 
-async def wait_until(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def paramsync_service(**overrides: Any) -> AsyncIterator[str]:
     """A real paramsync (gRPC transport unless overridden) with its background tasks on this loop."""
@@ -126,26 +114,16 @@ def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
 
 
 def bare_weight_sync(
-    source: Any, engine: EngineClient, replica_id: str, engine_url: str, mode: str, weights_dir: Path, held_version: int
-) -> tuple[WeightSync, dict[str, int]]:
-    """A WeightSync with no replica around it; the returned dict's "version" is the version it holds."""
-    held = {"version": held_version}
+    source: WeightSource, engine: EngineClient, replica_id: str, mode: str, weights_dir: Path, held_version: int
+) -> tuple[WeightSync, ReplicaState]:
+    """A WeightSync with no replica around it, over a state that holds ``held_version``."""
+    metrics = RolloutMetrics()
+    state = ReplicaState(replica_id, metrics)
+    state.hold(held_version)
+    settings = RolloutSettings(replica_id=replica_id, engine_url=engine.base_url, partial_rollout_mode=mode)
+    return WeightSync(state, source, engine, settings, weights_dir, metrics), state
 
-    async def on_version(version: int, _: float) -> None:
-        held["version"] = version
 
-    sync = WeightSync(
-        source=source,
-        engine=engine,
-        replica_id=replica_id,
-        engine_url=engine_url,
-        mode=mode,
-        weights_dir=weights_dir,
-        control_lock=asyncio.Lock(),
-        is_paused=lambda: False,
-        held_version=lambda: held["version"],
-        on_version=on_version,
-        on_latest=lambda _: None,
-        metrics=RolloutMetrics(),
-    )
-    return sync, held
+def sample_value(replica: Replica, name: str, **labels: str) -> float:
+    """The value of the replica's metric ``relayrl_rollout_<name>`` (0 before it is first set)."""
+    return replica.metrics.registry.registry.get_sample_value(f"relayrl_rollout_{name}", labels) or 0.0

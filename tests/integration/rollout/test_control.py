@@ -23,7 +23,8 @@ from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import QueueServer, start_queue_server
 from tests.integration.rollout.conftest import REPO, EngineProcess, queue_overrides
-from tests.integration.rollout.replica_harness import prompt, pull_groups, wait_until
+from tests.integration.rollout.replica_harness import prompt, pull_groups
+from tests.waiting import wait_until_async
 
 TOKEN = "s3cret"
 
@@ -62,7 +63,7 @@ async def rollout(engine: EngineProcess, redis_server: RedisProcess, run_id: str
             except httpx.HTTPError:
                 return False
 
-        await wait_until(ready, timeout_s=30, what="rollout ready")
+        await wait_until_async(ready, timeout_s=30, what="rollout ready")
         yield RolloutProcess(http, f"127.0.0.1:{grpc_port}", queue)
     finally:
         await http.aclose()
@@ -100,13 +101,14 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
             assert (await eng.get("/get_model_info")).json()["paused"] is None
             (group,) = await pull_groups(rollout.queue.grpc_address, 1)
     assert group.prompt_id == "test/30"
+
     # The replica counts a group once the queue has acknowledged its push, a moment after
     # the queue could hand it to us.
-    for _ in range(50):
+    async def counted() -> dict | None:
         status = (await rollout.http.get("/control/status", headers=auth)).json()
-        if status["total_generated_samples"]:
-            break
-        await asyncio.sleep(0.1)
+        return status if status["total_generated_samples"] else None
+
+    status = await wait_until_async(counted, timeout_s=5, what="the pushed group counted")
     assert status["total_generated_samples"] == 2 and status["engine_ready"]
     metrics = (await rollout.http.get("/metrics")).text
     assert "relayrl_rollout_total_generated_samples_total 2.0" in metrics

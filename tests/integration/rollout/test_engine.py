@@ -12,6 +12,7 @@ import torch
 
 from services.rollout.engine_client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
+from tests.waiting import wait_until_async
 
 torch.set_num_threads(1)
 
@@ -99,8 +100,11 @@ async def test_n_greater_than_one_returns_n_samples(engine: EngineProcess) -> No
 
 async def _wait_generating(client: EngineClient, at_least: int) -> None:
     start = (await client.model_info())["generated_tokens"]
-    while (await client.model_info())["generated_tokens"] < start + at_least:
-        await asyncio.sleep(0.01)
+
+    async def generated() -> bool:
+        return (await client.model_info())["generated_tokens"] >= start + at_least
+
+    await wait_until_async(generated, poll_s=0.01, what=f"{at_least} tokens generated")
 
 
 async def test_pause_abort_returns_partial_output_and_holds_new_requests(engine: EngineProcess) -> None:
@@ -114,7 +118,7 @@ async def test_pause_abort_returns_partial_output_and_holds_new_requests(engine:
         assert 0 < len(aborted.output_ids) < 400
         assert len(aborted.logprobs) == len(aborted.output_ids)
         held = asyncio.create_task(client.generate([5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True)))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # what is under test: nothing comes back while paused
         assert not held.done()
         await client.continue_generation()
         (out,) = await asyncio.wait_for(held, 10)
@@ -128,7 +132,7 @@ async def test_pause_retract_and_in_place_resume_where_they_stopped(engine: Engi
         await _wait_generating(client, 5)
         await client.pause_generation(mode)  # type: ignore[arg-type]
         frozen = (await client.model_info())["generated_tokens"]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # what is under test: no token is generated while paused
         assert (await client.model_info())["generated_tokens"] == frozen
         assert not running.done()
         await client.continue_generation()

@@ -19,8 +19,8 @@ from tests.integration.rollout.replica_harness import (
     prompt,
     pull_groups,
     running_replica,
-    wait_until,
 )
+from tests.waiting import wait_until_async
 
 
 async def test_engine_killed_mid_generation_loses_no_prompt(
@@ -33,17 +33,17 @@ async def test_engine_killed_mid_generation_loses_no_prompt(
             QueueClient(queue.grpc_address) as q,
             running_replica(engine.url, queue.grpc_address, max_new_tokens=150) as replica,
         ):
-            await wait_until(replica.ready, what="engine ready")
+            await wait_until_async(replica.state.ready, what="engine ready")
             await q.release([prompt(i, n=2) for i in range(2)])
-            await wait_until(lambda: replica.status().in_flight > 0, what="requests in flight")
+            await wait_until_async(lambda: replica.state.status().in_flight > 0, what="requests in flight")
             engine.kill()
-            await wait_until(lambda: not replica.ready(), what="replica not ready")
+            await wait_until_async(lambda: not replica.state.ready(), what="replica not ready")
             assert (await q.prompt_stats()).total_completed == 0
             restarted = await asyncio.to_thread(start_engine, engine.port)
-            await wait_until(replica.ready, timeout_s=30, what="replica ready again")
+            await wait_until_async(replica.state.ready, timeout_s=30, what="replica ready again")
             groups = await pull_groups(queue.grpc_address, 2, timeout_s=60)
             stats = await q.prompt_stats()
-            errors = replica.status().generation_errors
+            errors = replica.state.status().generation_errors
         restarted.stop()
     finally:
         await queue.stop()
@@ -73,16 +73,16 @@ async def test_restarted_engine_gets_the_current_weights_back(
                 engine.url, queue.grpc_address, paramsync_address=paramsync_address, weights_dir=str(tmp_path / "w")
             ) as replica,
         ):
-            await wait_until(replica.ready, what="engine ready")
+            await wait_until_async(replica.state.ready, what="engine ready")
             await paramsync.publish(3, new_policy(tiny_model_dir, 1.1))
-            await wait_until(lambda: replica.held_version == 3, what="version 3 held")
+            await wait_until_async(lambda: replica.state.held_version == 3, what="version 3 held")
             engine.kill()
-            await wait_until(lambda: not replica.ready(), what="replica not ready")
+            await wait_until_async(lambda: not replica.state.ready(), what="replica not ready")
             await asyncio.to_thread(start_engine, engine.port)
-            await wait_until(replica.ready, timeout_s=30, what="replica ready again")
-            await wait_until(client.weight_version, what="engine answers")
-            await wait_until(lambda: _engine_at(client, "3"), timeout_s=20, what="engine back at version 3")
-            await wait_until(lambda: replica.held_version == 3, what="replica holds version 3 again")
+            await wait_until_async(replica.state.ready, timeout_s=30, what="replica ready again")
+            await wait_until_async(client.weight_version, what="engine answers")
+            await wait_until_async(lambda: _engine_at(client, "3"), timeout_s=20, what="engine back at version 3")
+            await wait_until_async(lambda: replica.state.held_version == 3, what="replica holds version 3 again")
     finally:
         await queue.stop()
 

@@ -13,20 +13,20 @@ from typing import Any
 import httpx
 
 from relayrl.redis_process import RedisProcess
+from relayrl.retry import RetryPolicy
 from relayrl.stack.chaos.proxy import FaultyProxy
 from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
 from services.rollout.engine_client import EngineClient, SamplingParams
-from services.rollout.server import sync_forever
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import (
     bare_weight_sync,
     new_policy,
     paramsync_service,
     running_replica,
-    wait_until,
 )
+from tests.waiting import wait_until_async
 
 
 class LossyLink(EngineClient):
@@ -71,12 +71,13 @@ async def test_a_switch_whose_answers_are_lost_leaves_the_engine_generating_at_t
         LossyLink(engine.url, lose) as link,
     ):
         old = int(await link.weight_version())
-        sync, held = bare_weight_sync(paramsync, link, "r-lossy", engine.url, "abort_resume", tmp_path / "weights", old)
-        syncing = asyncio.create_task(sync_forever(sync, backoff_s=0.2))
+        sync, state = bare_weight_sync(paramsync, link, "r-lossy", "abort_resume", tmp_path / "weights", old)
+        sync.resubscribe = RetryPolicy(attempts=None, first_wait_s=0.2, max_wait_s=30.0)
+        syncing = asyncio.create_task(sync.run_forever())
         try:
             await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))
             # One announcement only: the retry comes from re-subscribing, not from a newer version.
-            await wait_until(lambda: held["version"] == old + 1, timeout_s=30, what="the version loaded")
+            await wait_until_async(lambda: state.held_version == old + 1, timeout_s=30, what="the version loaded")
             assert await link.weight_version() == str(old + 1)
             assert not any(lose.values()), f"every planned loss happened: {lose}"
             assert await _generates(engine.url), "the engine was left paused"
@@ -97,15 +98,15 @@ async def test_an_engine_found_paused_after_a_partition_is_told_to_continue(
             EngineClient(engine.url) as direct,
             running_replica(f"http://127.0.0.1:{port}", queue.grpc_address) as replica,
         ):
-            await wait_until(replica.ready, what="engine ready")
+            await wait_until_async(replica.state.ready, what="engine ready")
             # What a switch cut off mid-way leaves behind when its continue never arrives.
             await direct.pause_generation("abort")
             assert not await _generates(engine.url, timeout_s=2.0)
             partition = asyncio.create_task(proxy.partition(6.0))
-            await wait_until(lambda: not replica.ready(), timeout_s=10, what="replica sees the engine down")
+            await wait_until_async(lambda: not replica.state.ready(), timeout_s=10, what="replica sees the engine down")
             await partition
-            await wait_until(replica.ready, timeout_s=10, what="replica sees the engine back")
-            await wait_until(lambda: _generates(engine.url), timeout_s=20, what="the engine generates again")
+            await wait_until_async(replica.state.ready, timeout_s=10, what="replica sees the engine back")
+            await wait_until_async(lambda: _generates(engine.url), timeout_s=20, what="the engine generates again")
     finally:
         await proxy.close()
         await queue.stop()

@@ -14,7 +14,8 @@ from services.paramsync.client import ParamSyncClient
 from services.rollout.engine_client import EngineClient, SamplingParams
 from services.rollout.generation import generate_group
 from tests.integration.rollout.conftest import EngineProcess
-from tests.integration.rollout.replica_harness import bare_weight_sync, new_policy, paramsync_service, wait_until
+from tests.integration.rollout.replica_harness import bare_weight_sync, new_policy, paramsync_service
+from tests.waiting import wait_until_async
 
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_place", "restart"])
@@ -28,16 +29,16 @@ async def test_partial_rollout_records_per_token_versions(
         EngineClient(engine.url) as client,
     ):
         old = int(await client.weight_version())
-        sync, held = bare_weight_sync(paramsync, client, "r-partial", engine.url, mode, tmp_path / "weights", old)
+        sync, state = bare_weight_sync(paramsync, client, "r-partial", mode, tmp_path / "weights", old)
         syncing = asyncio.create_task(sync.run())
         sample = asyncio.create_task(
             generate_group(client, [5, 6, 7], SamplingParams(max_new_tokens=budget, ignore_eos=True), 2, mode, old, "s")
         )
         start = (await client.model_info())["generated_tokens"]
-        await wait_until(lambda: _generated_since(client, start, 20), what="generation under way")
+        await wait_until_async(lambda: _generated_since(client, start, 20), what="generation under way")
         await paramsync.publish(old + 1, new_policy(tiny_model_dir, 1.1))
         results = await asyncio.wait_for(sample, 60)
-        await wait_until(lambda: held["version"] == old + 1, what="version switch")
+        await wait_until_async(lambda: state.held_version == old + 1, what="version switch")
         syncing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await syncing

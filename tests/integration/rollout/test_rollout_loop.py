@@ -15,7 +15,8 @@ from services.queue.keys import Keys
 from services.queue.server import QueueServer, start_queue_server
 from services.rollout.engine_client import EngineClient
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
-from tests.integration.rollout.replica_harness import prompt, pull_groups, running_replica, wait_until
+from tests.integration.rollout.replica_harness import prompt, pull_groups, running_replica, sample_value
+from tests.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -25,6 +26,15 @@ async def queue(redis_server: RedisProcess, run_id: str) -> QueueServer:
     await server.stop()
 
 
+def _reward_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, body: str) -> str:
+    """A verl ``compute_score`` with ``body`` (``time`` imported) in an importable module; its import path."""
+    (tmp_path / f"{module}.py").write_text(
+        f"import time\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n{body}"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{module}:compute_score"
+
+
 async def test_each_prompt_becomes_one_group_with_per_token_versions(engine: EngineProcess, queue: QueueServer) -> None:
     async with EngineClient(engine.url) as client:
         version = int(await client.weight_version())
@@ -32,9 +42,9 @@ async def test_each_prompt_becomes_one_group_with_per_token_versions(engine: Eng
         await q.release([prompt(i, n=3) for i in range(3)])
         async with running_replica(engine.url, queue.grpc_address, replica_id="r-loop") as replica:
             groups = await pull_groups(queue.grpc_address, 3, version=version)
-            await wait_until(lambda: q.prompt_stats(), what="stats")
+            await wait_until_async(lambda: q.prompt_stats(), what="stats")
             stats = await q.prompt_stats()
-            assert replica.status().total_generated_samples == 9
+            assert replica.state.status().total_generated_samples == 9
     assert sorted(g.prompt_id for g in groups) == ["test/0", "test/1", "test/2"]
     assert stats.total_completed == 3 and stats.leased == 0
     for group in groups:
@@ -52,8 +62,8 @@ async def test_each_prompt_becomes_one_group_with_per_token_versions(engine: Eng
 
 async def test_pause_stops_leasing_and_resume_finishes_the_work(engine: EngineProcess, queue: QueueServer) -> None:
     async with QueueClient(queue.grpc_address) as q, running_replica(engine.url, queue.grpc_address) as replica:
-        await wait_until(replica.ready, what="engine ready")
-        await replica.pause("retract")
+        await wait_until_async(replica.state.ready, what="engine ready")
+        await replica.control.pause("retract")
         try:
             await q.release([prompt(10)])
             # Nothing is generated while paused (a Lease call already waiting when the pause came
@@ -61,9 +71,9 @@ async def test_pause_stops_leasing_and_resume_finishes_the_work(engine: EnginePr
             assert await q.pull("trainer-0", 0, 100, 1, block_timeout_s=1.0) == []
             stats = await q.prompt_stats()
             assert stats.total_completed == 0 and stats.waiting + stats.leased == 1
-            assert replica.status().paused and replica.status().pause_mode == "retract"
+            assert replica.state.status().paused and replica.state.status().pause_mode == "retract"
         finally:
-            await replica.resume()
+            await replica.control.resume()
         (group,) = await pull_groups(queue.grpc_address, 1)
     assert group.prompt_id == "test/10"
 
@@ -71,23 +81,23 @@ async def test_pause_stops_leasing_and_resume_finishes_the_work(engine: EnginePr
 async def test_reward_that_raises_or_hangs_gives_zero_and_is_counted(
     engine: EngineProcess, queue: QueueServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "user_reward.py").write_text(
-        "import time\n"
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    reward = _reward_function(
+        tmp_path,
+        monkeypatch,
+        "user_reward",
         "    if data_source == 'raise':\n"
         "        raise RuntimeError('broken reward')\n"
         "    if data_source == 'hang':\n"
         "        time.sleep(3)\n"
-        "    return {'score': 1.0, 'acc': 1.0}\n"
+        "    return {'score': 1.0, 'acc': 1.0}\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     async with QueueClient(queue.grpc_address) as q:
         await q.release([prompt(20, data_source="raise"), prompt(21, data_source="hang"), prompt(22, data_source="ok")])
         async with running_replica(
-            engine.url, queue.grpc_address, reward_function="user_reward:compute_score", reward_timeout_s=0.3
+            engine.url, queue.grpc_address, reward_function=reward, reward_timeout_s=0.3
         ) as replica:
             groups = {g.data_source: g for g in await pull_groups(queue.grpc_address, 3)}
-            errors = replica.metrics.reward_errors._value.get()
+            errors = sample_value(replica, "reward_errors_total")
     for source in ("raise", "hang"):
         assert all(s.reward == 0.0 and s.reward_error for s in groups[source].samples)
     assert all(s.reward == 1.0 and s.reward_extra == {"acc": 1.0} for s in groups["ok"].samples)
@@ -101,13 +111,13 @@ async def test_group_already_stale_is_dropped_counted_and_given_back_for_newer_w
         QueueClient(queue.grpc_address) as q,
         running_replica(engine.url, queue.grpc_address, max_staleness=0) as replica,
     ):
-        await wait_until(replica.ready, what="engine ready")
-        held = replica.held_version
+        await wait_until_async(replica.state.ready, what="engine ready")
+        held = replica.state.held_version
         # Paramsync has announced a version newer than the one the engine still serves.
-        replica.note_latest(held + 1)
+        replica.state.note_latest(held + 1)
         await q.release([prompt(50, n=2)])
-        await wait_until(lambda: replica.metrics.dropped_stale_samples._value.get() >= 2, what="stale drop")
-        await wait_until(lambda: replica.status().leases_held == 0, what="the lease to be given back")
+        await wait_until_async(lambda: sample_value(replica, "dropped_stale_samples_total") >= 2, what="stale drop")
+        await wait_until_async(lambda: replica.state.leases_held == 0, what="the lease to be given back")
         assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=0.2) == []
         stats = await q.prompt_stats()
         # Given back at once (not after the lease timeout), waiting for weights that keep it fresh.
@@ -125,10 +135,10 @@ async def test_a_failing_prompt_is_given_back_at_once_until_the_queue_drops_it(
         return (await q.prompt_stats()).dropped_by_reason == {"generation_error": 1}
 
     async with QueueClient(queue.grpc_address) as q, running_replica(engine.url, queue.grpc_address) as replica:
-        await wait_until(replica.ready, what="engine ready")
+        await wait_until_async(replica.state.ready, what="engine ready")
         # A token id outside the vocabulary: the engine answers 400 to every attempt.
         await q.release([replace(prompt(60, n=1), prompt_token_ids=[1_000_000])])
-        await wait_until(dropped, what="the failing prompt to be dropped after its give-backs")
+        await wait_until_async(dropped, what="the failing prompt to be dropped after its give-backs")
         stats = await q.prompt_stats()
     # Each attempt was given back at once (the lease timeout here is 2 s, and nothing expired).
     assert stats.abandoned_by_reason == {"generation_error": QueueSettings().max_prompt_abandons - 1}
@@ -152,18 +162,11 @@ async def test_a_restarted_replica_gives_back_its_predecessors_leases_before_lea
 async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
     engine: EngineProcess, queue: QueueServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "slow_reward.py").write_text(
-        "import time\n"
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    time.sleep(2.5)\n"  # the queue's lease timeout is 2 s
-        "    return 1.0\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # The queue's lease timeout is 2 s.
+    reward = _reward_function(tmp_path, monkeypatch, "slow_reward", "    time.sleep(2.5)\n    return 1.0\n")
     async with QueueClient(queue.grpc_address) as q:
         await q.release([prompt(30)])
-        async with running_replica(
-            engine.url, queue.grpc_address, reward_function="slow_reward:compute_score", reward_timeout_s=10
-        ):
+        async with running_replica(engine.url, queue.grpc_address, reward_function=reward, reward_timeout_s=10):
             (group,) = await pull_groups(queue.grpc_address, 1)
             # Without renewal the expired lease is re-issued and the prompt generated again.
             assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=1.0) == []
@@ -180,24 +183,18 @@ async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (tmp_path / "slower_reward.py").write_text(
-        "import time\n"
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    time.sleep(3)\n"
-        "    return 1.0\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    reward = _reward_function(tmp_path, monkeypatch, "slower_reward", "    time.sleep(3)\n    return 1.0\n")
     redis = aioredis.Redis.from_url(redis_server.url)
     async with QueueClient(queue.grpc_address) as q:
         await q.release([prompt(40)])
         async with running_replica(
             engine.url,
             queue.grpc_address,
-            reward_function="slower_reward:compute_score",
+            reward_function=reward,
             reward_timeout_s=10,
             max_inflight_prompts=1,
         ) as replica:
-            await wait_until(lambda: replica.status().leases_held == 1, what="the replica to lease the prompt")
+            await wait_until_async(lambda: replica.state.leases_held == 1, what="the replica to lease the prompt")
             # The replica's lease lapses as if its renewals had not reached the queue, and another
             # replica gets the prompt.
             leased_key = Keys(run_id).prompts_leased
@@ -205,7 +202,7 @@ async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
             await redis.zadd(leased_key, {key: 0})
             (other,) = await q.lease("replica-other", max_prompts=1, held_version=0)
             assert other.delivery_count == 2
-            await wait_until(lambda: replica.status().leases_held == 0, what="the lost prompt to be dropped")
+            await wait_until_async(lambda: replica.state.leases_held == 0, what="the lost prompt to be dropped")
             assert await q.complete("replica-other", [other.lease_id]) == 1
             # The dropped generation would have pushed its group about 3 s after it started.
             assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=4.0) == []

@@ -22,8 +22,9 @@ from tests.integration.rollout.replica_harness import (
     prompt,
     pull_groups,
     running_replica,
-    wait_until,
+    sample_value,
 )
+from tests.waiting import wait_until_async
 
 
 @pytest.mark.parametrize("transport", ["grpc", "disk"])
@@ -47,14 +48,14 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
                 paramsync_address=paramsync_address,
                 weights_dir=str(tmp_path / "weights"),
             ) as replica:
-                await wait_until(replica.ready, what="engine ready")
+                await wait_until_async(replica.state.ready, what="engine ready")
                 await q.release([prompt(40, min_start_version=new)])
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # what is under test: the prompt does not start meanwhile
                 assert (await q.prompt_stats()).waiting == 1, "a prompt needing a newer policy must not start"
                 await paramsync.publish(new, new_policy(tiny_model_dir, 1.1))
                 (group,) = await pull_groups(queue.grpc_address, 1, version=new)
-                status = replica.status()
-                syncs = replica.metrics.param_sync_requests._value.get()
+                status = replica.state.status()
+                syncs = sample_value(replica, "param_sync_requests_total")
             table = await paramsync.list_replicas()
             assert (await client.model_info())["weight_version"] == str(new)
             assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=new + 1)).success

@@ -1,0 +1,85 @@
+"""Turning one prompt's generated samples into a scored trajectory group, and the staleness check
+a group passes before it is pushed."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from relayrl.schema import Group, PromptSpec, Sample
+from relayrl.staleness import check_staleness
+from services.rollout.config import RolloutSettings
+from services.rollout.generation import SampleResult
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.rewards import RewardRunner
+from services.rollout.rewards.overlong import OverlongBuffer, apply_overlong
+
+log = logging.getLogger(__name__)
+
+
+class GroupBuilder:
+    def __init__(self, settings: RolloutSettings, rewards: RewardRunner, metrics: RolloutMetrics) -> None:
+        self.settings = settings
+        self.rewards = rewards
+        self.metrics = metrics
+
+    async def build(self, lease_id: str, prompt: PromptSpec, results: list[tuple[SampleResult, float]]) -> Group:
+        """Scores each ``(result, started_at_unix_s)`` and wraps them in the group of ``lease_id``."""
+        samples = [await self._sample(prompt, result, started) for result, started in results]
+        self.metrics.reward_mean.set(sum(s.reward for s in samples) / max(len(samples), 1))
+        return Group(
+            group_id=uuid.uuid4().hex,
+            prompt_id=prompt.prompt_id,
+            samples=samples,
+            data_source=prompt.data_source,
+            ground_truth=prompt.ground_truth,
+            extra_info=prompt.extra_info,
+            lease_id=lease_id,
+            created_at_unix_s=time.time(),
+            is_eval=prompt.is_eval,
+        )
+
+    async def _sample(self, prompt: PromptSpec, result: SampleResult, started: float) -> Sample:
+        reward_started = time.perf_counter()
+        outcome = await self.rewards.score(prompt.data_source, result.text, prompt.ground_truth, prompt.extra_info)
+        if self.settings.overlong_buffer_enable:
+            budget = prompt.max_new_tokens or self.settings.max_new_tokens
+            buffer = OverlongBuffer(self.settings.overlong_buffer_len, self.settings.overlong_buffer_penalty_factor)
+            outcome = apply_overlong(outcome, len(result.output_ids), budget, buffer)
+        if outcome.error:
+            self.metrics.reward_errors.inc()
+        self.metrics.reward.observe(outcome.reward)
+        return Sample(
+            prompt_token_ids=list(prompt.prompt_token_ids),
+            response_token_ids=result.output_ids,
+            behavior_logprobs=result.logprobs,
+            policy_versions=result.versions,
+            reward=outcome.reward,
+            finish_reason=result.finish_reason,
+            replica_id=self.settings.replica_id,
+            response_text=result.text,
+            reward_extra=outcome.extra,
+            reward_error=bool(outcome.error),
+            started_at_unix_s=started,
+            finished_at_unix_s=time.time(),
+            generation_s=result.engine_s,
+            reward_s=time.perf_counter() - reward_started,
+        )
+
+    def fresh(self, group: Group, latest_version: int) -> bool:
+        """False (and counted) when the group already breaks the bound against the newest version."""
+        if not any(s.policy_versions for s in group.samples):
+            return True
+        verdict = check_staleness(group.min_policy_version, latest_version, self.settings.max_staleness)
+        if verdict.ok:
+            return True
+        self.metrics.dropped_stale_samples.inc(len(group.samples))
+        log.info(
+            "dropped stale group of %s (oldest version %d, newest %d, η=%d); its prompt goes back to the queue",
+            group.prompt_id,
+            group.min_policy_version,
+            latest_version,
+            self.settings.max_staleness,
+        )
+        return False
