@@ -2,7 +2,7 @@
 failure, a bound in attempts or in seconds, and one log line per retry.
 
 A link decides *what* is worth retrying (a failure of the link, not of the request) with one of
-the predicates here (``grpc_transient``, ``http_transient``, ``redis_transient``) or its own; the
+the predicates here (``grpc_transient``, ``http_transient``, ``redis_transient``, ``any_error``) or its own; the
 policy decides *how long*. Callers write::
 
     async for attempt in retrying("fetch v3 from paramsync", grpc_transient, policy):
@@ -82,6 +82,12 @@ def redis_transient(exc: BaseException) -> bool:
     return isinstance(
         exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError)
     )
+
+
+def any_error(exc: BaseException) -> bool:
+    """Every error is worth another try, for loops that must outlive any failure of their peer
+    (cancellation and interpreter exits are not errors)."""
+    return isinstance(exc, Exception)
 
 
 def _stop(policy: RetryPolicy) -> stop_base:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from relayrl.retry import RetryPolicy, call_with_retries, retrying
+from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
 from relayrl.schema import Group, PromptSpec
 from relayrl.stalls import StallWatch
 from services.rollout.metrics import RolloutMetrics
@@ -56,11 +56,6 @@ class ReplicaQueue(Protocol):
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
 
 
-def queue_call_failed(exc: BaseException) -> bool:
-    """Any error of a queue call is worth another try (cancellation is not an error)."""
-    return isinstance(exc, Exception)
-
-
 class LeaseKeeper:
     def __init__(
         self,
@@ -89,7 +84,7 @@ class LeaseKeeper:
         queue may still be starting, so this waits for it.
         """
         with self.stalls.waiting("an answer", "queue") as wait:
-            async for attempt in retrying("reclaim this replica's earlier leases", queue_call_failed, QUEUE_RETRY, log):
+            async for attempt in retrying("reclaim this replica's earlier leases", any_error, QUEUE_RETRY, log):
                 with attempt:
                     wait.tick()
                     requeued, dropped = await self.queue.abandon(self.replica_id, [], "replica_restart", all_held=True)
@@ -99,7 +94,7 @@ class LeaseKeeper:
     async def lease(self, max_prompts: int) -> Sequence[Lease]:
         """Up to ``max_prompts`` new leases; none when the replica stopped being leasable while
         the queue was out of reach."""
-        async for attempt in retrying("lease prompts", queue_call_failed, QUEUE_RETRY, log):
+        async for attempt in retrying("lease prompts", any_error, QUEUE_RETRY, log):
             with attempt:
                 if not self.state.leasable():
                     return []
@@ -125,7 +120,7 @@ class LeaseKeeper:
             renewed, expires_at = await call_with_retries(
                 f"renew {len(due)} leases",
                 functools.partial(self.queue.renew, self.replica_id, due),
-                queue_call_failed,
+                any_error,
                 QUEUE_RETRY,
                 log,
             )
@@ -161,7 +156,7 @@ class LeaseKeeper:
         )
         with self.stalls.waiting("an answer", "queue") as wait:
             try:
-                async for attempt in retrying(f"give back lease {lease.lease_id}", queue_call_failed, policy, log):
+                async for attempt in retrying(f"give back lease {lease.lease_id}", any_error, policy, log):
                     with attempt:
                         wait.tick()
                         _, dropped = await self.queue.abandon(

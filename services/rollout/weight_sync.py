@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from relayrl.retry import RetryPolicy, call_with_retries, retrying
+from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
 from services.rollout.config import RolloutSettings
 from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
 from services.rollout.generation import parse_version
@@ -91,11 +91,6 @@ async def resume_generation(engine: EngineClient, deadline_s: float = RESUME_DEA
         log.error("engine did not answer continue_generation for %.0fs: %r", deadline_s, exc)
 
 
-def subscription_broke(exc: BaseException) -> bool:
-    """Whatever ended a subscription is worth subscribing again for (cancellation is not an error)."""
-    return isinstance(exc, Exception)
-
-
 class SubscriptionEnded(RuntimeError):
     """Paramsync closed the announcement stream."""
 
@@ -130,7 +125,7 @@ class WeightSync:
         when the engine restarted (paramsync then sends the latest version at once, so a restarted
         engine gets the current weights back and a failed load is tried again)."""
         while True:
-            async for attempt in retrying("weight sync subscription", subscription_broke, self.resubscribe, log):
+            async for attempt in retrying("weight sync subscription", any_error, self.resubscribe, log):
                 with attempt:
                     await self._subscribe_once()
 
