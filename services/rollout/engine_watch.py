@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 import httpx
 
@@ -15,11 +16,11 @@ from services.rollout.state import ReplicaState
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class EngineWatch:
-    def __init__(self, state: ReplicaState, engine: EngineClient, interval_s: float) -> None:
-        self.state = state
-        self.engine = engine
-        self.interval_s = interval_s
+    state: ReplicaState
+    engine: EngineClient
+    interval_s: float
 
     async def run(self) -> None:
         """Probes the engine every ``interval_s``; learns its version once it is up, and sees that it generates."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 from relayrl.schema import Group, PromptSpec, Sample
 from relayrl.staleness import check_staleness
@@ -18,11 +19,11 @@ from services.rollout.rewards.overlong import OverlongBuffer, apply_overlong
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class GroupBuilder:
-    def __init__(self, settings: RolloutSettings, rewards: RewardRunner, metrics: RolloutMetrics) -> None:
-        self.settings = settings
-        self.rewards = rewards
-        self.metrics = metrics
+    settings: RolloutSettings
+    rewards: RewardRunner
+    metrics: RolloutMetrics
 
     async def build(self, lease_id: str, prompt: PromptSpec, results: list[tuple[SampleResult, float]]) -> Group:
         """Scores each ``(result, started_at_unix_s)`` and wraps them in the group of ``lease_id``."""

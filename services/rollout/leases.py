@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
@@ -56,22 +57,14 @@ class ReplicaQueue(Protocol):
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
 
 
+@dataclass
 class LeaseKeeper:
-    def __init__(
-        self,
-        state: ReplicaState,
-        queue: ReplicaQueue,
-        metrics: RolloutMetrics,
-        stalls: StallWatch,
-        block_timeout_s: float,
-        push_timeout_s: float,
-    ) -> None:
-        self.state = state
-        self.queue = queue
-        self.metrics = metrics
-        self.stalls = stalls
-        self.block_timeout_s = block_timeout_s
-        self.push_timeout_s = push_timeout_s
+    state: ReplicaState
+    queue: ReplicaQueue
+    metrics: RolloutMetrics
+    stalls: StallWatch
+    block_timeout_s: float
+    push_timeout_s: float
 
     @property
     def replica_id(self) -> str:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 from relayrl.schema import PromptSpec, validate_group
 from relayrl.stalls import StallWatch
@@ -29,24 +30,15 @@ log = logging.getLogger(__name__)
 STALL_CHECK_S = 1.0
 
 
+@dataclass
 class RolloutLoop:
-    def __init__(
-        self,
-        settings: RolloutSettings,
-        state: ReplicaState,
-        engine: EngineClient,
-        leases: LeaseKeeper,
-        groups: GroupBuilder,
-        metrics: RolloutMetrics,
-        stalls: StallWatch,
-    ) -> None:
-        self.settings = settings
-        self.state = state
-        self.engine = engine
-        self.leases = leases
-        self.groups = groups
-        self.metrics = metrics
-        self.stalls = stalls
+    settings: RolloutSettings
+    state: ReplicaState
+    engine: EngineClient
+    leases: LeaseKeeper
+    groups: GroupBuilder
+    metrics: RolloutMetrics
+    stalls: StallWatch
 
     async def run(self) -> None:
         """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,6 +96,7 @@ class SubscriptionEnded(RuntimeError):
     """Paramsync closed the announcement stream."""
 
 
+@dataclass
 class WeightSync:
     """Loads each version paramsync announces into the engine, and records it in the replica's state.
 
@@ -102,23 +104,13 @@ class WeightSync:
     30 s by default); it starts over after each version that loads.
     """
 
-    def __init__(
-        self,
-        state: ReplicaState,
-        source: WeightSource,
-        engine: EngineClient,
-        settings: RolloutSettings,
-        weights_dir: Path,
-        metrics: RolloutMetrics,
-        resubscribe: RetryPolicy = RESUBSCRIBE,
-    ) -> None:
-        self.state = state
-        self.source = source
-        self.engine = engine
-        self.settings = settings
-        self.weights_dir = weights_dir
-        self.metrics = metrics
-        self.resubscribe = resubscribe
+    state: ReplicaState
+    source: WeightSource
+    engine: EngineClient
+    settings: RolloutSettings
+    weights_dir: Path
+    metrics: RolloutMetrics
+    resubscribe: RetryPolicy = RESUBSCRIBE
 
     async def run_forever(self) -> None:
         """Runs the subscription; subscribes again when it breaks, when a version did not load, or
