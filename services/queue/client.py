@@ -25,7 +25,7 @@ from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
 from services.queue.errors import from_rpc_error
-from services.queue.stats import PromptQueueStats
+from services.queue.stats import PromptQueueStats, QueueStats, from_proto
 
 Request = TypeVar("Request")
 Reply = TypeVar("Reply")
@@ -52,41 +52,6 @@ class PromptLease:
     expires_at: float
     # 1 on first lease; higher when the prompt was re-issued after an expired lease.
     delivery_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """The trajectory queue's counters; see ``QueueStats`` in queue.proto for each field."""
-
-    queue_size: int
-    total_produced: int
-    total_consumed: int
-    dropped_by_reason: dict[str, int]
-    pending: int
-    capacity: int
-    avg_sample_age_versions: float
-    max_sample_age_versions: float
-    avg_sample_age_s: float
-    max_sample_age_s: float
-    stale_samples_ratio: float
-    consumer_lag: int
-
-    @classmethod
-    def from_proto(cls, msg: qpb.QueueStats) -> QueueStats:
-        return cls(
-            queue_size=msg.queue_size,
-            total_produced=msg.total_produced,
-            total_consumed=msg.total_consumed,
-            dropped_by_reason=dict(msg.dropped_by_reason),
-            pending=msg.pending,
-            capacity=msg.capacity,
-            avg_sample_age_versions=msg.avg_sample_age_versions,
-            max_sample_age_versions=msg.max_sample_age_versions,
-            avg_sample_age_s=msg.avg_sample_age_s,
-            max_sample_age_s=msg.max_sample_age_s,
-            stale_samples_ratio=msg.stale_samples_ratio,
-            consumer_lag=msg.consumer_lag,
-        )
 
 
 @dataclass
@@ -163,7 +128,7 @@ class QueueClient:
         return reply.acked
 
     async def stats(self) -> QueueStats:
-        return QueueStats.from_proto(await _call(self._trajectories.Stats, qpb.StatsRequest(), 30.0))
+        return from_proto(QueueStats, await _call(self._trajectories.Stats, qpb.StatsRequest(), 30.0))
 
     # Prompt queue -----------------------------------------------------------------------
 
@@ -220,7 +185,7 @@ class QueueClient:
         return list(reply.requeued), list(reply.dropped)
 
     async def prompt_stats(self) -> PromptQueueStats:
-        return PromptQueueStats.from_proto(await _call(self._prompts.Stats, qpb.PromptStatsRequest(), 30.0))
+        return from_proto(PromptQueueStats, await _call(self._prompts.Stats, qpb.PromptStatsRequest(), 30.0))
 
 
 async def _call(method: Callable[..., Awaitable[Reply]], request: Request, timeout_s: float) -> Reply:
