@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +101,22 @@ class Group:
     lease_id: str = ""
     created_at_unix_s: float = 0.0
     is_eval: bool = False
+
+    @classmethod
+    def answering(cls, prompt: PromptSpec, samples: list[Sample], lease_id: str) -> Group:
+        """The group of ``samples`` generated for ``prompt`` under ``lease_id``, with a new id: it
+        carries the prompt's identity, source, ground truth and extra info to the trainer."""
+        return cls(
+            group_id=uuid.uuid4().hex,
+            prompt_id=prompt.prompt_id,
+            samples=samples,
+            data_source=prompt.data_source,
+            ground_truth=prompt.ground_truth,
+            extra_info=prompt.extra_info,
+            lease_id=lease_id,
+            created_at_unix_s=time.time(),
+            is_eval=prompt.is_eval,
+        )
 
     @property
     def min_policy_version(self) -> int:

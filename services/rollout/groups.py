@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 from relayrl.schema import Group, PromptSpec, Sample
@@ -29,17 +28,7 @@ class GroupBuilder:
         """Scores each ``(result, started_at_unix_s)`` and wraps them in the group of ``lease_id``."""
         samples = [await self._sample(prompt, result, started) for result, started in results]
         self.metrics.reward_mean.set(sum(s.reward for s in samples) / max(len(samples), 1))
-        return Group(
-            group_id=uuid.uuid4().hex,
-            prompt_id=prompt.prompt_id,
-            samples=samples,
-            data_source=prompt.data_source,
-            ground_truth=prompt.ground_truth,
-            extra_info=prompt.extra_info,
-            lease_id=lease_id,
-            created_at_unix_s=time.time(),
-            is_eval=prompt.is_eval,
-        )
+        return Group.answering(prompt, samples, lease_id)
 
     async def _sample(self, prompt: PromptSpec, result: SampleResult, started: float) -> Sample:
         reward_started = time.perf_counter()

@@ -22,8 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,16 +76,7 @@ class SyntheticRollout:
                     reward=response.count(DIGIT_ONE) / length,
                 )
             )
-        return Group(
-            group_id=uuid.uuid4().hex,
-            prompt_id=prompt.prompt_id,
-            samples=samples,
-            data_source=prompt.data_source,
-            ground_truth=prompt.ground_truth,
-            lease_id=lease_id,
-            created_at_unix_s=time.time(),
-            is_eval=prompt.is_eval,
-        )
+        return Group.answering(prompt, samples, lease_id)
 
 
 class Stack:
