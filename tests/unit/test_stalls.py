@@ -10,8 +10,6 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from relayrl.stalls import StallWatch
 
-pytestmark = pytest.mark.unit
-
 
 def _watch(warn_after_s: float) -> tuple[StallWatch, CollectorRegistry]:
     registry = CollectorRegistry()
