@@ -1,5 +1,7 @@
 """RelayRL's Grafana dashboards, built with grafana-foundation-sdk.
 
-Each module builds one dashboard; :data:`observability.dashboards.generate.DASHBOARDS` lists
-them and ``make dashboards`` writes their JSON into ``deploy/helm/relayrl/dashboards/``.
+Each dashboard module (overview, rollout, trainer, queue, paramsync) has a ``build()``;
+``common`` holds the board and panel builders and ``promql`` the queries they share.
+:data:`observability.build.DASHBOARDS` lists the builders, and ``make dashboards``
+(``python -m observability.build``) writes their JSON into ``deploy/helm/relayrl/dashboards/``.
 """

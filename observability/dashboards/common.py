@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
@@ -49,6 +50,24 @@ def _targets(queries: Sequence[Query]) -> list[prometheus.Dataquery]:
     return targets
 
 
+Panel = TypeVar("Panel", timeseries.Panel, stat.Panel)
+
+
+def _framed(
+    panel: Panel, title: str, description: str, queries: Sequence[Query], unit: str, width: int, height: int
+) -> Panel:
+    """What every panel has: its text, the datasource and queries, the unit and the place it takes."""
+    return (
+        panel.title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries))
+        .unit(unit)
+        .span(width)
+        .height(height)
+    )
+
+
 def timeseries_panel(
     title: str,
     description: str,
@@ -61,14 +80,7 @@ def timeseries_panel(
     min_value: float | None = None,
 ) -> timeseries.Panel:
     panel = (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _framed(timeseries.Panel(), title, description, queries, unit, width, height)
         .line_width(1)
         .fill_opacity(10)
         .legend(
@@ -91,14 +103,7 @@ def stat_panel(
     title: str, description: str, queries: Sequence[Query], unit: str = "short", width: int = 4, height: int = 4
 ) -> stat.Panel:
     return (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _framed(stat.Panel(), title, description, queries, unit, width, height)
         # The latest value, big, with a sparkline of the time range behind it.
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .graph_mode(BigValueGraphMode.AREA)

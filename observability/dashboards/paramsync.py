@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, stat_panel, timeseries_panel
-from observability.dashboards.promql import counter_rate, quantiles, zero_if_absent
+from observability.dashboards.promql import (
+    counter_rate,
+    latency_panel,
+    rates_panel,
+    total_rate,
+    zero_if_absent,
+)
 
 UID = "relayrl-paramsync"
 
@@ -45,26 +51,23 @@ def build() -> Board:
         ),
     )
     board.row("Sync").add(
-        timeseries_panel(
+        latency_panel(
             "Sync duration",
             "From announcement to the version live in a replica's engine.",
-            quantiles("relayrl_paramsync_sync_duration_seconds"),
-            unit="s",
+            "relayrl_paramsync_sync_duration_seconds",
         ),
-        timeseries_panel(
+        latency_panel(
             "Publish duration",
             "From the trainer's manifest to the last verified byte of its upload.",
-            quantiles("relayrl_paramsync_publish_duration_seconds"),
-            unit="s",
+            "relayrl_paramsync_publish_duration_seconds",
         ),
-        timeseries_panel(
+        rates_panel(
             "Syncs and publishes",
             "Versions loaded by replicas and versions published by the trainer, per second.",
-            [
-                Query(f"sum({counter_rate('relayrl_paramsync_syncs_total')})", "replica syncs"),
-                Query(f"sum({counter_rate('relayrl_paramsync_versions_published_total')})", "published"),
-            ],
-            unit="ops",
+            {
+                "replica syncs": "relayrl_paramsync_syncs_total",
+                "published": "relayrl_paramsync_versions_published_total",
+            },
         ),
         timeseries_panel(
             "Failures by reason",
@@ -85,7 +88,7 @@ def build() -> Board:
             "Weight bandwidth",
             "Bytes per second received from the trainer and sent to replicas, by transport.",
             [
-                Query(f"sum({counter_rate('relayrl_paramsync_bytes_received_bytes_total')})", "received"),
+                total_rate("relayrl_paramsync_bytes_received_bytes_total", "received"),
                 Query(
                     zero_if_absent(f"sum by (transport) ({counter_rate('relayrl_paramsync_bytes_sent_bytes_total')})"),
                     "sent {{transport}}",

@@ -1,10 +1,12 @@
-"""PromQL snippets the dashboards share."""
+"""PromQL snippets the dashboards share, and the panel of summed counter rates built from them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from observability.dashboards.common import Query
+from grafana_foundation_sdk.builders import timeseries
+
+from observability.dashboards.common import Query, timeseries_panel
 
 RATE_WINDOW = "$__rate_interval"
 
@@ -12,6 +14,23 @@ RATE_WINDOW = "$__rate_interval"
 def counter_rate(series: str, selector: str = "") -> str:
     """Per-second increase of a monotonic total (a counter, or a gauge holding a running total)."""
     return f"rate({series}{selector}[{RATE_WINDOW}])"
+
+
+def total_rate(series: str, legend: str = "") -> Query:
+    """Per-second increase of a counter, summed over every target."""
+    return Query(f"sum({counter_rate(series)})", legend)
+
+
+def rates_panel(title: str, description: str, rates: Mapping[str, str]) -> timeseries.Panel:
+    """Events per second: one series per legend → counter, each summed over every target."""
+    return timeseries_panel(
+        title, description, [total_rate(series, legend) for legend, series in rates.items()], unit="ops"
+    )
+
+
+def per_instance(aggregation: str, expr: str) -> Query:
+    """One series per scrape target (each replica is its own), legended by its instance."""
+    return Query(f"{aggregation} by (instance) ({expr})", "{{instance}}")
 
 
 def zero_if_absent(expr: str) -> str:
@@ -30,6 +49,11 @@ def quantiles(histogram: str, by: Sequence[str] = (), levels: Sequence[float] = 
         )
         for level in levels
     ]
+
+
+def latency_panel(title: str, description: str, histogram: str) -> timeseries.Panel:
+    """p50/p95/p99 of a histogram in seconds."""
+    return timeseries_panel(title, description, quantiles(histogram), unit="s")
 
 
 # The busy-time counter only grows when a request starts or ends, so a window of a few minutes

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, stat_panel, timeseries_panel
-from observability.dashboards.promql import counter_rate, quantiles, zero_if_absent
+from observability.dashboards.promql import counter_rate, latency_panel, rates_panel, zero_if_absent
 
 UID = "relayrl-queue"
 
@@ -43,14 +43,10 @@ def build() -> Board:
         ),
     )
     board.row("Flow").add(
-        timeseries_panel(
+        rates_panel(
             "Groups per second",
             "Accepted from rollout and acknowledged by the trainer.",
-            [
-                Query(f"sum({counter_rate('relayrl_queue_total_produced_groups')})", "produced"),
-                Query(f"sum({counter_rate('relayrl_queue_total_consumed_groups')})", "consumed"),
-            ],
-            unit="ops",
+            {"produced": "relayrl_queue_total_produced_groups", "consumed": "relayrl_queue_total_consumed_groups"},
         ),
         timeseries_panel(
             "Drops by reason",
@@ -64,11 +60,10 @@ def build() -> Board:
             unit="ops",
             bars=True,
         ),
-        timeseries_panel(
+        rates_panel(
             "Re-issued prompt leases",
             "Expired leases handed to another replica per second (a replica died or stalled).",
-            [Query(f"sum({counter_rate('relayrl_queue_prompts_reissued_prompts')})", "re-issued")],
-            unit="ops",
+            {"re-issued": "relayrl_queue_prompts_reissued_prompts"},
         ),
         timeseries_panel(
             "Consumer lag",
@@ -97,17 +92,15 @@ def build() -> Board:
         ),
     )
     board.row("Latency").add(
-        timeseries_panel(
+        latency_panel(
             "Push latency",
             "Push RPC latency, including waits for capacity.",
-            quantiles("relayrl_queue_push_latency_seconds"),
-            unit="s",
+            "relayrl_queue_push_latency_seconds",
         ),
-        timeseries_panel(
+        latency_panel(
             "Pull latency",
             "Pull RPC latency, including blocking for groups.",
-            quantiles("relayrl_queue_pull_latency_seconds"),
-            unit="s",
+            "relayrl_queue_pull_latency_seconds",
         ),
     )
     return board

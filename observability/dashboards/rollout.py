@@ -10,7 +10,15 @@ the same dashboard works on GPUs and on a CPU machine.
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, timeseries_panel
-from observability.dashboards.promql import ROLLOUT_IDLE_BY_INSTANCE, counter_rate, quantiles
+from observability.dashboards.promql import (
+    ROLLOUT_IDLE_BY_INSTANCE,
+    counter_rate,
+    latency_panel,
+    per_instance,
+    quantiles,
+    rates_panel,
+    total_rate,
+)
 
 UID = "relayrl-rollout"
 
@@ -25,24 +33,19 @@ def build() -> Board:
             "Tokens per second",
             "Response tokens generated per second, per replica.",
             [
-                Query(f"sum by (instance) ({counter_rate('relayrl_rollout_generated_tokens_total')})", "{{instance}}"),
-                Query(f"sum({counter_rate('relayrl_rollout_generated_tokens_total')})", "all replicas"),
+                per_instance("sum", counter_rate("relayrl_rollout_generated_tokens_total")),
+                total_rate("relayrl_rollout_generated_tokens_total", "all replicas"),
             ],
         ),
         timeseries_panel(
             "Samples per second",
             "Samples generated and scored per second, per replica (verl's total_generated_samples).",
-            [
-                Query(
-                    f"sum by (instance) ({counter_rate('relayrl_rollout_total_generated_samples_total')})",
-                    "{{instance}}",
-                )
-            ],
+            [per_instance("sum", counter_rate("relayrl_rollout_total_generated_samples_total"))],
         ),
         timeseries_panel(
             "In-flight requests",
             "Generation requests in flight from each replica to its engine.",
-            [Query("sum by (instance) (relayrl_rollout_in_flight_requests)", "{{instance}}")],
+            [per_instance("sum", "relayrl_rollout_in_flight_requests")],
         ),
         timeseries_panel(
             "Idle ratio",
@@ -52,21 +55,19 @@ def build() -> Board:
             unit="percentunit",
             min_value=0,
         ),
-        timeseries_panel(
+        rates_panel(
             "Errors and drops",
             "Per second: failed generations, failed reward calls and samples dropped before push for staleness.",
-            [
-                Query(f"sum({counter_rate('relayrl_rollout_generation_errors_total')})", "generation errors"),
-                Query(f"sum({counter_rate('relayrl_rollout_reward_errors_total')})", "reward errors"),
-                Query(f"sum({counter_rate('relayrl_rollout_dropped_stale_samples_total')})", "dropped stale"),
-            ],
-            unit="ops",
+            {
+                "generation errors": "relayrl_rollout_generation_errors_total",
+                "reward errors": "relayrl_rollout_reward_errors_total",
+                "dropped stale": "relayrl_rollout_dropped_stale_samples_total",
+            },
         ),
-        timeseries_panel(
+        latency_panel(
             "Engine call latency",
             "Latency of one /generate call, all replicas.",
-            quantiles("relayrl_rollout_engine_latency_seconds"),
-            unit="s",
+            "relayrl_rollout_engine_latency_seconds",
         ),
         timeseries_panel(
             "Response length",
@@ -77,7 +78,7 @@ def build() -> Board:
             "Reward",
             "Mean reward of the last pushed group per replica, and the median over recent samples.",
             [
-                Query("avg by (instance) (relayrl_rollout_reward_mean)", "{{instance}}"),
+                per_instance("avg", "relayrl_rollout_reward_mean"),
                 Query(
                     f"histogram_quantile(0.5, sum by (le) ({counter_rate('relayrl_rollout_reward_bucket')}))",
                     "median, all replicas",
@@ -87,7 +88,7 @@ def build() -> Board:
         timeseries_panel(
             "Groups pushed",
             "Trajectory groups accepted by the queue per second, per replica.",
-            [Query(f"sum by (instance) ({counter_rate('relayrl_rollout_pushed_groups_total')})", "{{instance}}")],
+            [per_instance("sum", counter_rate("relayrl_rollout_pushed_groups_total"))],
             unit="ops",
         ),
     )
@@ -96,29 +97,27 @@ def build() -> Board:
             "Weight version per replica",
             "Policy version each replica's engine holds, against the latest paramsync holds.",
             [
-                Query("max by (instance) (relayrl_rollout_weight_version)", "{{instance}}"),
+                per_instance("max", "relayrl_rollout_weight_version"),
                 Query("max(relayrl_paramsync_latest_version)", "latest"),
             ],
         ),
-        timeseries_panel(
+        latency_panel(
             "Weight update duration",
             "From announcement to weights live in the engine (fetch + switch).",
-            quantiles("relayrl_rollout_weight_update_duration_seconds"),
-            unit="s",
+            "relayrl_rollout_weight_update_duration_seconds",
         ),
-        timeseries_panel(
+        rates_panel(
             "Weight loads",
             "Versions the replicas tried to load, and those that failed, per second.",
-            [
-                Query(f"sum({counter_rate('relayrl_rollout_param_sync_requests_total')})", "requests"),
-                Query(f"sum({counter_rate('relayrl_rollout_param_sync_failures_total')})", "failures"),
-            ],
-            unit="ops",
+            {
+                "requests": "relayrl_rollout_param_sync_requests_total",
+                "failures": "relayrl_rollout_param_sync_failures_total",
+            },
         ),
         timeseries_panel(
             "Engine ready",
             "1 when the replica's engine answers /health.",
-            [Query("min by (instance) (relayrl_rollout_engine_ready)", "{{instance}}")],
+            [per_instance("min", "relayrl_rollout_engine_ready")],
             min_value=0,
         ),
     )
@@ -158,26 +157,24 @@ def build() -> Board:
         timeseries_panel(
             "KV cache token usage",
             "SGLang only: fraction of the KV-cache token pool in use (sglang:token_usage).",
-            [Query("max by (instance) (sglang:token_usage)", "{{instance}}")],
+            [per_instance("max", "sglang:token_usage")],
             unit="percentunit",
         ),
         timeseries_panel(
             "Prefix cache hit rate",
             "SGLang only: radix-cache hit rate of prompt tokens (sglang:cache_hit_rate).",
-            [Query("avg by (instance) (sglang:cache_hit_rate)", "{{instance}}")],
+            [per_instance("avg", "sglang:cache_hit_rate")],
             unit="percentunit",
         ),
-        timeseries_panel(
+        latency_panel(
             "Time to first token",
             "SGLang only: time to first token (sglang:time_to_first_token_seconds).",
-            quantiles("sglang:time_to_first_token_seconds"),
-            unit="s",
+            "sglang:time_to_first_token_seconds",
         ),
-        timeseries_panel(
+        latency_panel(
             "Request latency",
             "SGLang only: end-to-end request latency inside the engine (sglang:e2e_request_latency_seconds).",
-            quantiles("sglang:e2e_request_latency_seconds"),
-            unit="s",
+            "sglang:e2e_request_latency_seconds",
         ),
     )
     return board

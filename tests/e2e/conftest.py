@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import supervised
 from tests.processes import process_alive
+from tests.waiting import wait_until
 
 TOKEN = "e2e-token"
 
@@ -57,14 +57,16 @@ def running_stack(config: StackConfig) -> Iterator[LocalStack]:
 
 
 def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """The trainer's exit code once it exits; any other component that fails meanwhile raises ComponentError."""
+
+    def trainer_exited() -> bool:
         stack.supervisor.check_alive(exited_ok=["trainer"])
-        code = stack.trainer_exit_code()
-        if code is not None:
-            return code
-        time.sleep(0.5)
-    raise TimeoutError(f"trainer still running after {timeout_s:.0f}s")
+        return stack.trainer_exit_code() is not None
+
+    wait_until(trainer_exited, timeout_s, "the trainer to exit", poll_s=0.5)
+    code = stack.trainer_exit_code()
+    assert code is not None
+    return code
 
 
 def training_rows(stack: LocalStack) -> list[dict[str, Any]]:

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 KEYS = {
     "engine_alone_samples_per_s",
     "trainer_alone_samples_per_s",

@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 
 from relayrl.stack.chaos.faults import FaultTracker
 from relayrl.stack.chaos.ledger import VersionWatch, verdict
 from tests.e2e.conftest import running_stack, small_run
+from tests.waiting import WaitTimeout, wait_until
 
 SEED = 17
 COMPONENTS = ("trainer", "redis", "queue", "paramsync", "engine-0", "rollout-0")
@@ -32,15 +32,23 @@ def test_killing_each_kind_of_component_keeps_the_four_zeros(runs_dir, tiny_mode
         tracker, watch = FaultTracker(stack), VersionWatch()
         engines = {f"engine-{i}": url for i, url in enumerate(stack.endpoints.engines)}
         next_at_step = rng.randint(1, 2)
-        deadline = time.monotonic() + 150
-        while stack.trainer_exit_code() is None:
-            assert time.monotonic() < deadline, f"run not done; open faults {tracker.open_faults()}"
+
+        def run_done() -> bool:
+            """One round of the chaos: watch versions, and kill the next component once the last one is back."""
+            nonlocal next_at_step
+            if stack.trainer_exit_code() is not None:
+                return True
             tracker.tick()
             watch.poll({n: (url, _pid(stack, n)) for n, url in engines.items()})
             if order and not tracker.open_faults() and tracker.step >= next_at_step:
                 tracker.sigkill(order.pop(0))
                 next_at_step = tracker.step + rng.randint(1, 2)
-            time.sleep(0.2)
+            return False
+
+        try:
+            wait_until(run_done, 150, "the run to finish", poll_s=0.2)
+        except WaitTimeout as exc:
+            raise AssertionError(f"run not done; open faults {tracker.open_faults()}") from exc
         tracker.tick()
         assert not order, f"the run ended before {order} were killed"
         assert stack.trainer_exit_code() == 0

@@ -10,20 +10,13 @@ import httpx
 
 from services.queue.client import QueueClient
 from tests.e2e.conftest import TOKEN, running_stack, small_run, training_rows, wait_for_trainer
+from tests.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _generated(rollout_url: str) -> int:
     return httpx.get(f"{rollout_url}/control/status", headers=AUTH, timeout=5).json()["total_generated_samples"]
-
-
-def _wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _queue_stats(address: str):
@@ -41,19 +34,19 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
     eta = 1
     with running_stack(small_run(runs_dir, tiny_model_dir, max_staleness=eta, total_steps=14)) as stack:
         rollout = stack.endpoints.rollouts_http[0]
-        _wait_until(lambda: _generated(rollout) > 0, 120, "the first samples")
+        wait_until(lambda: _generated(rollout) > 0, 120, "the first samples", poll_s=0.2)
 
         paused = httpx.post(f"{rollout}/control/pause", json={"mode": "abort"}, headers=AUTH, timeout=10)
         assert paused.status_code == 200 and paused.json()["paused"] is True
-        time.sleep(1.0)  # aborted requests come back and nothing new is leased
+        time.sleep(1.0)  # no status field says the aborted requests are back and counted: give them a second
         frozen = _generated(rollout)
-        time.sleep(2.0)
+        time.sleep(2.0)  # the behaviour under test: two seconds paused, not one sample more
         assert _generated(rollout) == frozen, "a paused replica kept generating"
         assert httpx.post(f"{rollout}/control/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
         resumed = httpx.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
-        _wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume")
+        wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume", poll_s=0.2)
 
         assert stack.ctl_env_file.stat().st_mode & 0o777 == 0o600, "ctl.env holds the token"
         ctl = subprocess.run(

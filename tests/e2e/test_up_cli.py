@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,6 +13,7 @@ import httpx
 from relayrl.net import free_port
 from relayrl.stack.progress import REWARD_KEY
 from tests.integration.rollout.conftest import EngineProcess
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # Scores in [0.25, 0.75], which no built-in scorer gives: the metrics show this file was called.
@@ -143,10 +143,14 @@ def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
         [sys.executable, "-m", "relayrl.cli", "up", "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip
-    deadline = time.monotonic() + 200
-    while not (run_dir / "checkpoints" / "latest").is_file():
-        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.2)
+
+    def checkpointed() -> bool:
+        if (run_dir / "checkpoints" / "latest").is_file():
+            return True
+        assert first.poll() is None, "no checkpoint before the run ended"
+        return False
+
+    wait_until(checkpointed, 200, "the first checkpoint", poll_s=0.2)
     first.send_signal(signal.SIGINT)
     stopped_output, _ = first.communicate(timeout=60)
     assert first.returncode == 130, stopped_output

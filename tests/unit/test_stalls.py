@@ -10,8 +10,6 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from relayrl.stalls import StallWatch
 
-pytestmark = pytest.mark.unit
-
 
 def _watch(warn_after_s: float) -> tuple[StallWatch, CollectorRegistry]:
     registry = CollectorRegistry()
@@ -28,7 +26,7 @@ def test_a_stalled_wait_logs_one_line_naming_what_and_whom(caplog: pytest.LogCap
     with caplog.at_level(logging.INFO, "test.stalls"), watch.waiting("trajectory groups", "rollout") as wait:
         wait.tick()
         assert caplog.records == []  # not stalled yet
-        time.sleep(0.06)
+        time.sleep(0.06)  # the stall under test: no progress for longer than warn_after_s
         wait.tick()
         wait.tick()
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -42,7 +40,7 @@ def test_the_gauge_reads_the_longest_wait_and_zero_once_nothing_waits() -> None:
     watch, registry = _watch(warn_after_s=60)
     assert _stalled(registry, "weights", "paramsync") is None
     with watch.waiting("weights", "paramsync") as old:
-        time.sleep(0.05)
+        time.sleep(0.05)  # the old wait ages before the new one starts: the gauge must read the older
         with watch.waiting("weights", "paramsync") as new:
             assert _stalled(registry, "weights", "paramsync") >= 0.05
             old.progress()

@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from relayrl.net import free_port
+from tests.waiting import WaitTimeout, wait_until
 
 SCRAPE_INTERVAL_S = 1
 # What Grafana's $__rate_interval becomes at this scrape interval: at least four scrapes.
@@ -73,17 +74,20 @@ class PrometheusServer:
 
     def start(self, timeout_s: float = 30) -> PrometheusServer:
         self._process = subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self._process.returncode}: {self.log_tail()}")
-            try:
-                if self._http.get("/-/ready").status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise PrometheusError(f"prometheus not ready after {timeout_s:.0f}s: {self.log_tail()}")
+        try:
+            wait_until(self._ready, timeout_s, "prometheus to be ready", poll_s=0.1)
+        except WaitTimeout as exc:
+            raise PrometheusError(f"{exc}: {self.log_tail()}") from exc
+        return self
+
+    def _ready(self) -> bool:
+        assert self._process is not None
+        if self._process.poll() is not None:
+            raise PrometheusError(f"prometheus exited with {self._process.returncode}: {self.log_tail()}")
+        try:
+            return self._http.get("/-/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
         self._http.close()

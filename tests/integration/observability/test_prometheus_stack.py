@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from relayrl.ctl.deployment import act, gather_status
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.supervisor import supervised
-from tests.integration.observability.prometheus import PrometheusServer, grafana_to_promql
+from tests.integration.observability.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, grafana_to_promql
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS_BEFORE_CHECKING = 3
@@ -69,14 +69,15 @@ def _config(runs_dir: Path) -> StackConfig:
 
 
 def _wait_for_steps(prometheus: PrometheusServer, stack: LocalStack, steps: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def reached() -> bool:
         stack.supervisor.check_alive()
         result = prometheus.query("max(relayrl_trainer_global_steps)")
-        if result.series and float(result.series[0]["value"][1]) >= steps:
-            return
-        time.sleep(1)
-    raise AssertionError(f"the trainer did not reach step {steps} in {timeout_s:.0f}s; logs in {stack.run_dir}")
+        return bool(result.series) and float(result.series[0]["value"][1]) >= steps
+
+    # One poll a second: Prometheus scrapes no faster.
+    wait_until(
+        reached, timeout_s, f"the trainer to reach step {steps} (logs in {stack.run_dir})", poll_s=SCRAPE_INTERVAL_S
+    )
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import sys
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from relayrl.stack.process import ComponentError, ComponentSpec
 from relayrl.stack.restart import RestartPolicy, RestartRecord
 from relayrl.stack.supervisor import supervised
 from tests.processes import process_alive
+from tests.waiting import wait_until
 
 # A parent that starts a long-lived child, as torchrun does with its workers.
 PARENT_WITH_CHILD = """
@@ -24,13 +24,13 @@ time.sleep(600)
 
 
 def _child_pid(component) -> int:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def reported() -> int | None:
         for line in component.recent_output().splitlines():
             if line.startswith("child "):
                 return int(line.split()[1])
-        time.sleep(0.05)
-    raise AssertionError("child never reported its pid")
+        return None
+
+    return wait_until(reported, 10, "the child to report its pid")
 
 
 def test_stopping_the_stack_leaves_no_process_behind():
@@ -90,12 +90,9 @@ def test_a_component_runs_on_its_cpu_set_and_so_do_its_children():
         assert os.sched_getaffinity(child) == {0}
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+def _restarted(stack, component) -> bool:
+    stack.check_alive()  # restarts the component once its backoff has passed
+    return component.running()
 
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -111,7 +108,7 @@ def test_a_killed_component_is_restarted_after_a_backoff_and_counted(tmp_path):
         component.process.wait(timeout=10)
         stack.check_alive()  # schedules the restart, does not block on it
         assert not component.running()
-        _wait(lambda: (stack.check_alive(), component.running())[1], 10, "the restart")
+        wait_until(lambda: _restarted(stack, component), 10, "the restart")
         assert component.process.pid != first and process_alive(component.process.pid)
         recorded = json.loads(stack.restarts_file.read_text())["queue"]
         assert recorded["restarts"] == 1 and recorded["last_exit_code"] == -signal.SIGKILL and recorded["running"]
@@ -122,10 +119,8 @@ def test_a_crash_looping_component_stops_the_stack_by_name():
     crash = [sys.executable, "-c", "import sys; print('boom', flush=True); sys.exit(4)"]
     with pytest.raises(ComponentError) as err, supervised(io.StringIO(), policy) as stack:
         stack.start_all([ComponentSpec("paramsync", crash)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            stack.check_alive()
-            time.sleep(0.02)
+        # check_alive returns nothing: it raises once the policy gives up on paramsync.
+        wait_until(stack.check_alive, 30, "the stack to give up on paramsync", poll_s=0.02)
     assert str(err.value).startswith("paramsync: exited with code 4 after 2 restarts within 60s; giving up")
     assert stack.restarts["paramsync"].restarts == 2
 
@@ -165,6 +160,6 @@ def test_a_restart_first_kills_workers_that_left_the_process_group():
         os.kill(component.process.pid, signal.SIGKILL)  # the launcher alone dies; its worker lives on
         component.process.wait(timeout=10)
         assert process_alive(orphan)
-        _wait(lambda: (stack.check_alive(), component.running())[1], 10, "the restart")
+        wait_until(lambda: _restarted(stack, component), 10, "the restart")
         assert not process_alive(orphan), "the old worker survived the restart (it would hold the ports)"
     assert not any(process_alive(pid) for pid in (orphan, component.process.pid))

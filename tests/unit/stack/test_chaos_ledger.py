@@ -6,24 +6,23 @@ import json
 from relayrl.stack.chaos.ledger import Lineage, VersionWatch, lost_groups, step_gaps
 
 
-def _write(path, rows):
+def _lineage(tmp_path, *rows) -> Lineage:
+    """The lineage of a groups.jsonl holding ``rows`` and, as after a crash, a torn last line."""
+    path = tmp_path / "groups.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "torn')
+    return Lineage.read(path)
 
 
 def test_steps_written_again_after_a_resume_replace_the_rolled_back_ones(tmp_path):
-    path = tmp_path / "groups.jsonl"
-    _write(
-        path,
-        [
-            {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
-            {"step": 2, "version": 1, "group_ids": ["c", "d"], "ages": [1, 0]},
-            {"step": 3, "version": 2, "group_ids": ["e", "f"], "ages": [0, 1]},  # lost with the crash
-            {"dropped": "stale", "group_ids": ["g"]},
-            # resumed from the checkpoint at step 2: step 3 again, "e" trained again legitimately
-            {"step": 3, "version": 2, "group_ids": ["e", "h"], "ages": [0, 2]},
-        ],
+    lineage = _lineage(
+        tmp_path,
+        {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
+        {"step": 2, "version": 1, "group_ids": ["c", "d"], "ages": [1, 0]},
+        {"step": 3, "version": 2, "group_ids": ["e", "f"], "ages": [0, 1]},  # lost with the crash
+        {"dropped": "stale", "group_ids": ["g"]},
+        # resumed from the checkpoint at step 2: step 3 again, "e" trained again legitimately
+        {"step": 3, "version": 2, "group_ids": ["e", "h"], "ages": [0, 2]},
     )
-    lineage = Lineage.read(path)
     assert lineage.trained() == ["a", "b", "c", "d", "e", "h"]
     assert lineage.trained_twice() == 0
     assert lineage.staleness_violations(max_staleness=1) == 1  # "h" at age 2
@@ -33,15 +32,12 @@ def test_steps_written_again_after_a_resume_replace_the_rolled_back_ones(tmp_pat
 
 
 def test_a_group_in_two_steps_of_the_lineage_is_trained_twice(tmp_path):
-    path = tmp_path / "groups.jsonl"
-    _write(
-        path,
-        [
-            {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
-            {"step": 2, "version": 1, "group_ids": ["b", "c"], "ages": [1, 0]},
-        ],
+    lineage = _lineage(
+        tmp_path,
+        {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
+        {"step": 2, "version": 1, "group_ids": ["b", "c"], "ages": [1, 0]},
     )
-    assert Lineage.read(path).trained_twice() == 1
+    assert lineage.trained_twice() == 1
 
 
 def test_an_engine_going_back_a_version_is_a_regression_a_restarted_one_a_reset():

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from relayrl.stack.config import StackConfig
 from relayrl.stack.cpus import CpuSets, plan_cpus
-
-pytestmark = pytest.mark.unit
 
 
 def test_auto_on_two_cores_gives_one_to_the_engine_and_one_to_the_trainer():
@@ -40,5 +39,5 @@ def test_the_yaml_spelling_of_each_form_parses():
     assert StackConfig.model_validate({"stack": {"cpus": "off"}}).stack.cpus == "off"
     sets = StackConfig.model_validate({"stack": {"cpus": {"engines": [0], "trainer": [1]}}}).stack.cpus
     assert sets == CpuSets(engines=[0], trainer=[1])
-    with pytest.raises(ValueError, match="cpus"):
+    with pytest.raises(ValidationError, match="cpus"):
         StackConfig.model_validate({"stack": {"cpus": "half"}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from relayrl.stack.config import StackConfig
 from services.rollout.config import RolloutSettings
@@ -21,7 +22,7 @@ def test_config_sections_validate(path: Path) -> None:
 
 
 def test_rollout_correction_without_a_threshold_fails_naming_it() -> None:
-    with pytest.raises(ValueError, match="ROLLOUT_IS_THRESHOLD"):
+    with pytest.raises(ValidationError, match="ROLLOUT_IS_THRESHOLD"):
         TrainerSettings(rollout_is=True)
-    with pytest.raises(ValueError, match="vanilla/decoupled"):
+    with pytest.raises(ValidationError, match="vanilla/decoupled"):
         TrainerSettings(rollout_is=True, rollout_is_threshold=2.0, pg_variant="topr")

@@ -15,8 +15,6 @@ from relayrl.stack.workloads import WORKLOADS, get_workload, realistic_budget, r
 from relayrl.tasks import score_builtin
 from services.trainer.data import read_rows, tokenize_rows
 
-pytestmark = pytest.mark.unit
-
 
 def test_realistic_budgets_have_a_long_tail_median_64_p99_eight_times_max_512():
     rng = random.Random(1)
