@@ -59,6 +59,11 @@ class FaultyProxy:
             _abort(writer)
         self._writers.clear()
 
+    @property
+    def partitioned(self) -> bool:
+        """True while a partition holds: new connections hang until it heals."""
+        return not self._healed.is_set()
+
     async def partition(self, seconds: float) -> None:
         self._healed.clear()
         self.reset()

@@ -11,6 +11,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from relayrl.stack.chaos.proxy import ProxyFleet
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_traffic_passes_then_latency_reset_and_partition_hit_it(redis_server, fl
     assert client.get("k") == b"v"  # and a new connection works
 
     healed = fleet.inject("redis", "partition", seconds=2.0)
-    time.sleep(0.1)  # lets the proxy loop start the partition: FaultyProxy exposes no flag to wait on
+    wait_until(lambda: fleet.proxies["redis"].partitioned, timeout_s=5, what="the partition to start")
     with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
         _client(address).get("k")
     healed.result(timeout=10)
