@@ -39,7 +39,7 @@ async def test_pending_groups_hold_capacity_until_acked_and_a_blocked_push_then_
             await producer.push([make_group(2)], timeout_s=0.2)
 
         blocked = asyncio.create_task(producer.push([make_group(2)], timeout_s=5))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # what is under test: the push stays blocked while the queue is full
         assert not blocked.done()
         await trainer.ack("trainer-0", [held[0].entry_id])
         assert len(await asyncio.wait_for(blocked, 5)) == 1

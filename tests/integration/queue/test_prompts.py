@@ -45,7 +45,7 @@ async def test_an_expired_lease_is_reissued_to_another_replica(start_queue):
         assert [lease.prompt.prompt_id for lease in other] == ["ds/1"]
         assert await client.complete("replica-b", [other[0].lease_id]) == 1
 
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # past the lease timeout: only time expires a lease
         reissued = await client.lease("replica-b", max_prompts=5, held_version=0, block_timeout_s=1)
         assert [lease.prompt.prompt_id for lease in reissued] == ["ds/0"]
         assert reissued[0].delivery_count == 2 and reissued[0].lease_id != crashed[0].lease_id
@@ -62,7 +62,7 @@ async def test_lease_blocks_until_a_prompt_is_released(start_queue):
     server = await start_queue()
     async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as replica:
         waiting = asyncio.create_task(replica.lease("replica-a", max_prompts=1, held_version=0, block_timeout_s=30))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # what is under test: the lease stays blocked while nothing is released
         assert not waiting.done()
         await trainer.release([prompt(7)])
         # Woken by the release itself, long before the fallback re-check (5 s here).
@@ -76,7 +76,7 @@ async def test_a_blocked_lease_is_woken_by_a_give_back_and_by_a_lease_expiring(s
         await client.release([prompt(0), prompt(1)])
         first, _ = await client.lease("replica-a", max_prompts=2, held_version=0)
         waiting = asyncio.create_task(client.lease("replica-b", max_prompts=1, held_version=0, block_timeout_s=30))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the second lease is blocked before the give-back, not after
         await client.abandon("replica-a", [first.lease_id], "stale")
         (given_back,) = await asyncio.wait_for(waiting, 2.5)
         # The other lease expires after 1 s; a lease blocked on nothing else wakes for it.
@@ -93,7 +93,7 @@ async def test_a_renewed_lease_outlives_its_timeout_and_a_reissued_one_cannot_be
         (slow,) = await client.lease("replica-a", max_prompts=1, held_version=0)
         (lost,) = await client.lease("replica-a", max_prompts=1, held_version=0)
         for _ in range(4):  # a generation four times as long as the lease timeout
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the generation's time: renewals must outlast the lease timeout
             renewed, expires_at = await client.renew("replica-a", [slow.lease_id])
             assert renewed == [slow.lease_id] and expires_at > slow.expires_at
         # Not renewed: it expired and went to another replica, who now holds it alone.

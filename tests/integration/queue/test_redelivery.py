@@ -59,7 +59,7 @@ async def test_entries_of_a_sigkilled_consumer_are_redelivered_to_another_after_
         first = await client.pull("trainer-b", current_version=0, max_staleness=0, max_groups=10)
         assert len(first) == 2 and not set(held) & {d.entry_id for d in first}
 
-        await asyncio.sleep(1.3)
+        await asyncio.sleep(1.3)  # past the dead consumer's claim idle time: only time reclaims its groups
         again = await client.pull("trainer-b", current_version=0, max_staleness=0, max_groups=10, block_timeout_s=2)
         assert sorted(d.entry_id for d in again) == sorted(held)
         assert {d.delivery_count for d in again} == {2}
@@ -79,7 +79,7 @@ async def test_a_live_consumer_keeps_its_pending_entries_across_many_pulls(start
             # The trainer keeps training (pulling) without acking: its checkpoint is not durable yet.
             assert await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2) == []
             assert await other.pull("trainer-1", current_version=0, max_staleness=0, max_groups=2) == []
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # what is under test: nothing is re-delivered while unacked
         assert await trainer.ack("trainer-0", [d.entry_id for d in held]) == 2
 
 

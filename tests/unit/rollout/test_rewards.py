@@ -69,7 +69,7 @@ def _raises(*_: object) -> float:
 
 
 def _hangs(*_: object) -> float:
-    time.sleep(2)
+    time.sleep(2)  # a reward function that outlives its timeout
     return 1.0
 
 
