@@ -54,7 +54,7 @@ def _start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 async def _direct(engine_url: str, prompts: list[list[int]], n: int, max_new_tokens: int, concurrency: int) -> int:
-    from services.rollout.engine_client import EngineClient, SamplingParams
+    from services.engine.client import EngineClient, SamplingParams
 
     # The requests the rollout service sends: one /generate with n per prompt, `concurrency`
     # prompts in flight.
@@ -76,11 +76,11 @@ async def _through_service(
 ) -> tuple[int, float]:
     """Tokens generated and seconds from releasing the prompts to pulling the last group."""
     from relayrl.schema import PromptSpec
+    from services.engine.client import EngineClient
     from services.queue.client import QueueClient
     from services.queue.config import QueueSettings
     from services.queue.server import start_queue_server
     from services.rollout.config import RolloutSettings
-    from services.rollout.engine_client import EngineClient
     from services.rollout.replica import Replica
     from services.rollout.rewards import RewardRunner, resolve_reward
 

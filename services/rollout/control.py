@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from relayrl.v1 import rollout_pb2 as pb
 from relayrl.v1 import rollout_pb2_grpc as pb_grpc
-from services.rollout.engine_client import EngineClient, EngineError, PauseMode
+from services.engine.client import EngineClient, EngineError, PauseMode
 from services.rollout.state import ReplicaState, Status
 
 _MODES = {pb.PAUSE_MODE_ABORT: "abort", pb.PAUSE_MODE_RETRACT: "retract", pb.PAUSE_MODE_IN_PLACE: "in_place"}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from services.rollout.engine_client import EngineClient, EngineError
+from services.engine.client import EngineClient, EngineError
 from services.rollout.generation import parse_version
 from services.rollout.state import ReplicaState
 

@@ -17,7 +17,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
-from services.rollout.engine_client import EngineClient, EngineError, GenerateOutput, SamplingParams
+from services.engine.client import EngineClient, EngineError, GenerateOutput, SamplingParams
 
 # An engine that aborts the same sample this many times in a row is broken, not paused.
 MAX_RESUBMITS = 64

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from relayrl.schema import PromptSpec, validate_group
 from relayrl.stalls import StallWatch
+from services.engine.client import EngineClient, EngineError, EngineUnavailableError, SamplingParams
 from services.rollout.config import RolloutSettings
-from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError, SamplingParams
 from services.rollout.generation import GenerationError, SampleResult, generate_group
 from services.rollout.groups import GroupBuilder
 from services.rollout.leases import Lease, LeaseKeeper

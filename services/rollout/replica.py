@@ -8,9 +8,9 @@ import logging
 from pathlib import Path
 
 from relayrl.stalls import StallWatch
+from services.engine.client import EngineClient
 from services.rollout.config import RolloutSettings
 from services.rollout.control import ReplicaControl
-from services.rollout.engine_client import EngineClient
 from services.rollout.engine_watch import EngineWatch
 from services.rollout.groups import GroupBuilder
 from services.rollout.leases import LeaseKeeper, ReplicaQueue

@@ -12,9 +12,9 @@ from relayrl.http_app import create_http_app
 from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
 from relayrl.v1 import rollout_pb2
 from relayrl.v1 import rollout_pb2_grpc as pb_grpc
+from services.engine.client import EngineClient
 from services.rollout.config import RolloutSettings
 from services.rollout.control import RolloutControlServicer, control_router
-from services.rollout.engine_client import EngineClient
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
 

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import httpx
 
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
+from services.engine.client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
 from services.rollout.config import RolloutSettings
-from services.rollout.engine_client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
 from services.rollout.generation import parse_version
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.state import ReplicaState

@@ -20,9 +20,9 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Any
 
 from relayrl.net import free_port
+from services.engine.client import EngineClient
 from services.paramsync.discovery import ReplicaEndpoint
 from services.paramsync.manifest import Announcement, TensorSpec
 from services.paramsync.store import StoredVersion
@@ -87,8 +87,6 @@ class DistributedTransport(WeightTransport):
         return self.announcement(stored)
 
     async def _round(self, stored: StoredVersion, replicas: list[ReplicaEndpoint]) -> None:
-        from services.rollout.engine_client import EngineClient
-
         clients = {r.replica_id: EngineClient(r.engine_url, timeout=self.sync_timeout, retries=0) for r in replicas}
         try:
             healthy = []
@@ -116,7 +114,7 @@ class DistributedTransport(WeightTransport):
         finally:
             await asyncio.gather(*(c.aclose() for c in clients.values()))
 
-    async def _broadcast(self, stored: StoredVersion, engines: list[Any]) -> None:
+    async def _broadcast(self, stored: StoredVersion, engines: list[EngineClient]) -> None:
         import torch.distributed as dist
 
         self._rounds += 1
@@ -149,7 +147,7 @@ class DistributedTransport(WeightTransport):
             await asyncio.gather(*(e.destroy_weights_update_group(group) for e in engines), return_exceptions=True)
 
     async def _send_bucket(
-        self, stored: StoredVersion, bucket: list[tuple[TensorSpec, int]], engines: list[Any], group: str
+        self, stored: StoredVersion, bucket: list[tuple[TensorSpec, int]], engines: list[EngineClient], group: str
     ) -> None:
         import torch
         import torch.distributed as dist

@@ -23,8 +23,8 @@ import yaml
 from relayrl.models.loading import load_causal_lm
 from relayrl.models.tiny import TinyModelSpec, init_tiny
 from relayrl.net import free_port, wait_for_port
+from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
-from services.rollout.engine_client import EngineClient
 from tests.integration.deploy._fakes import FakeKubeAPI, endpoint_slice
 
 REPO = Path(__file__).resolve().parents[3]

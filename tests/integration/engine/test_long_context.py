@@ -11,7 +11,7 @@ import torch
 
 from relayrl.models.tiny import TinyModelSpec, init_tiny
 from relayrl.net import free_port
-from services.rollout.engine_client import EngineClient, SamplingParams
+from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess
 from tests.integration.rollout.test_engine import reference_logprobs
 

@@ -15,8 +15,8 @@ import torch
 
 from relayrl.models.loading import load_causal_lm
 from relayrl.net import free_port
+from services.engine.client import EngineClient, SamplingParams
 from services.paramsync.client import ParamSyncClient
-from services.rollout.engine_client import EngineClient, SamplingParams
 from tests.integration.paramsync.harness import REPO, python_env, serve_process, stop
 
 pytestmark = pytest.mark.paramsync

@@ -13,6 +13,7 @@ import torch
 
 from relayrl.schema import Group, PromptSpec
 from relayrl.serving import start_grpc_server
+from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.discovery import create_discovery
@@ -20,7 +21,6 @@ from services.paramsync.server import SERVICE_NAME, build_service
 from services.paramsync.service import add_to_server
 from services.queue.client import QueueClient
 from services.rollout.config import RolloutSettings
-from services.rollout.engine_client import EngineClient
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward

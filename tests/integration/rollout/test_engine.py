@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from services.rollout.engine_client import EngineClient, SamplingParams
+from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
 from tests.waiting import wait_until_async
 

@@ -15,10 +15,10 @@ import httpx
 from relayrl.redis_process import RedisProcess
 from relayrl.retry import RetryPolicy
 from relayrl.stack.chaos.proxy import FaultyProxy
+from services.engine.client import EngineClient, SamplingParams
 from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
-from services.rollout.engine_client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import (
     bare_weight_sync,

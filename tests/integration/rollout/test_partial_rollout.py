@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.engine.client import EngineClient, SamplingParams
 from services.paramsync.client import ParamSyncClient
-from services.rollout.engine_client import EngineClient, SamplingParams
 from services.rollout.generation import generate_group
 from tests.integration.rollout.conftest import EngineProcess
 from tests.integration.rollout.replica_harness import bare_weight_sync, new_policy, paramsync_service

@@ -9,11 +9,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from relayrl.redis_process import RedisProcess
+from services.engine.client import EngineClient
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.keys import Keys
 from services.queue.server import QueueServer, start_queue_server
-from services.rollout.engine_client import EngineClient
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import prompt, pull_groups, running_replica, sample_value
 from tests.waiting import wait_until_async

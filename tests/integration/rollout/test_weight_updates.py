@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from relayrl.redis_process import RedisProcess
+from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
-from services.rollout.engine_client import EngineClient
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import (
     new_policy,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.engine_client import EngineError, GenerateOutput, SamplingParams
+from services.engine.client import EngineError, GenerateOutput, SamplingParams
 from services.rollout.generation import parse_version
 
 
