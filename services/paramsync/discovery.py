@@ -22,27 +22,10 @@ retry its own transient failures rather than raise.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from services.paramsync.config import ParamSyncSettings
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaEndpoint:
-    """One rollout replica: its stable id and the base URL of its engine's HTTP API."""
-
-    replica_id: str
-    engine_url: str = ""
-
-
-@runtime_checkable
-class ReplicaDiscovery(Protocol):
-    def watch(self) -> AsyncIterator[frozenset[ReplicaEndpoint]]:
-        """Yields the full replica set now and after every change; runs until cancelled."""
-        ...
+from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 
 
 class StaticDiscovery:
@@ -57,7 +40,10 @@ class StaticDiscovery:
 
 
 def create_discovery(settings: ParamSyncSettings) -> ReplicaDiscovery:
+    """The discovery backend ``RELAYRL_PARAMSYNC_DISCOVERY`` names: static or kubernetes."""
     if settings.discovery == "kubernetes":
-        module = importlib.import_module("services.paramsync.discovery_k8s")
-        return module.KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)
+        # Imported only here: the kubernetes client is heavy and only this backend needs it.
+        from services.paramsync.discovery_k8s import KubernetesDiscovery
+
+        return KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)
     return StaticDiscovery(settings.replica_endpoints())

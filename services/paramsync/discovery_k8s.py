@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import grpc
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
 from services.paramsync import safetensors_io
-from services.paramsync.discovery import ReplicaDiscovery, ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 from services.paramsync.manifest import Announcement, Manifest
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.store import StoredVersion, StoreError, UploadWriter, VersionState, VersionStore

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import ReplicaState
 from services.paramsync.metrics import ParamSyncMetrics
 

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement
 from services.paramsync.store import StoredVersion
 

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement
 from services.paramsync.safetensors_io import prune, write_version
 from services.paramsync.store import StoredVersion

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from relayrl.net import free_port
 from services.engine.client import EngineClient
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement, TensorSpec
 from services.paramsync.store import StoredVersion
 from services.paramsync.table import VersionTable

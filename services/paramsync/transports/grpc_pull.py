@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.paramsync.discovery import ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement
 from services.paramsync.store import StoredVersion
 from services.paramsync.transports.base import WeightTransport

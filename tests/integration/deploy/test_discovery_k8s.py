@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from services.paramsync.discovery import ReplicaEndpoint
 from services.paramsync.discovery_k8s import KubernetesDiscovery
+from services.paramsync.endpoints import ReplicaEndpoint
 from tests.integration.deploy._fakes import FakeKubeAPI, endpoint_slice
 
 SERVICE = "rl-relayrl-rollout"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from services.paramsync.discovery import ReplicaEndpoint
 from services.paramsync.discovery_k8s import replicas_from_slices
+from services.paramsync.endpoints import ReplicaEndpoint
 
 
 def endpoint(pod: str | None, address: str, ready: bool | None = True, hostname: str | None = None):

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.paramsync.config import ParamSyncSettings
-from services.paramsync.discovery import ReplicaDiscovery, ReplicaEndpoint, StaticDiscovery
+from services.paramsync.discovery import StaticDiscovery
+from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 from services.paramsync.server import build_service
 
 pytestmark = pytest.mark.paramsync
