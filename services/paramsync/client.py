@@ -41,8 +41,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync import dataplane_client
-from services.paramsync.dataplane_client import DataPlaneAddress, DataPlaneUnreachable
+from services.paramsync.dataplane import client as dataplane_client
+from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable
 from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
 from services.paramsync.errors import (
     TRANSIENT_CODES,

@@ -10,7 +10,7 @@ from pathlib import Path
 from relayrl.http_app import create_http_app
 from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
 from services.paramsync.config import ParamSyncSettings
-from services.paramsync.dataplane_server import DataPlaneServer
+from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server

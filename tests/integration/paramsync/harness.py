@@ -15,7 +15,7 @@ from pathlib import Path
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
 from services.paramsync.config import ParamSyncSettings
-from services.paramsync.dataplane_server import DataPlaneServer
+from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.server import build_service
 from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server

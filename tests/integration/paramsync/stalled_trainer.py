@@ -15,7 +15,7 @@ import torch
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync.dataplane_frames import frame, recv_frame
+from services.paramsync.dataplane.frames import frame, recv_frame
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
 
 CHUNK = 1024

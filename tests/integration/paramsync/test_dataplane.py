@@ -12,10 +12,10 @@ import torch
 
 from relayrl.net import free_port
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync import dataplane_client
 from services.paramsync.client import ParamSyncClient
-from services.paramsync.dataplane_client import DataPlaneAddress
-from services.paramsync.dataplane_frames import LENGTH, MAX_FRAME_BYTES, frame, recv_exactly, recv_frame
+from services.paramsync.dataplane import client as dataplane_client
+from services.paramsync.dataplane.client import DataPlaneAddress
+from services.paramsync.dataplane.frames import LENGTH, MAX_FRAME_BYTES, frame, recv_exactly, recv_frame
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes

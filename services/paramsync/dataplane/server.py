@@ -26,7 +26,7 @@ from typing import TypeVar
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.dataplane_frames import FrameError, frame, recv_frame
+from services.paramsync.dataplane.frames import FrameError, frame, recv_frame
 from services.paramsync.manifest import Manifest
 from services.paramsync.service import ParamSyncService
 from services.paramsync.store import StoredVersion, StoreError, UploadWriter, VersionState

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.dataplane_frames import FrameError, frame, recv_frame
+from services.paramsync.dataplane.frames import FrameError, frame, recv_frame
 from services.paramsync.digest import new_hasher
 from services.paramsync.errors import ChecksumMismatch, ParamSyncError, from_status
 from services.paramsync.manifest import Manifest
