@@ -5,6 +5,11 @@ Routes (every service: ``relayrl.http_app.CONTROL_PREFIX``): rollout ``POST /con
 ``POST /control/pause`` (stop consuming), ``POST /control/resume``, ``POST /control/checkpoint``,
 ``GET /control/status``; queue ``TrajectoryQueue.Stats`` and ``PromptQueue.Stats``; paramsync
 ``ParamSync.ListReplicas``.
+
+Each report is the service's own status type (``services.rollout.state.Status``,
+``services.trainer.status.TrainerStatus``, ``services.queue.stats.QueueStats``,
+``services.paramsync.manifest.ReplicaVersion``) with the endpoint it was read from, so a field
+added to a service's status reaches ``relayrl ctl`` without a second copy.
 """
 
 from __future__ import annotations
@@ -17,75 +22,44 @@ from pydantic import SecretStr
 
 from relayrl.ctl.calls import CallError, HttpControl, grpc_call
 from relayrl.v1 import paramsync_pb2, paramsync_pb2_grpc, queue_pb2, queue_pb2_grpc
+from services.paramsync.manifest import ReplicaVersion
+from services.queue.stats import PromptQueueStats, QueueStats, from_proto
+from services.rollout.state import Status
+from services.trainer.status import TrainerStatus
 
 PauseMode = Literal["abort", "retract", "in_place"]
 D = TypeVar("D")
 
 
-@dataclass(frozen=True)
-class ReplicaStatus:
+@dataclass(frozen=True, slots=True)
+class ReplicaReport(Status):
+    """A rollout replica's own status, as read from ``endpoint``."""
+
     endpoint: str
-    replica_id: str
-    weight_version: int
-    latest_version: int
-    paused: bool
-    pause_mode: str
-    in_flight: int
-    leases_held: int
-    tokens_per_s: float
-    samples_per_s: float
-    total_generated_samples: int
-    generation_errors: int
-    engine_ready: bool
 
     @property
     def lag(self) -> int:
         return max(self.latest_version - self.weight_version, 0)
 
 
-@dataclass(frozen=True)
-class TrainerStatus:
+@dataclass(frozen=True, slots=True)
+class TrainerReport(TrainerStatus):
+    """The trainer's own status, as read from ``endpoint``."""
+
     endpoint: str
-    step: int
-    version: int
-    total_steps: int
-    consuming: bool
-    checkpoint_requested: bool
-    buffered_groups: int
-    unacked_groups: int
-    param_sync_count: int
-    world_size: int
 
 
-@dataclass(frozen=True)
-class QueueStatus:
+@dataclass(frozen=True, slots=True)
+class QueueReport(QueueStats):
+    """The trajectory queue's counters with the prompt queue's two gauges, read from ``endpoint``."""
+
     endpoint: str
-    queue_size: int
-    pending: int
-    capacity: int
-    total_produced: int
-    total_consumed: int
-    dropped_by_reason: dict[str, int]
-    consumer_lag: int
-    avg_sample_age_versions: float
-    max_sample_age_versions: float
-    stale_samples_ratio: float
     prompts_waiting: int
     prompts_leased: int
 
 
 @dataclass(frozen=True)
-class ReplicaVersion:
-    replica_id: str
-    version: int
-    lag_versions: int
-    state: str
-    consecutive_failures: int
-    last_error: str
-
-
-@dataclass(frozen=True)
-class ParamsyncStatus:
+class ParamsyncReport:
     endpoint: str
     latest_version: int
     replicas: list[ReplicaVersion] = field(default_factory=list)
@@ -105,15 +79,15 @@ class RolloutControl:
         self.url = url
         self._http = HttpControl(url, token, timeout_s)
 
-    def status(self) -> ReplicaStatus:
-        return _from_answer(ReplicaStatus, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
+    def status(self) -> ReplicaReport:
+        return _from_answer(ReplicaReport, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
 
-    def pause(self, mode: PauseMode) -> ReplicaStatus:
+    def pause(self, mode: PauseMode) -> ReplicaReport:
         answer = self._http.call("POST", "/control/pause", {"mode": mode})
-        return _from_answer(ReplicaStatus, self.url, answer, endpoint=self.url)
+        return _from_answer(ReplicaReport, self.url, answer, endpoint=self.url)
 
-    def resume(self) -> ReplicaStatus:
-        return _from_answer(ReplicaStatus, self.url, self._http.call("POST", "/control/resume"), endpoint=self.url)
+    def resume(self) -> ReplicaReport:
+        return _from_answer(ReplicaReport, self.url, self._http.call("POST", "/control/resume"), endpoint=self.url)
 
 
 class TrainerControl:
@@ -121,8 +95,8 @@ class TrainerControl:
         self.url = url
         self._http = HttpControl(url, token, timeout_s)
 
-    def status(self) -> TrainerStatus:
-        return _from_answer(TrainerStatus, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
+    def status(self) -> TrainerReport:
+        return _from_answer(TrainerReport, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
 
     def pause(self) -> dict[str, Any]:
         return self._http.call("POST", "/control/pause")
@@ -134,7 +108,7 @@ class TrainerControl:
         return self._http.call("POST", "/control/checkpoint")
 
 
-def queue_status(address: str, timeout_s: float) -> QueueStatus:
+def queue_status(address: str, timeout_s: float) -> QueueReport:
     trajectories = grpc_call(
         address,
         "TrajectoryQueue.Stats",
@@ -147,24 +121,12 @@ def queue_status(address: str, timeout_s: float) -> QueueStatus:
         lambda ch: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), timeout=timeout_s),
         timeout_s,
     )
-    return QueueStatus(
-        endpoint=address,
-        queue_size=trajectories.queue_size,
-        pending=trajectories.pending,
-        capacity=trajectories.capacity,
-        total_produced=trajectories.total_produced,
-        total_consumed=trajectories.total_consumed,
-        dropped_by_reason=dict(trajectories.dropped_by_reason),
-        consumer_lag=trajectories.consumer_lag,
-        avg_sample_age_versions=trajectories.avg_sample_age_versions,
-        max_sample_age_versions=trajectories.max_sample_age_versions,
-        stale_samples_ratio=trajectories.stale_samples_ratio,
-        prompts_waiting=prompts.waiting,
-        prompts_leased=prompts.leased,
-    )
+    counters = dataclasses.asdict(from_proto(QueueStats, trajectories))
+    waiting = from_proto(PromptQueueStats, prompts)
+    return QueueReport(**counters, endpoint=address, prompts_waiting=waiting.waiting, prompts_leased=waiting.leased)
 
 
-def paramsync_status(address: str, timeout_s: float) -> ParamsyncStatus:
+def paramsync_status(address: str, timeout_s: float) -> ParamsyncReport:
     answer = grpc_call(
         address,
         "ParamSync.ListReplicas",
@@ -173,8 +135,5 @@ def paramsync_status(address: str, timeout_s: float) -> ParamsyncStatus:
         ),
         timeout_s,
     )
-    replicas = [
-        ReplicaVersion(r.replica_id, r.version, r.lag_versions, r.state, r.consecutive_failures, r.last_error)
-        for r in answer.replicas
-    ]
-    return ParamsyncStatus(address, answer.latest_version, sorted(replicas, key=lambda r: r.replica_id))
+    replicas = [ReplicaVersion.from_proto(r) for r in answer.replicas]
+    return ParamsyncReport(address, answer.latest_version, sorted(replicas, key=lambda r: r.replica_id))

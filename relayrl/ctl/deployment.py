@@ -12,13 +12,13 @@ from typing import Any, Literal, TypeVar
 
 from relayrl.ctl.calls import CallError
 from relayrl.ctl.components import (
-    ParamsyncStatus,
+    ParamsyncReport,
     PauseMode,
-    QueueStatus,
-    ReplicaStatus,
+    QueueReport,
+    ReplicaReport,
     RolloutControl,
     TrainerControl,
-    TrainerStatus,
+    TrainerReport,
     paramsync_status,
     queue_status,
 )
@@ -45,10 +45,10 @@ class Failure:
 
 @dataclass
 class DeploymentStatus:
-    rollout: list[ReplicaStatus] = field(default_factory=list)
-    trainer: TrainerStatus | None = None
-    queue: QueueStatus | None = None
-    paramsync: ParamsyncStatus | None = None
+    rollout: list[ReplicaReport] = field(default_factory=list)
+    trainer: TrainerReport | None = None
+    queue: QueueReport | None = None
+    paramsync: ParamsyncReport | None = None
     failures: list[Failure] = field(default_factory=list)
     not_configured: list[Component] = field(default_factory=list)
     # Restarts per component of a local stack (its restarts.json), when RELAYRL_CTL_RESTARTS_FILE names one.
@@ -120,7 +120,7 @@ ACTS_ON: dict[Action, tuple[Component, ...]] = {
 }
 
 
-def _describe_replica(replica: ReplicaStatus) -> str:
+def _describe_replica(replica: ReplicaReport) -> str:
     mode = f" ({replica.pause_mode})" if replica.paused and replica.pause_mode else ""
     return f"replica {replica.replica_id} is {'paused' + mode if replica.paused else 'running'}"
 

@@ -51,7 +51,7 @@ from services.paramsync.errors import (
     from_rpc_error,
     is_transient,
 )
-from services.paramsync.manifest import Announcement, Manifest, ReplicaState
+from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion
 from services.paramsync.memory import RecycledMemory
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
 
@@ -81,7 +81,7 @@ class FetchedVersion:
 @dataclass(frozen=True, slots=True)
 class VersionTable:
     latest_version: int
-    replicas: list[ReplicaState]
+    replicas: list[ReplicaVersion]
 
 
 def _host_of(address: str) -> str:
@@ -284,7 +284,7 @@ class ParamSyncClient:
             return await self._stub.ListReplicas(pb.ListReplicasRequest(), timeout=min(self.sync_timeout, 30.0))
 
         reply = await self._with_retries(call)
-        return VersionTable(reply.latest_version, [ReplicaState.from_proto(r) for r in reply.replicas])
+        return VersionTable(reply.latest_version, [ReplicaVersion.from_proto(r) for r in reply.replicas])
 
 
 async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> FetchedVersion:

@@ -176,8 +176,8 @@ class Announcement:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaState:
-    """One row of the version table (the proto ReplicaVersion)."""
+class ReplicaVersion:
+    """One row of the version table: a replica and the version it holds (the proto ReplicaVersion)."""
 
     replica_id: str
     version: int
@@ -201,7 +201,7 @@ class ReplicaState:
         )
 
     @classmethod
-    def from_proto(cls, msg: pb.ReplicaVersion) -> ReplicaState:
+    def from_proto(cls, msg: pb.ReplicaVersion) -> ReplicaVersion:
         return cls(
             msg.replica_id,
             msg.version,

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from services.paramsync.endpoints import ReplicaEndpoint
-from services.paramsync.manifest import ReplicaState
+from services.paramsync.manifest import ReplicaVersion
 from services.paramsync.metrics import ParamSyncMetrics
 
 IN_SYNC, SYNCING, LAGGING = "in_sync", "syncing", "lagging"
@@ -122,9 +122,9 @@ class VersionTable:
             )
         return late
 
-    def snapshot(self) -> list[ReplicaState]:
+    def snapshot(self) -> list[ReplicaVersion]:
         return [
-            ReplicaState(
+            ReplicaVersion(
                 r.replica_id,
                 r.version,
                 r.updated_at_unix_s,

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
+
+from services.trainer.status import TrainerStatus
 
 
 class Control:
@@ -21,7 +24,7 @@ class Control:
         self.ready = threading.Event()
 
 
-def control_router(control: Control, status: Callable[[], dict[str, Any]]) -> APIRouter:
+def control_router(control: Control, status: Callable[[], TrainerStatus]) -> APIRouter:
     router = APIRouter()
 
     @router.post("/pause")
@@ -43,6 +46,6 @@ def control_router(control: Control, status: Callable[[], dict[str, Any]]) -> AP
 
     @router.get("/status")
     async def get_status() -> dict[str, Any]:
-        return status()
+        return asdict(status())
 
     return router

@@ -27,6 +27,7 @@ from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightS
 from services.trainer.loggers import build_loggers
 from services.trainer.model import build_optimizer, load_actor, load_critic, shard_model
 from services.trainer.state import TrainerState
+from services.trainer.status import TrainerStatus
 from services.trainer.step import Models, train_step
 from services.trainer.telemetry import Telemetry
 
@@ -314,20 +315,20 @@ class Trainer:
         if self.ctx.is_main:
             self.telemetry.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> TrainerStatus:
         feed = self.feed
-        return {
-            "step": self.state.step,
-            "version": self.state.version,
-            "total_steps": self.s.total_steps,
-            "consuming": self.control.consuming.is_set(),
-            "checkpoint_requested": self.control.checkpoint_requested.is_set(),
-            "buffered_groups": feed.buffered_count() if feed else 0,
-            "unacked_groups": feed.unacked_count() if feed else 0,
-            "released_prompts": feed.state.released if feed else 0,
-            "param_sync_count": self.state.param_sync_count,
-            "world_size": self.ctx.world_size,
-        }
+        return TrainerStatus(
+            step=self.state.step,
+            version=self.state.version,
+            total_steps=self.s.total_steps,
+            consuming=self.control.consuming.is_set(),
+            checkpoint_requested=self.control.checkpoint_requested.is_set(),
+            buffered_groups=feed.buffered_count() if feed else 0,
+            unacked_groups=feed.unacked_count() if feed else 0,
+            released_prompts=feed.state.released if feed else 0,
+            param_sync_count=self.state.param_sync_count,
+            world_size=self.ctx.world_size,
+        )
 
 
 def install_stop_handlers(control: Control) -> None:

@@ -31,6 +31,7 @@ from services.paramsync.server import SERVICE_NAME, build_service
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
 from services.trainer.control import Control, control_router
+from services.trainer.status import TrainerStatus
 
 REPO = Path(__file__).resolve().parents[3]
 TOKEN = "ctl-test-token"
@@ -85,19 +86,19 @@ class Deployment:
         }
 
 
-def _trainer_status(control: Control) -> dict[str, Any]:
-    return {
-        "step": 7,
-        "version": 3,
-        "total_steps": 20,
-        "consuming": control.consuming.is_set(),
-        "checkpoint_requested": control.checkpoint_requested.is_set(),
-        "buffered_groups": 2,
-        "unacked_groups": 1,
-        "released_prompts": 12,
-        "param_sync_count": 3,
-        "world_size": 2,
-    }
+def _trainer_status(control: Control) -> TrainerStatus:
+    return TrainerStatus(
+        step=7,
+        version=3,
+        total_steps=20,
+        consuming=control.consuming.is_set(),
+        checkpoint_requested=control.checkpoint_requested.is_set(),
+        buffered_groups=2,
+        unacked_groups=1,
+        released_prompts=12,
+        param_sync_count=3,
+        world_size=2,
+    )
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ import pytest
 from rich.console import Console
 
 from relayrl.config import SettingsError, load_settings
-from relayrl.ctl.components import ParamsyncStatus, QueueStatus, ReplicaStatus, ReplicaVersion, TrainerStatus
+from relayrl.ctl.components import ParamsyncReport, QueueReport, ReplicaReport, TrainerReport
 from relayrl.ctl.config import CtlSettings, env_file_text
 from relayrl.ctl.deployment import DeploymentStatus, Failure, Outcome
 from relayrl.ctl.render import print_outcomes, print_status, summary_line
+from services.paramsync.manifest import ReplicaVersion
 
 
 @pytest.fixture(autouse=True)
@@ -51,8 +52,8 @@ def test_the_shared_token_and_an_env_file_are_read(tmp_path: Path, monkeypatch: 
     assert load_settings(CtlSettings, _env_file=env_file).api_token.get_secret_value() == "from-env"
 
 
-def _replica(replica_id: str, version: int, latest: int, paused: bool = False) -> ReplicaStatus:
-    return ReplicaStatus(
+def _replica(replica_id: str, version: int, latest: int, paused: bool = False) -> ReplicaReport:
+    return ReplicaReport(
         endpoint=f"http://{replica_id}:8080",
         replica_id=replica_id,
         weight_version=version,
@@ -72,14 +73,42 @@ def _replica(replica_id: str, version: int, latest: int, paused: bool = False) -
 def _status() -> DeploymentStatus:
     return DeploymentStatus(
         rollout=[_replica("rollout-0", 9, 9), _replica("rollout-1", 6, 9, paused=True)],
-        trainer=TrainerStatus("http://t:8080", 42, 9, 100, True, False, 3, 1, 9, 2),
-        queue=QueueStatus("q:50051", 5, 2, 64, 300, 290, {"stale": 4, "malformed": 0}, 5, 0.4, 1.0, 0.01, 7, 3),
-        paramsync=ParamsyncStatus(
+        trainer=TrainerReport(
+            endpoint="http://t:8080",
+            step=42,
+            version=9,
+            total_steps=100,
+            consuming=True,
+            checkpoint_requested=False,
+            buffered_groups=3,
+            unacked_groups=1,
+            released_prompts=50,
+            param_sync_count=9,
+            world_size=2,
+        ),
+        queue=QueueReport(
+            endpoint="q:50051",
+            queue_size=5,
+            pending=2,
+            capacity=64,
+            total_produced=300,
+            total_consumed=290,
+            dropped_by_reason={"stale": 4, "malformed": 0},
+            consumer_lag=5,
+            avg_sample_age_versions=0.4,
+            max_sample_age_versions=1.0,
+            avg_sample_age_s=2.0,
+            max_sample_age_s=6.0,
+            stale_samples_ratio=0.01,
+            prompts_waiting=7,
+            prompts_leased=3,
+        ),
+        paramsync=ParamsyncReport(
             "p:50052",
             9,
             [
-                ReplicaVersion("rollout-0", 9, 0, "in_sync", 0, ""),
-                ReplicaVersion("rollout-1", 6, 3, "lagging", 4, "engine refused the update"),
+                ReplicaVersion("rollout-0", 9, 0.0, 0, "in_sync"),
+                ReplicaVersion("rollout-1", 6, 0.0, 3, "lagging", 4, "engine refused the update"),
             ],
         ),
         failures=[Failure("trainer", "GET http://t2:8080/control/status", "unreachable (connection refused)")],
