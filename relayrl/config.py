@@ -35,7 +35,11 @@ def shared_field(name: str, default: Any, description: str, **kwargs: Any) -> An
 
 
 class ServiceSettings(BaseSettings):
-    """Fields every service has: its identity, its two ports, auth and logging."""
+    """Fields every service has: its identity, its two ports, auth and logging.
+
+    A subclass names its service (``service_name = "queue"``) and nothing else: its fields are
+    then read from ``RELAYRL_QUEUE_<FIELD>``.
+    """
 
     service_name: ClassVar[str] = "service"
 
@@ -70,6 +74,17 @@ class ServiceSettings(BaseSettings):
     )
     log_level: str = Field("INFO", description="Python logging level name.")
     log_format: str = Field("text", pattern="^(text|json)$", description="'text' for people, 'json' for log shippers.")
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        # pydantic-settings reads env_prefix when settings are loaded, so setting it here is enough.
+        cls.model_config = {**cls.model_config, "env_prefix": service_env_prefix(cls.service_name)}
+
+
+def service_env_prefix(service_name: str) -> str:
+    """``RELAYRL_<SERVICE>_``: where a service's own settings are read from."""
+    return f"{GLOBAL_PREFIX}{service_name.upper()}_"
 
 
 S = TypeVar("S", bound=BaseSettings)

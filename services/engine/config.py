@@ -6,7 +6,6 @@ import os
 from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from relayrl.config import ServiceSettings
 
@@ -15,10 +14,6 @@ class EngineSettings(ServiceSettings):
     """The engine serves SGLang's native HTTP API on ``http_port``; it has no gRPC server."""
 
     service_name: ClassVar[str] = "engine"
-
-    model_config = SettingsConfigDict(
-        env_prefix="RELAYRL_ENGINE_", populate_by_name=True, extra="forbid", validate_default=True
-    )
 
     model_path: str = Field("", description="Hugging Face causal LM directory to serve (config.json, safetensors).")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="Torch dtype of the weights.")

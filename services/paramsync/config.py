@@ -10,17 +10,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
 
 from relayrl.config import ServiceSettings
 
 
 class ParamSyncSettings(ServiceSettings):
     service_name: ClassVar[str] = "paramsync"
-
-    model_config = SettingsConfigDict(
-        env_prefix="RELAYRL_PARAMSYNC_", populate_by_name=True, extra="forbid", validate_default=True
-    )
 
     transport: str = Field(
         "grpc",

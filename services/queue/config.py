@@ -15,17 +15,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field, SecretStr
-from pydantic_settings import SettingsConfigDict
 
 from relayrl.config import ServiceSettings, shared_field
 
 
 class QueueSettings(ServiceSettings):
     service_name: ClassVar[str] = "queue"
-
-    model_config = SettingsConfigDict(
-        env_prefix="RELAYRL_QUEUE_", populate_by_name=True, extra="forbid", validate_default=True
-    )
 
     redis_url: str = shared_field(
         "redis_url",

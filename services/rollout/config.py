@@ -11,17 +11,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from relayrl.config import ServiceSettings, shared_field
 
 
 class RolloutSettings(ServiceSettings):
     service_name: ClassVar[str] = "rollout"
-
-    model_config = SettingsConfigDict(
-        env_prefix="RELAYRL_ROLLOUT_", populate_by_name=True, extra="forbid", validate_default=True
-    )
 
     replica_id: str = Field("rollout-0", min_length=1, description="This replica's name in leases and version reports.")
     engine_url: str = Field("http://127.0.0.1:30000", description="Base URL of the engine's SGLang HTTP API.")

@@ -8,10 +8,10 @@ off-policy variant is ROLL's ``pg_variant``. No torch import here, so ``--help``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
 from relayrl.config import ServiceSettings, shared_field
 
@@ -27,9 +27,7 @@ LoggerBackend = Literal["console", "tensorboard", "wandb"]
 class TrainerSettings(ServiceSettings):
     """Everything one training run needs; every rank of a torchrun job reads the same values."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="RELAYRL_TRAINER_", populate_by_name=True, extra="forbid", validate_default=True
-    )
+    service_name: ClassVar[str] = "trainer"
 
     # --- run and links ---------------------------------------------------------------
     model_dir: Path = Field(Path("model"), description="Hugging Face causal LM directory: version 0 of the policy.")

@@ -1,12 +1,13 @@
+from typing import ClassVar
+
 import pytest
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from relayrl.config import ServiceSettings, SettingsError, load_settings
 
 
 class DemoSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="RELAYRL_DEMO_", populate_by_name=True, extra="forbid")
+    service_name: ClassVar[str] = "demo"
 
     batch_size: int = Field(4, ge=1, description="Groups per step.")
 
