@@ -21,22 +21,15 @@ def serve_command(
     """Serve a model with continuous batching on CPU until SIGTERM/SIGINT."""
     import asyncio
 
-    from relayrl.config import SettingsError, load_settings
-    from relayrl.logs import setup_logging
+    from relayrl.service_cli import settings_or_exit
     from services.engine.config import EngineSettings
 
-    overrides = {
-        k: v
-        for k, v in {"model_path": model, "http_port": port, "host": host, "weight_version": weight_version}.items()
-        if v is not None
-    }
-    try:
-        settings = load_settings(EngineSettings, **overrides)
-    except SettingsError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    settings = settings_or_exit(
+        EngineSettings, model_path=model, http_port=port, host=host, weight_version=weight_version
+    )
     if not settings.model_path:
         raise typer.BadParameter("no model: pass --model DIR or set RELAYRL_ENGINE_MODEL_PATH", param_hint="--model")
-    setup_logging("engine", settings.log_level, settings.log_format)
+    # Imported once the settings are known good: the service pulls in torch, which takes seconds.
     from services.engine.server import serve
 
     asyncio.run(serve(settings))

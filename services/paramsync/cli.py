@@ -16,22 +16,11 @@ def serve(
     """Serve ParamSync over gRPC plus /healthz, /readyz, /metrics over HTTP (settings: RELAYRL_PARAMSYNC_*)."""
     import asyncio
 
-    from relayrl.config import SettingsError, load_settings
-    from relayrl.logs import setup_logging
+    from relayrl.service_cli import settings_or_exit
     from services.paramsync.config import ParamSyncSettings
     from services.paramsync.server import serve as run
 
-    overrides = {
-        k: v
-        for k, v in {"grpc_port": grpc_port, "http_port": http_port, "transport": transport}.items()
-        if v is not None
-    }
-    try:
-        settings = load_settings(ParamSyncSettings, **overrides)
-    except SettingsError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    setup_logging("paramsync", settings.log_level, settings.log_format)
+    settings = settings_or_exit(ParamSyncSettings, grpc_port=grpc_port, http_port=http_port, transport=transport)
     try:
         asyncio.run(run(settings))
     except ValueError as exc:  # a transport whose settings are incomplete

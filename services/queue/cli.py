@@ -21,19 +21,11 @@ def serve_command(
     """
     import asyncio
 
-    from relayrl.config import SettingsError, load_settings
-    from relayrl.logs import setup_logging
+    from relayrl.service_cli import settings_or_exit
     from services.queue.config import QueueSettings
     from services.queue.server import serve
 
-    given = {"grpc_port": grpc_port, "http_port": http_port, "redis_url": redis_url}
-    overrides = {k: v for k, v in given.items() if v is not None}
-    try:
-        settings = load_settings(QueueSettings, **overrides)
-    except SettingsError as err:
-        typer.echo(str(err), err=True)
-        raise typer.Exit(2) from None
-    setup_logging("queue", settings.log_level, settings.log_format)
+    settings = settings_or_exit(QueueSettings, grpc_port=grpc_port, http_port=http_port, redis_url=redis_url)
     asyncio.run(serve(settings))
 
 

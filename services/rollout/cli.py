@@ -25,23 +25,18 @@ def serve_command(
     """Run one rollout replica until SIGTERM/SIGINT."""
     import asyncio
 
-    from relayrl.config import SettingsError, load_settings
-    from relayrl.logs import setup_logging
+    from relayrl.service_cli import settings_or_exit
     from services.rollout.config import RolloutSettings
 
-    given = {
-        "engine_url": engine_url,
-        "queue_address": queue_address,
-        "paramsync_address": paramsync_address,
-        "replica_id": replica_id,
-        "http_port": http_port,
-        "grpc_port": grpc_port,
-    }
-    try:
-        settings = load_settings(RolloutSettings, **{k: v for k, v in given.items() if v is not None})
-    except SettingsError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    setup_logging("rollout", settings.log_level, settings.log_format)
+    settings = settings_or_exit(
+        RolloutSettings,
+        engine_url=engine_url,
+        queue_address=queue_address,
+        paramsync_address=paramsync_address,
+        replica_id=replica_id,
+        http_port=http_port,
+        grpc_port=grpc_port,
+    )
     from services.rollout.server import serve
 
     asyncio.run(serve(settings))

@@ -27,16 +27,11 @@ def run_command(
     total_steps: Annotated[int | None, typer.Option(help="Overrides RELAYRL_TRAINER_TOTAL_STEPS.")] = None,
 ) -> None:
     """Run one trainer rank with settings from RELAYRL_TRAINER_* (launch under torchrun for N ranks)."""
-    from relayrl.config import SettingsError, load_settings
-    from relayrl.logs import setup_logging
+    from relayrl.service_cli import settings_or_exit
     from services.trainer.config import TrainerSettings
 
-    overrides = {k: v for k, v in {"model_dir": model_dir, "total_steps": total_steps}.items() if v is not None}
-    try:
-        settings = load_settings(TrainerSettings, **overrides)
-    except SettingsError as err:
-        raise typer.BadParameter(str(err)) from None
-    setup_logging("trainer", settings.log_level, settings.log_format)
+    settings = settings_or_exit(TrainerSettings, model_dir=model_dir, total_steps=total_steps)
+    # Imported once the settings are known good: the service pulls in torch, which takes seconds.
     from services.trainer.service import run_service
 
     state = run_service(settings)

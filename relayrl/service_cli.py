@@ -1,0 +1,26 @@
+"""One way for ``relayrl <service> serve`` (and ``relayrl trainer run``) to start: the service's
+settings from ``RELAYRL_*`` with the command's options on top, then logging set up in the
+service's name. A bad setting ends the command before anything starts, with exit code 2 and one
+line per bad variable on stderr."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import typer
+
+from relayrl.config import ServiceSettings, SettingsError, load_settings
+from relayrl.logs import setup_logging
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def settings_or_exit(settings_cls: type[S], **options: Any) -> S:
+    """``settings_cls`` loaded with the options that were given (``None`` means not given)."""
+    try:
+        settings = load_settings(settings_cls, **{k: v for k, v in options.items() if v is not None})
+    except SettingsError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+    setup_logging(settings_cls.service_name, settings.log_level, settings.log_format)
+    return settings
