@@ -1,7 +1,17 @@
-"""Starting and stopping a service's two servers: gRPC (with health and reflection) and HTTP.
+"""Hosting a service: its two servers, gRPC (with health and reflection) and HTTP, and its life
+until SIGTERM. Every service is hosted the same way::
 
-Both run on one asyncio loop. A service's entry point starts them, waits for SIGINT or
-SIGTERM with :func:`wait_for_shutdown_signal`, then stops them.
+    async def start_queue_server(settings) -> QueueServer:   # builds the core, then
+        servers = await start_servers(settings, app, registrars, SERVICE_NAMES)
+        return QueueServer(..., servers)                   # anything with ``async stop()``
+
+    async def serve(settings) -> None:
+        await serve_until_signal("queue", lambda: start_queue_server(settings))
+
+:func:`start_servers` binds both servers on the service's ``host``/``grpc_port``/``http_port``;
+:meth:`Servers.stop` stops gRPC first (health turns NOT_SERVING, calls in flight get a grace
+period), then HTTP. :func:`serve_until_signal` starts the service, waits for SIGINT or SIGTERM and
+stops it; the service's own ``stop`` decides what it drains around its servers.
 """
 
 from __future__ import annotations
@@ -11,8 +21,9 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import uvicorn
@@ -142,6 +153,56 @@ async def wait_for_shutdown_signal() -> signal.Signals:
     sig = await received
     log.info("received %s, shutting down", sig.name)
     return sig
+
+
+@dataclass
+class Servers:
+    """A service's HTTP server and, where it has gRPC services, its gRPC server."""
+
+    http: HttpServer
+    grpc: GrpcServer | None = None
+
+    async def stop(self, grpc_grace_s: float = 5.0) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(grace_s=grpc_grace_s)
+        await self.http.stop()
+
+
+class HostSettings(Protocol):
+    host: str
+    grpc_port: int
+    http_port: int
+
+
+async def start_servers(
+    settings: HostSettings,
+    app: FastAPI,
+    registrars: Sequence[Registrar] = (),
+    service_names: Sequence[str] = (),
+    grpc_health_only: bool = False,
+) -> Servers:
+    """HTTP with ``app`` and gRPC with ``registrars``' services (SERVING); a service with no gRPC
+    services of its own gets gRPC anyway with ``grpc_health_only`` (health checks for its probes)."""
+    with_grpc = bool(registrars) or grpc_health_only
+    grpc_server = (
+        await start_grpc_server(settings.host, settings.grpc_port, registrars, service_names) if with_grpc else None
+    )
+    http = await start_http_server(app, settings.host, settings.http_port)
+    return Servers(http=http, grpc=grpc_server)
+
+
+class Running(Protocol):
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signal(name: str, start: Callable[[], Awaitable[Running]]) -> None:
+    """Starts the service, runs it until SIGINT or SIGTERM, then stops it, whatever ended the wait."""
+    running = await start()
+    log.info("%s started; stops on SIGTERM or SIGINT", name)
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await running.stop()
 
 
 def grpc_channel(address: str) -> grpc.aio.Channel:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import start_http_server, wait_for_shutdown_signal
+from relayrl.serving import Servers, serve_until_signal, start_servers
 from services.engine.api import sglang_router
 from services.engine.config import EngineSettings
 from services.engine.state import EngineState
@@ -14,16 +15,26 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: EngineSettings) -> None:
+    await serve_until_signal("engine", lambda: start_engine(settings))
+
+
+async def start_engine(settings: EngineSettings) -> RunningEngine:
     state = EngineState(settings)
     state.scheduler.start()
     app = create_http_app("engine", state.metrics.registry, lambda: True, settings.api_token)
     # SGLang's routes carry no auth (as an SGLang server started without --api-key): the engine
     # sits next to its rollout replica on a private network.
     app.include_router(sglang_router(state))
-    http = await start_http_server(app, settings.host, settings.http_port)
-    log.info("engine serving %s on http://%s:%d", settings.model_path, settings.host, http.port)
-    try:
-        await wait_for_shutdown_signal()
-    finally:
-        await http.stop()
-        state.scheduler.stop()
+    servers = await start_servers(settings, app)
+    log.info("engine serving %s on http://%s:%d", settings.model_path, settings.host, servers.http.port)
+    return RunningEngine(servers, state)
+
+
+@dataclass
+class RunningEngine:
+    servers: Servers
+    state: EngineState
+
+    async def stop(self) -> None:
+        await self.servers.stop()
+        self.state.scheduler.stop()

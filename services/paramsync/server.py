@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
+from relayrl.serving import Servers, serve_until_signal, start_servers
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
@@ -37,6 +38,26 @@ def build_service(settings: ParamSyncSettings) -> ParamSyncService:
 
 
 async def serve(settings: ParamSyncSettings) -> None:
+    await serve_until_signal("paramsync", lambda: start_paramsync(settings))
+
+
+@dataclass
+class RunningParamSync:
+    servers: Servers
+    data_plane: DataPlaneServer
+    tasks: list[asyncio.Task[None]]
+
+    async def stop(self) -> None:
+        await self.servers.stop(grpc_grace_s=2.0)
+        await self.data_plane.stop()
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def start_paramsync(settings: ParamSyncSettings) -> RunningParamSync:
     service = build_service(settings)
     await asyncio.to_thread(service.restore_from_disk)
     tasks = [
@@ -44,12 +65,6 @@ async def serve(settings: ParamSyncSettings) -> None:
         asyncio.create_task(service.watch_discovery(create_discovery(settings)), name="discovery"),
         asyncio.create_task(service.watch_deadlines(min(1.0, service.table.deadline_s / 4)), name="deadlines"),
     ]
-    grpc_server = await start_grpc_server(
-        settings.host,
-        settings.grpc_port,
-        [lambda s: add_to_server(service, s)],
-        [SERVICE_NAME],
-    )
 
     def ready() -> bool:
         # Ready while every background task is alive: a dead delivery loop would silently stop syncs.
@@ -60,24 +75,15 @@ async def serve(settings: ParamSyncSettings) -> None:
         await data_plane.start(settings.host, settings.data_port)
 
     app = create_http_app("paramsync", service.metrics.service, ready, settings.api_token)
-    http_server = await start_http_server(app, settings.host, settings.http_port)
+    servers = await start_servers(settings, app, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
+    assert servers.grpc is not None
     log.info(
         "paramsync ready: transport=%s grpc=%s:%d http=%s:%d data plane port=%s",
         settings.transport,
         settings.host,
-        grpc_server.port,
+        servers.grpc.port,
         settings.host,
-        http_server.port,
+        servers.http.port,
         service.data_port or "off",
     )
-    try:
-        await wait_for_shutdown_signal()
-    finally:
-        await grpc_server.stop(grace_s=2.0)
-        await data_plane.stop()
-        await http_server.stop()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    return RunningParamSync(servers, data_plane, tasks)

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import GrpcServer, HttpServer, start_grpc_server, start_http_server, wait_for_shutdown_signal
+from relayrl.serving import HttpServer, Servers, serve_until_signal, start_servers
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.bells import Bells
 from services.queue.config import QueueSettings
@@ -32,15 +32,19 @@ SERVICE_NAMES = ("relayrl.v1.TrajectoryQueue", "relayrl.v1.PromptQueue")
 class QueueServer:
     settings: QueueSettings
     redis: aioredis.Redis
-    grpc: GrpcServer
-    http: HttpServer
+    servers: Servers
     refresher: asyncio.Task[None]
     listener: asyncio.Task[None]
     stopping: asyncio.Event
 
     @property
     def grpc_address(self) -> str:
-        return f"{self.settings.host}:{self.grpc.port}"
+        assert self.servers.grpc is not None
+        return f"{self.settings.host}:{self.servers.grpc.port}"
+
+    @property
+    def http(self) -> HttpServer:
+        return self.servers.http
 
     async def stop(self) -> None:
         # Not Task.cancel(): redis-py may turn a cancellation inside a command into a
@@ -51,8 +55,7 @@ class QueueServer:
         self.listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.listener
-        await self.grpc.stop(grace_s=1.0)
-        await self.http.stop()
+        await self.servers.stop(grpc_grace_s=1.0)
         await self.redis.aclose()
 
 
@@ -68,21 +71,20 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
     except (RedisConnectionError, OSError) as err:
         log.warning("Redis not reachable yet (%s); serving anyway, /readyz says not ready", err)
     metrics = QueueMetrics()
-    grpc_server = await start_grpc_server(
-        settings.host,
-        settings.grpc_port,
+    app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token)
+    servers = await start_servers(
+        settings,
+        app,
         [
             lambda s: add_trajectory_queue(TrajectoryQueueServicer(trajectories, metrics), s),
             lambda s: qgrpc.add_PromptQueueServicer_to_server(PromptQueueServicer(prompts), s),
         ],
         SERVICE_NAMES,
     )
-    app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token)
-    http = await start_http_server(app, settings.host, settings.http_port)
     stopping = asyncio.Event()
     refresher = asyncio.create_task(_keep_fresh(redis, settings, trajectories, prompts, metrics, stopping))
     listener = asyncio.create_task(bells.listen(stopping), name="queue-bells")
-    return QueueServer(settings, redis, grpc_server, http, refresher, listener, stopping)
+    return QueueServer(settings, redis, servers, refresher, listener, stopping)
 
 
 async def _keep_fresh(
@@ -110,16 +112,16 @@ async def _keep_fresh(
 
 
 async def serve(settings: QueueSettings) -> None:
-    server = await start_queue_server(settings)
-    log.info(
-        "queue serving gRPC on %s, HTTP on %s:%d, Redis %s, run %s",
-        server.grpc_address,
-        settings.host,
-        server.http.port,
-        settings.redis_url.rpartition("@")[2],
-        settings.run_id,
-    )
-    try:
-        await wait_for_shutdown_signal()
-    finally:
-        await server.stop()
+    async def start() -> QueueServer:
+        server = await start_queue_server(settings)
+        log.info(
+            "queue serving gRPC on %s, HTTP on %s:%d, Redis %s, run %s",
+            server.grpc_address,
+            settings.host,
+            server.http.port,
+            settings.redis_url.rpartition("@")[2],
+            settings.run_id,
+        )
+        return server
+
+    await serve_until_signal("queue", start)

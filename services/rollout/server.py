@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import start_grpc_server, start_http_server, wait_for_shutdown_signal
+from relayrl.serving import Servers, serve_until_signal, start_servers
 from relayrl.v1 import rollout_pb2
 from relayrl.v1 import rollout_pb2_grpc as pb_grpc
 from services.engine.client import EngineClient
@@ -24,6 +25,31 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutControl"].full_na
 
 
 async def serve(settings: RolloutSettings) -> None:
+    await serve_until_signal("rollout", lambda: start_rollout(settings))
+
+
+@dataclass
+class RunningReplica:
+    servers: Servers
+    tasks: list[asyncio.Task[None]]
+    engine: EngineClient
+    rewards: RewardRunner
+    weights_tmp: tempfile.TemporaryDirectory[str] | None
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.servers.stop()
+        await self.engine.aclose()
+        self.rewards.close()
+        if self.weights_tmp is not None:
+            self.weights_tmp.cleanup()
+
+
+async def start_rollout(settings: RolloutSettings) -> RunningReplica:
     from services.paramsync.client import ParamSyncClient
     from services.queue.client import QueueClient
 
@@ -36,28 +62,14 @@ async def serve(settings: RolloutSettings) -> None:
     replica = Replica(settings, engine, queue, rewards, source, weights_dir if source else None)
     tasks = replica.start()
 
-    grpc_server = await start_grpc_server(
-        settings.host,
-        settings.grpc_port,
-        [lambda server: pb_grpc.add_RolloutControlServicer_to_server(RolloutControlServicer(replica.control), server)],
-        [SERVICE_NAME],
-    )
     app = create_http_app(
         "rollout", replica.metrics.registry, replica.state.ready, settings.api_token, [control_router(replica.control)]
     )
-    http = await start_http_server(app, settings.host, settings.http_port)
+    servers = await start_servers(
+        settings,
+        app,
+        [lambda server: pb_grpc.add_RolloutControlServicer_to_server(RolloutControlServicer(replica.control), server)],
+        [SERVICE_NAME],
+    )
     log.info("rollout %s: engine %s, queue %s", settings.replica_id, settings.engine_url, settings.queue_address)
-    try:
-        await wait_for_shutdown_signal()
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await http.stop()
-        await grpc_server.stop()
-        await engine.aclose()
-        rewards.close()
-        if weights_tmp is not None:
-            weights_tmp.cleanup()
+    return RunningReplica(servers, tasks, engine, rewards, weights_tmp)

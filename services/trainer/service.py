@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import start_grpc_server, start_http_server
+from relayrl.serving import start_servers
 from services.trainer import distributed as D
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control, control_router
@@ -34,7 +34,7 @@ def run_service(settings: TrainerSettings) -> TrainerState:
     ctx = D.init_distributed(settings.device)
     control = Control()
     install_stop_handlers(control)
-    io = queue = sink = http = grpc_server = None
+    io = queue = sink = servers = None
     trainer: Trainer | None = None
     try:
         if ctx.is_main:
@@ -49,15 +49,16 @@ def run_service(settings: TrainerSettings) -> TrainerState:
                 api_token=settings.api_token,
                 control_routers=[control_router(control, trainer.status)],
             )
-            http = io.call(start_http_server(app, settings.host, settings.http_port))
-            grpc_server = io.call(start_grpc_server(settings.host, settings.grpc_port, [], []))
-            log.info("trainer rank 0: HTTP on %s:%d, gRPC health on %d", settings.host, http.port, grpc_server.port)
+            servers = io.call(start_servers(settings, app, grpc_health_only=True))
+            assert servers.grpc is not None
+            log.info(
+                "trainer rank 0: HTTP on %s:%d, gRPC health on %d", settings.host, servers.http.port, servers.grpc.port
+            )
         return trainer.run()
     finally:
         if io is not None:
             for closer in (
-                http and http.stop(),
-                grpc_server and grpc_server.stop(),
+                servers and servers.stop(),
                 queue and queue.close(),
                 sink and sink.close(),
             ):
