@@ -22,6 +22,15 @@ GLOBAL_PREFIX = "RELAYRL_"
 class SettingsError(ValueError):
     """Raised when settings do not validate; the message names each bad variable."""
 
+    def __init__(self, settings_name: str, problems: list[str]) -> None:
+        super().__init__(f"invalid {settings_name}:\n  " + "\n  ".join(problems))
+        self.settings_name = settings_name
+        self.problems = problems
+
+    def one_line(self) -> str:
+        """The same message on one line, as a command prints it before it exits."""
+        return f"invalid {self.settings_name}: " + "; ".join(self.problems)
+
 
 def shared_field(name: str, default: Any, description: str, **kwargs: Any) -> Any:
     """A field read from the unprefixed ``RELAYRL_<NAME>`` variable by every service."""
@@ -116,4 +125,4 @@ def load_settings(settings_cls: type[S], **overrides: Any) -> S:
             given = err.get("input")
             shown = "" if isinstance(given, dict) else f" (got {given!r})"
             problems.append(f"{variable}: {err['msg']}{shown}")
-        raise SettingsError(f"invalid {settings_cls.__name__}:\n  " + "\n  ".join(problems)) from None
+        raise SettingsError(settings_cls.__name__, problems) from None

@@ -1,7 +1,7 @@
 """One way for ``relayrl <service> serve`` (and ``relayrl trainer run``) to start: the service's
 settings from ``RELAYRL_*`` with the command's options on top, then logging set up in the
 service's name. A bad setting ends the command before anything starts, with exit code 2 and one
-line per bad variable on stderr."""
+line on stderr naming every bad variable."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def settings_or_exit(settings_cls: type[S], **options: Any) -> S:
     try:
         settings = load_settings(settings_cls, **{k: v for k, v in options.items() if v is not None})
     except SettingsError as err:
-        typer.echo(str(err), err=True)
+        typer.echo(err.one_line(), err=True)
         raise typer.Exit(2) from None
     setup_logging(settings_cls.service_name, settings.log_level, settings.log_format)
     return settings

@@ -34,7 +34,7 @@ def _settings(ctx: typer.Context) -> CtlSettings:
     try:
         return load_settings(CtlSettings, **overrides)
     except SettingsError as exc:
-        _fail(str(exc), code=2)
+        _fail(exc.one_line(), code=2)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:

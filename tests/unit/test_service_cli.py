@@ -22,4 +22,5 @@ def test_a_bad_setting_exits_2_naming_the_variable_on_stderr(monkeypatch, argv, 
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2
     assert variable in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""
