@@ -187,7 +187,13 @@ async def start_servers(
     grpc_server = (
         await start_grpc_server(settings.host, settings.grpc_port, registrars, service_names) if with_grpc else None
     )
-    http = await start_http_server(app, settings.host, settings.http_port)
+    try:
+        http = await start_http_server(app, settings.host, settings.http_port)
+    except BaseException:
+        # A taken HTTP port must not leave the gRPC server holding its port in this process.
+        if grpc_server is not None:
+            await grpc_server.stop(grace_s=0)
+        raise
     return Servers(http=http, grpc=grpc_server)
 
 

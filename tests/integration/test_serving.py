@@ -1,11 +1,13 @@
 """The gRPC and HTTP server helpers every service uses, against real sockets."""
 
+import socket
 import subprocess
 import sys
 import time
 
 import grpc
 import httpx
+import pytest
 from fastapi import APIRouter
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -13,7 +15,7 @@ from pydantic import SecretStr
 
 from relayrl.http_app import create_http_app
 from relayrl.metrics import ServiceMetrics
-from relayrl.serving import start_grpc_server, start_http_server
+from relayrl.serving import start_grpc_server, start_http_server, start_servers
 from relayrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 
@@ -116,3 +118,55 @@ def test_cli_does_not_import_torch():
     code = "import sys, relayrl.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
+
+
+class _Ports:
+    host = "127.0.0.1"
+
+    def __init__(self, grpc_port: int, http_port: int) -> None:
+        self.grpc_port = grpc_port
+        self.http_port = http_port
+
+
+def _app():
+    return create_http_app("test", ServiceMetrics("test"), lambda: True, SecretStr(""))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def test_servers_stop_grpc_then_http_and_free_both_ports():
+    registrars = [lambda s: rollout_pb2_grpc.add_RolloutControlServicer_to_server(_Control(), s)]
+    servers = await start_servers(_Ports(0, 0), _app(), registrars, ["relayrl.v1.RolloutControl"])
+    assert servers.grpc is not None
+    grpc_port, http_port = servers.grpc.port, servers.http.port
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"http://127.0.0.1:{http_port}/healthz")).status_code == 200
+    await servers.stop(grpc_grace_s=0.1)
+    assert _bindable(grpc_port) and _bindable(http_port)
+
+
+async def test_a_taken_http_port_fails_the_start_and_releases_the_grpc_port():
+    grpc_port = _free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        registrars = [lambda s: rollout_pb2_grpc.add_RolloutControlServicer_to_server(_Control(), s)]
+        with pytest.raises(OSError):
+            await start_servers(
+                _Ports(grpc_port, taken.getsockname()[1]), _app(), registrars, ["relayrl.v1.RolloutControl"]
+            )
+    assert _bindable(grpc_port)
