@@ -1,8 +1,30 @@
-"""Errors the paramsync client raises, one per gRPC status a caller may want to handle."""
+"""Paramsync's errors and gRPC statuses, in one place: the status each refusal of the core
+(:class:`~services.paramsync.store.StoreError`, by reason) is answered with, and the errors the
+client raises, one per status a caller may want to handle."""
 
 from __future__ import annotations
 
 import grpc
+
+from relayrl.retry import GRPC_TRANSIENT_CODES, grpc_transient
+from services.paramsync.store import StoreError
+
+# The status each refusal is answered with, over gRPC and over the bulk data plane alike.
+STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
+    "checksum": grpc.StatusCode.DATA_LOSS,
+    "out_of_order": grpc.StatusCode.DATA_LOSS,
+    "overflow": grpc.StatusCode.DATA_LOSS,
+    "incomplete": grpc.StatusCode.DATA_LOSS,
+    "not_newer": grpc.StatusCode.FAILED_PRECONDITION,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "idle_timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "superseded": grpc.StatusCode.ABORTED,
+    "bad_message": grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def status_of(err: StoreError) -> grpc.StatusCode:
+    return STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
 
 
 class ParamSyncError(RuntimeError):
@@ -42,7 +64,7 @@ _BY_CODE: dict[grpc.StatusCode, type[ParamSyncError]] = {
 }
 
 # Failures of the link rather than of the request: worth retrying with backoff.
-TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+TRANSIENT_CODES = GRPC_TRANSIENT_CODES
 
 
 def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
@@ -52,9 +74,7 @@ def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
 
 def is_transient(exc: BaseException) -> bool:
     """A failure of the link rather than of the request, from gRPC or from the data plane."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code() in TRANSIENT_CODES
-    return isinstance(exc, ParamSyncError) and exc.code in TRANSIENT_CODES
+    return grpc_transient(exc) or (isinstance(exc, ParamSyncError) and exc.code in TRANSIENT_CODES)
 
 
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}

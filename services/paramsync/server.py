@@ -11,10 +11,11 @@ from pathlib import Path
 from relayrl.http_app import create_http_app
 from relayrl.serving import Servers, serve_until_signal, start_servers
 from services.paramsync.config import ParamSyncSettings
+from services.paramsync.core import ParamSyncCore
 from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
-from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
+from services.paramsync.service import SERVICE_NAME, add_to_server
 from services.paramsync.store import VersionStore
 from services.paramsync.table import VersionTable, lag_deadline_s
 from services.paramsync.transports import setup_transport
@@ -22,11 +23,11 @@ from services.paramsync.transports import setup_transport
 log = logging.getLogger(__name__)
 
 
-def build_service(settings: ParamSyncSettings) -> ParamSyncService:
+def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
     metrics = ParamSyncMetrics()
     deadline = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
     table = VersionTable(metrics, settings.max_sync_retries, deadline)
-    return ParamSyncService(
+    return ParamSyncCore(
         store=VersionStore(settings.keep_versions),
         table=table,
         transport=setup_transport(settings, table),

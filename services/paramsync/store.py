@@ -17,8 +17,6 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import grpc
-
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
 from services.paramsync.memory import RecycledMemory, VersionMemory
@@ -36,11 +34,11 @@ class VersionState(enum.Enum):
 
 
 class StoreError(Exception):
-    """A refused operation with the gRPC status it maps to and a reason label for metrics."""
+    """A refused operation; ``reason`` names it (a metrics label, and what
+    :func:`services.paramsync.errors.status_of` maps to a gRPC status)."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.code = code
         self.reason = reason
 
 
@@ -123,7 +121,6 @@ class UploadWriter:
             spec = tensors[self._index]
             if self._hasher.hexdigest() != spec.checksum:
                 raise StoreError(
-                    grpc.StatusCode.DATA_LOSS,
                     "checksum",
                     f"version {self.stored.version}: tensor {spec.name!r} does not match its"
                     f" {self.stored.manifest.checksum_algorithm} checksum",
@@ -137,16 +134,13 @@ class UploadWriter:
         expected = tensors[self._index].name if self._index < len(tensors) else None
         if tensor_name != expected or offset != self._filled:
             raise StoreError(
-                grpc.StatusCode.DATA_LOSS,
                 "out_of_order",
                 f"version {self.stored.version}: expected {expected!r} at offset {self._filled},"
                 f" got {tensor_name!r} at offset {offset}",
             )
         spec = tensors[self._index]
         if self._filled + len(data) > spec.num_bytes:
-            raise StoreError(
-                grpc.StatusCode.DATA_LOSS, "overflow", f"chunk of {tensor_name!r} runs past its {spec.num_bytes} bytes"
-            )
+            raise StoreError("overflow", f"chunk of {tensor_name!r} runs past its {spec.num_bytes} bytes")
         start = self._offsets[self._index] + self._filled
         self.stored.data[start : start + len(data)] = data
         self.check_in_place(start, len(data))
@@ -164,7 +158,6 @@ class UploadWriter:
         end = position + nbytes
         if end > self.stored.manifest.total_bytes:
             raise StoreError(
-                grpc.StatusCode.DATA_LOSS,
                 "overflow",
                 f"upload of version {self.stored.version} runs past its {self.stored.manifest.total_bytes} bytes",
             )
@@ -182,7 +175,6 @@ class UploadWriter:
         self._skip_finished()
         if self.stored.received != self.stored.manifest.total_bytes:
             raise StoreError(
-                grpc.StatusCode.DATA_LOSS,
                 "incomplete",
                 f"version {self.stored.version}: upload ended after {self.stored.received} of"
                 f" {self.stored.manifest.total_bytes} bytes",
@@ -218,7 +210,6 @@ class VersionStore:
             if manifest.version == latest.version and latest.manifest.same_content(manifest):
                 return None
             raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
                 "not_newer",
                 f"version {manifest.version} is not newer than the latest version {latest.version}"
                 + (" and its content differs" if manifest.version == latest.version else ""),
@@ -226,7 +217,6 @@ class VersionStore:
         if self.uploading is not None:
             if manifest.version < self.uploading.version:
                 raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
                     "not_newer",
                     f"version {manifest.version} is older than version {self.uploading.version} being uploaded",
                 )
@@ -262,14 +252,13 @@ class VersionStore:
         """Version ``version`` (0: the latest complete one), complete or still uploading."""
         if version == 0:
             if self.latest is None:
-                raise StoreError(grpc.StatusCode.NOT_FOUND, "not_found", "no version has been published yet")
+                raise StoreError("not_found", "no version has been published yet")
             return self.latest
         if version in self._complete:
             return self._complete[version]
         if self.uploading is not None and self.uploading.version == version:
             return self.uploading
         raise StoreError(
-            grpc.StatusCode.NOT_FOUND,
             "not_found",
             f"version {version} is not held; held: {self.versions() or 'none'}"
             + (f", uploading {self.uploading.version}" if self.uploading else ""),

@@ -9,7 +9,7 @@ measured too: on loopback it cost more CPU than ``sendall``, 0.30 s against 0.21
 
 The protocol is described with ``BulkRequest`` in ``paramsync.proto``; the rules (newer only,
 checksums, the previous version kept on failure, forwarding while uploading) are those of the
-Publish and Fetch RPCs, shared through :class:`~services.paramsync.service.ParamSyncService`.
+Publish and Fetch RPCs, through the same core (:class:`~services.paramsync.core.ParamSyncCore`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from typing import TypeVar
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
+from services.paramsync.core import ParamSyncCore
 from services.paramsync.dataplane.frames import FrameError, frame, recv_frame
+from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest
-from services.paramsync.service import ParamSyncService
 from services.paramsync.store import StoredVersion, StoreError, UploadWriter, VersionState
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class DataPlaneServer:
     one replica, and the last replica got the version no sooner (0.95–0.97 s either way).
     """
 
-    def __init__(self, service: ParamSyncService, forward_streams: int = 1) -> None:
-        self.service = service
+    def __init__(self, core: ParamSyncCore, forward_streams: int = 1) -> None:
+        self.core = core
         self.forward_streams = forward_streams
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -75,11 +76,11 @@ class DataPlaneServer:
         listener.setblocking(False)
         self._listener = listener
         self._accepting = asyncio.create_task(self._accept_loop(listener), name="paramsync-dataplane-accept")
-        self.service.data_port = listener.getsockname()[1]
-        return self.service.data_port
+        self.core.data_port = listener.getsockname()[1]
+        return self.core.data_port
 
     async def stop(self) -> None:
-        self.service.data_port = 0
+        self.core.data_port = 0
         if self._accepting is not None:
             self._accepting.cancel()
         for task, conn in list(self._connections.items()):
@@ -98,7 +99,7 @@ class DataPlaneServer:
         while True:
             conn, peer = await loop.sock_accept(listener)
             conn.setblocking(True)
-            conn.settimeout(self.service.upload_idle_timeout_s)
+            conn.settimeout(self.core.upload_idle_timeout_s)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = asyncio.create_task(self._serve(conn, peer), name=f"paramsync-dataplane-{peer}")
             self._connections[task] = conn
@@ -133,13 +134,13 @@ class DataPlaneServer:
         try:
             manifest = Manifest.from_proto(proto)
         except ValueError as exc:
-            self.service.metrics.publish_failures.labels("invalid_manifest").inc()
+            self.core.metrics.publish_failures.labels("invalid_manifest").inc()
             await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}"))
             return
         try:
-            stored = self.service.begin_upload(manifest)
+            stored = self.core.begin_upload(manifest)
         except StoreError as err:
-            await self._send(conn, _reply(err.code, str(err)))
+            await self._send(conn, _reply(status_of(err), str(err)))
             return
         if stored is None:
             await self._send(conn, _reply(grpc.StatusCode.ALREADY_EXISTS, "the latest version has these bytes"))
@@ -148,14 +149,14 @@ class DataPlaneServer:
         try:
             await self._send(conn, _reply(grpc.StatusCode.OK))
             await self._receive(conn, stored)
-            self.service.commit_upload(stored, started)
+            self.core.commit_upload(stored, started)
         except StoreError as err:
-            self.service.fail_upload(stored, err)
+            self.core.fail_upload(stored, err)
             with contextlib.suppress(OSError):
-                await self._send(conn, _reply(err.code, str(err)))
+                await self._send(conn, _reply(status_of(err), str(err)))
             return
         except (OSError, asyncio.CancelledError):
-            self.service.fail_upload(stored, None)
+            self.core.fail_upload(stored, None)
             raise
         await self._send(conn, pb.BulkReply(bytes_received=stored.received))
 
@@ -166,9 +167,8 @@ class DataPlaneServer:
             await self._io(self._receive_blocking, conn, stored, writer, loop)
         except TimeoutError:
             raise StoreError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
                 "idle_timeout",
-                f"upload of version {stored.version} stalled for {self.service.upload_idle_timeout_s:.0f}s",
+                f"upload of version {stored.version} stalled for {self.core.upload_idle_timeout_s:.0f}s",
             ) from None
         writer.finish()
 
@@ -183,11 +183,10 @@ class DataPlaneServer:
         total, data, position = stored.manifest.total_bytes, stored.data, 0
         while position < total:
             if stored.state is VersionState.FAILED:
-                raise StoreError(grpc.StatusCode.ABORTED, "superseded", stored.error)
+                raise StoreError("superseded", stored.error)
             received = conn.recv_into(data[position : min(total, position + RECV_BYTES)], 0, socket.MSG_WAITALL)
             if received == 0:  # the trainer closed the connection (or died): as a gRPC stream ending early
                 raise StoreError(
-                    grpc.StatusCode.DATA_LOSS,
                     "incomplete",
                     f"version {stored.version}: upload ended after {position} of {total} bytes",
                 )
@@ -198,7 +197,7 @@ class DataPlaneServer:
     def _progress(self, stored: StoredVersion, position: int, received: int) -> None:
         stored.received = position
         stored.pulse()
-        self.service.metrics.bytes_received.inc(received)
+        self.core.metrics.bytes_received.inc(received)
 
     # --- fetch --------------------------------------------------------------------------------
 
@@ -208,12 +207,12 @@ class DataPlaneServer:
             await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, message))
             return
         try:
-            stored = self.service.store.get(request.version)
+            stored = self.core.store.get(request.version)
         except StoreError as err:
-            await self._send(conn, _reply(err.code, str(err)))
+            await self._send(conn, _reply(status_of(err), str(err)))
             return
         await self._send(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
-        total, idle_s = stored.manifest.total_bytes, self.service.upload_idle_timeout_s
+        total, idle_s = stored.manifest.total_bytes, self.core.upload_idle_timeout_s
         busy = self.forward_streams and self._forwarding >= self.forward_streams
         if stored.state is VersionState.UPLOADING and busy:
             await stored.wait_past(total - 1, idle_s)  # until the upload ends, either way
@@ -227,9 +226,9 @@ class DataPlaneServer:
 
     async def _send_version(self, conn: socket.socket, stored: StoredVersion, data: memoryview, replica: str) -> None:
         total, sent = stored.manifest.total_bytes, 0
-        bytes_sent = self.service.metrics.bytes_sent.labels("dataplane")
+        bytes_sent = self.core.metrics.bytes_sent.labels("dataplane")
         while sent < total:
-            await stored.wait_past(sent, self.service.upload_idle_timeout_s)
+            await stored.wait_past(sent, self.core.upload_idle_timeout_s)
             if stored.state is VersionState.FAILED:
                 # Closing early is the signal: the replica sees a short stream and loads nothing.
                 log.info("fetch of version %d by %r cut: %s", stored.version, replica, stored.error)

@@ -25,9 +25,9 @@ from relayrl.http_app import create_http_app
 from relayrl.net import free_port
 from relayrl.redis_process import RedisProcess
 from relayrl.serving import start_grpc_server, start_http_server
-from relayrl.v1 import paramsync_pb2_grpc
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.service import add_to_server
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
 from services.trainer.control import Control, control_router
@@ -115,9 +115,7 @@ def deployment(redis_server: RedisProcess, tmp_path: Path) -> Iterator[Deploymen
     )
     paramsync = build_service(ParamSyncSettings(api_token=token))
     paramsync_grpc = loop.run(
-        start_grpc_server(
-            "127.0.0.1", 0, [lambda s: paramsync_pb2_grpc.add_ParamSyncServicer_to_server(paramsync, s)], [SERVICE_NAME]
-        )
+        start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(paramsync, s)], [SERVICE_NAME])
     )
     try:
         yield Deployment(

@@ -15,16 +15,17 @@ from pathlib import Path
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
 from services.paramsync.config import ParamSyncSettings
+from services.paramsync.core import ParamSyncCore
 from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.server import build_service
-from services.paramsync.service import SERVICE_NAME, ParamSyncService, add_to_server
+from services.paramsync.service import SERVICE_NAME, add_to_server
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 @contextlib.asynccontextmanager
-async def running_service(**overrides: object) -> AsyncIterator[tuple[str, ParamSyncService]]:
+async def running_service(**overrides: object) -> AsyncIterator[tuple[str, ParamSyncCore]]:
     """The service with its background tasks and data plane on this loop; yields (address, service)."""
     settings = ParamSyncSettings(**overrides)
     service = build_service(settings)

@@ -29,10 +29,10 @@ from typing import Any
 
 from relayrl.schema import Group, Sample
 from relayrl.serving import start_grpc_server
-from relayrl.v1 import paramsync_pb2_grpc as ps_grpc
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.service import add_to_server
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
@@ -104,7 +104,7 @@ class Stack:
         )
         self.paramsync = build_service(ParamSyncSettings())
         self.paramsync_server = await start_grpc_server(
-            "127.0.0.1", 0, [lambda s: ps_grpc.add_ParamSyncServicer_to_server(self.paramsync, s)], [SERVICE_NAME]
+            "127.0.0.1", 0, [lambda s: add_to_server(self.paramsync, s)], [SERVICE_NAME]
         )
         self.paramsync_address = f"127.0.0.1:{self.paramsync_server.port}"
         self.rollout = SyntheticRollout(self.queue.grpc_address, self.paramsync_address)

@@ -5,6 +5,7 @@ import hashlib
 import grpc
 import pytest
 
+from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest, TensorSpec
 from services.paramsync.store import StoreError, UploadWriter, VersionState, VersionStore
 
@@ -35,7 +36,7 @@ def test_versions_must_increase_and_identical_republish_is_a_no_op():
     assert store.begin(manifest(1, {"w": b"abc"})) is None
     with pytest.raises(StoreError) as err:
         store.begin(manifest(1, {"w": b"abd"}))
-    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert status_of(err.value) == grpc.StatusCode.FAILED_PRECONDITION
     upload(store, 3, {"w": b"xyz"})
     with pytest.raises(StoreError, match="not newer than the latest version 3"):
         store.begin(manifest(2, {"w": b"abc"}))
@@ -49,7 +50,7 @@ def test_only_the_last_k_versions_are_kept():
     assert store.versions() == [2, 3]
     with pytest.raises(StoreError) as err:
         store.get(1)
-    assert err.value.code == grpc.StatusCode.NOT_FOUND
+    assert status_of(err.value) == grpc.StatusCode.NOT_FOUND
 
 
 def test_a_corrupt_tensor_fails_the_upload_and_the_previous_version_stays():
@@ -59,7 +60,7 @@ def test_a_corrupt_tensor_fails_the_upload_and_the_previous_version_stays():
     writer = UploadWriter(stored)
     with pytest.raises(StoreError) as err:
         writer.accept("w", 0, b"fire")
-    assert err.value.code == grpc.StatusCode.DATA_LOSS and err.value.reason == "checksum"
+    assert status_of(err.value) == grpc.StatusCode.DATA_LOSS and err.value.reason == "checksum"
     store.fail(stored, str(err.value))
     assert store.latest_version == 1 and bytes(store.get(0).data) == b"good"
     assert stored.state is VersionState.FAILED
@@ -88,7 +89,7 @@ def test_missing_bytes_fail_the_upload():
     writer.accept("w", 0, b"abc")
     with pytest.raises(StoreError, match="after 3 of 4 bytes") as err:
         writer.finish()
-    assert err.value.code == grpc.StatusCode.DATA_LOSS
+    assert status_of(err.value) == grpc.StatusCode.DATA_LOSS
 
 
 def test_a_new_upload_supersedes_an_unfinished_one_of_the_same_version():

@@ -1,0 +1,236 @@
+"""Paramsync's core: the upload life cycle, the versions held, the replicas' table, deliveries
+and announcements. It knows nothing of gRPC: it raises :class:`StoreError` (mapped to a status in
+:mod:`services.paramsync.errors`), and the gRPC servicer (:mod:`services.paramsync.service`) and
+the bulk data plane (:mod:`services.paramsync.dataplane`) are its two front doors.
+
+Everything runs on one asyncio loop, so the store and the table need no locks. Long work
+(hashing is incremental per chunk; disk writes and broadcasts) runs in the delivery task or in
+threads, never inside a request handler, so the trainer's upload is never slowed by replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Protocol
+
+from services.paramsync import safetensors_io
+from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
+from services.paramsync.manifest import Announcement, Manifest
+from services.paramsync.metrics import ParamSyncMetrics
+from services.paramsync.store import StoredVersion, StoreError, UploadWriter, VersionState, VersionStore
+from services.paramsync.table import VersionTable
+from services.paramsync.transports.base import WeightTransport
+
+log = logging.getLogger(__name__)
+
+
+class Chunk(Protocol):
+    """A piece of one tensor's bytes, as both the gRPC stream and the wire codec carry it."""
+
+    tensor_name: str
+    offset: int
+    data: bytes
+
+
+class Announcer:
+    """Fans announcements out to every open Subscribe stream."""
+
+    def __init__(self) -> None:
+        self._queues: set[asyncio.Queue[Announcement]] = set()
+
+    def open(self) -> asyncio.Queue[Announcement]:
+        queue: asyncio.Queue[Announcement] = asyncio.Queue()
+        self._queues.add(queue)
+        return queue
+
+    def close(self, queue: asyncio.Queue[Announcement]) -> None:
+        self._queues.discard(queue)
+
+    def announce(self, announcement: Announcement) -> None:
+        for queue in self._queues:
+            queue.put_nowait(announcement)
+
+
+class ParamSyncCore:
+    def __init__(
+        self,
+        store: VersionStore,
+        table: VersionTable,
+        transport: WeightTransport,
+        metrics: ParamSyncMetrics,
+        chunk_bytes: int,
+        upload_idle_timeout_s: float,
+        store_dir: Path | None = None,
+    ) -> None:
+        self.store = store
+        self.table = table
+        self.transport = transport
+        self.metrics = metrics
+        self.chunk_bytes = chunk_bytes
+        self.upload_idle_timeout_s = upload_idle_timeout_s
+        self.store_dir = store_dir
+        self.announcer = Announcer()
+        # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
+        self.data_port = 0
+        self._delivered: Announcement | None = None
+        self._delivery_wanted = asyncio.Event()
+
+    # --- background work ----------------------------------------------------------------------
+
+    def restore_from_disk(self) -> None:
+        """Loads the newest readable version under ``store_dir`` (start-up only)."""
+        if self.store_dir is None:
+            return
+        for version in reversed(safetensors_io.list_versions(self.store_dir)):
+            try:
+                stored = safetensors_io.read_version(safetensors_io.version_dir(self.store_dir, version))
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("skipping stored version %d: %s", version, exc)
+                continue
+            self.store.restore(stored)
+            self._on_committed(stored)
+            log.info("restored version %d from %s", version, self.store_dir)
+            return
+
+    async def run_deliveries(self) -> None:
+        """Delivers the latest version whenever one is committed or (push transports) replicas join."""
+        while True:
+            await self._delivery_wanted.wait()
+            self._delivery_wanted.clear()
+            stored = self.store.latest
+            if stored is None:
+                continue
+            try:
+                with stored.reading():
+                    if self.store_dir is not None:
+                        await asyncio.to_thread(safetensors_io.write_version, stored, self.store_dir)
+                        await asyncio.to_thread(safetensors_io.prune, self.store_dir, self.store.keep_versions)
+                    announcement = await self.transport.deliver(stored, self.table.endpoints())
+            except Exception:
+                log.exception("delivering version %d failed", stored.version)
+                self.metrics.sync_failures.labels("delivery").inc()
+                continue
+            if self._delivered is None or announcement.version > self._delivered.version:
+                self._delivered = announcement
+                if not self.transport.forwards_uploads:
+                    self.announcer.announce(announcement)
+
+    async def watch_discovery(self, discovery: ReplicaDiscovery) -> None:
+        known: frozenset[ReplicaEndpoint] = frozenset()
+        async for current in discovery.watch():
+            for gone in {r.replica_id for r in known} - {r.replica_id for r in current}:
+                self.table.remove(gone)
+            for replica in current - known:
+                self.table.ensure(replica.replica_id, replica.engine_url)
+            if self.transport.pushes and current - known:
+                self._delivery_wanted.set()
+            known = current
+
+    async def watch_deadlines(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for replica_id in self.table.check_deadlines():
+                log.warning("replica %s is lagging: no report of version %d", replica_id, self.table.latest)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _on_committed(self, stored: StoredVersion) -> None:
+        self.metrics.latest_version.set(stored.version)
+        self.table.set_latest(stored.version)
+        self._delivery_wanted.set()
+
+    def current_announcement(self) -> Announcement | None:
+        """What a new subscriber is told at once: the newest version it can start loading now."""
+        if not self.transport.forwards_uploads:
+            return self._delivered
+        newest = self.store.uploading or self.store.latest
+        return self.transport.announcement(newest) if newest is not None else None
+
+    # --- the upload life cycle, shared by the Publish RPC and the bulk data plane --------------
+
+    def begin_upload(self, manifest: Manifest) -> StoredVersion | None:
+        """Opens the upload of ``manifest`` (None: the same bytes are already the latest version)."""
+        try:
+            stored = self.store.begin(manifest)
+        except StoreError as err:
+            self.metrics.publish_failures.labels(err.reason).inc()
+            raise
+        if stored is None:
+            log.info("version %d re-published with identical content; nothing to do", manifest.version)
+            return None
+        if self.transport.forwards_uploads:
+            self.announcer.announce(self.transport.announcement(stored))
+        return stored
+
+    def fail_upload(self, stored: StoredVersion, err: StoreError | None) -> None:
+        """Drops a failed upload (``err`` None: the trainer went away); the previous version stays."""
+        if err is None:
+            self.store.fail(stored, "the trainer disconnected mid-upload")
+            self.metrics.publish_failures.labels("disconnected").inc()
+            log.warning("upload of version %d cancelled after %d bytes", stored.version, stored.received)
+            return
+        self.store.fail(stored, str(err))
+        self.metrics.publish_failures.labels(err.reason).inc()
+        log.warning("upload of version %d failed: %s", stored.version, err)
+
+    def commit_upload(self, stored: StoredVersion, started: float) -> None:
+        """Makes a fully received, verified upload the latest version; StoreError if it was superseded."""
+        if stored.state is VersionState.FAILED:  # superseded while its last bytes arrived
+            raise StoreError("superseded", stored.error)
+        self.store.commit(stored)
+        self.metrics.versions_published.inc()
+        self.metrics.publish_duration.observe(time.perf_counter() - started)
+        self._on_committed(stored)
+        log.info("version %d committed (%d bytes)", stored.version, stored.received)
+
+    async def receive(self, stored: StoredVersion, chunks: AsyncIterator[Chunk]) -> None:
+        """Writes and checks ``chunks`` into the upload until they end; StoreError on a stall, a
+        superseded upload or bytes that do not fit the manifest."""
+        writer = UploadWriter(stored)
+        while True:
+            try:
+                msg = await asyncio.wait_for(anext(chunks), self.upload_idle_timeout_s)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise StoreError(
+                    "idle_timeout",
+                    f"upload of version {stored.version} sent nothing for {self.upload_idle_timeout_s:.0f}s",
+                ) from None
+            if stored.state is VersionState.FAILED:
+                raise StoreError("superseded", stored.error)
+            writer.accept(msg.tensor_name, msg.offset, msg.data)
+            self.metrics.bytes_received.inc(len(msg.data))
+        writer.finish()
+
+    # --- replicas ---------------------------------------------------------------------------
+
+    async def announcements(self, replica_id: str, engine_url: str, held_version: int) -> AsyncIterator[Announcement]:
+        """Every version newer than ``held_version`` this replica should load, from now on: the
+        current one at once, then each announced one. The replica joins the table first."""
+        queue = self.announcer.open()
+        try:
+            self.table.record_subscribed(replica_id, engine_url, held_version)
+            if self.transport.pushes and engine_url:
+                self._delivery_wanted.set()
+            current = self.current_announcement()
+            if current is not None and current.version > held_version:
+                yield current
+            while True:
+                announcement = await queue.get()
+                if announcement.version > held_version:
+                    yield announcement
+        finally:
+            self.announcer.close(queue)
+
+    def report(self, replica_id: str, ok: bool, version: int, sync_s: float, error: str) -> int:
+        """Records a replica's load result; returns the latest version."""
+        if ok:
+            self.table.record_success(replica_id, version, sync_s)
+        else:
+            self.table.record_failure(replica_id, "replica_reported", error or "unspecified error")
+        return self.store.latest_version
