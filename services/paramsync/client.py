@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from relayrl.retry import RetryPolicy, call_with_retries
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
@@ -146,16 +146,13 @@ class ParamSyncClient:
 
     async def _with_retries(self, call: Any) -> Any:
         """Runs ``call()`` retrying link failures; any gRPC error left becomes a ParamSyncError."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_sync_retries + 1),
-            wait=wait_exponential(multiplier=self.sync_retry_delay, max=30 * self.sync_retry_delay + 1),
-            retry=retry_if_exception(is_transient),
-            reraise=True,
+        policy = RetryPolicy(
+            attempts=self.max_sync_retries + 1,
+            first_wait_s=self.sync_retry_delay,
+            max_wait_s=30 * self.sync_retry_delay + 1,
         )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    return await call()
+            return await call_with_retries(f"paramsync call to {self.address}", call, is_transient, policy, log)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from None
 
