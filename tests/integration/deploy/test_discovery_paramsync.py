@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from relayrl.net import free_port, wait_for_port
 from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
 from tests.integration.deploy._fakes import FakeKubeAPI, endpoint_slice
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "rl-relayrl-rollout"
@@ -67,16 +67,6 @@ def kubeconfig(path: Path, server: str) -> Path:
         )
     )
     return path
-
-
-def wait_until(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def replica_rows(address: str) -> dict[str, int]:
@@ -123,7 +113,7 @@ def test_a_replica_added_to_the_endpointslice_receives_the_latest_version(
     ):
         wait_for_port("127.0.0.1", grpc_port, 60)
         address = f"127.0.0.1:{grpc_port}"
-        wait_until(lambda: _healthy(engine_url), 60, "the engine")
+        wait_until(lambda: _healthy(engine_url), 60, "the engine", poll_s=0.2)
         assert asyncio.run(engine_version(engine_url)) == "0"
 
         # The trainer publishes version 1 while paramsync knows no replica.
@@ -139,12 +129,14 @@ def test_a_replica_added_to_the_endpointslice_receives_the_latest_version(
         # The rollout pod turns ready: its endpoint appears in the slice, and paramsync pushes v1 to it.
         pod = "rl-relayrl-rollout-6d4f9-abcde"
         api.put(endpoint_slice("rollout-x1", SERVICE, {pod: "127.0.0.1"}, namespace="rl", engine_port=engine_port))
-        wait_until(lambda: asyncio.run(replica_rows(address)).get(pod) == 1, 90, "the new replica at version 1")
+        wait_until(
+            lambda: asyncio.run(replica_rows(address)).get(pod) == 1, 90, "the new replica at version 1", poll_s=0.2
+        )
         assert asyncio.run(engine_version(engine_url)) == "1"
 
         # The pod goes away: its row leaves the version table.
         api.put(endpoint_slice("rollout-x1", SERVICE, {}, namespace="rl", engine_port=engine_port))
-        wait_until(lambda: asyncio.run(replica_rows(address)) == {}, 30, "the replica to leave the table")
+        wait_until(lambda: asyncio.run(replica_rows(address)) == {}, 30, "the replica to leave the table", poll_s=0.2)
         assert any(q.get("watch") == ["true"] for q in api.requests)  # it watched, not polled
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -83,15 +82,3 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-async def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):
-    """Polls the coroutine function ``predicate`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)

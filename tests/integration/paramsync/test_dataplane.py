@@ -19,8 +19,9 @@ from services.paramsync.dataplane.frames import LENGTH, MAX_FRAME_BYTES, frame, 
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
-from tests.integration.paramsync.harness import running_service, wait_until
+from tests.integration.paramsync.harness import running_service
 from tests.integration.paramsync.test_publish_fetch import same, weights
+from tests.waiting import wait_until_async
 
 
 def data_plane_of(service) -> DataPlaneAddress:
@@ -58,7 +59,7 @@ async def test_the_client_uses_the_data_plane_and_gets_exact_tensors():
             metrics = service.metrics.service.render()[0].decode()
             return metrics if sent in metrics else ""
 
-        assert 'transport="grpc"' not in await wait_until(counted, 5, "bytes_sent to count the fetch")
+        assert 'transport="grpc"' not in await wait_until_async(counted, 5, "bytes_sent to count the fetch")
 
 
 async def test_corrupt_bytes_are_refused_and_the_previous_version_stays_served():

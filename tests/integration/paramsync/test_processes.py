@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import ParamSyncError, VersionUnavailable
-from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop, wait_until
+from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.paramsync
 
@@ -72,10 +73,14 @@ async def test_a_trainer_killed_mid_upload_leaves_the_previous_version_served(pa
                 assert err.code == grpc.StatusCode.UNAVAILABLE, err
             return False
 
-        await wait_until(aborted, what="the half upload to be dropped")
-        failures = service.metrics.publish_failures
+        await wait_until_async(aborted, what="the half upload to be dropped")
+        registry = service.metrics.service.registry
+
+        def failures(reason: str) -> float:
+            return registry.get_sample_value("relayrl_paramsync_publish_failures_total", {"reason": reason}) or 0.0
+
         # A stream cut by SIGKILL ends early or is cancelled, depending on which the server sees first.
-        assert failures.labels("incomplete")._value.get() + failures.labels("disconnected")._value.get() == 1
+        assert failures("incomplete") + failures("disconnected") == 1
         fetched = await ps.fetch_version(0)
         assert fetched.manifest.version == 1 and torch.equal(fetched.tensors["w"], weights(1)["w"])
         assert (await ps.list_replicas()).latest_version == 1
@@ -93,7 +98,7 @@ async def test_a_restarted_replica_catches_up_to_the_latest_version(tmp_path):
                 row = (await table_of(ps)).get("rollout-0")
                 return row is not None and row.version == version and row.state == "in_sync"
 
-            await wait_until(lambda: holds(1), what="rollout-0 at version 1")
+            await wait_until_async(lambda: holds(1), what="rollout-0 at version 1")
             replica.kill()
             replica.wait(10)
             await ps.publish(2, weights(2))
@@ -101,7 +106,7 @@ async def test_a_restarted_replica_catches_up_to_the_latest_version(tmp_path):
             assert (await table_of(ps))["rollout-0"].lag_versions == 2
 
             replica = start_replica(address, "rollout-0", tmp_path / "r0")
-            await wait_until(lambda: holds(3), what="rollout-0 at version 3 after restart")
+            await wait_until_async(lambda: holds(3), what="rollout-0 at version 3 after restart")
         finally:
             stop(replica)
         # It went straight to the latest version and holds exactly its bytes.
@@ -127,7 +132,7 @@ async def test_a_replica_that_never_answers_is_marked_lagging_while_the_others_s
                 states = {rid: row.state for rid, row in table.items()}
                 return table if states == {"ghost": "lagging", "rollout-a": "in_sync", "rollout-b": "in_sync"} else None
 
-            table = await wait_until(settled, what="ghost lagging, the others in sync")
+            table = await wait_until_async(settled, what="ghost lagging, the others in sync")
             for rid in ("rollout-a", "rollout-b"):
                 assert table[rid].version == 1 and table[rid].state == "in_sync"
             ghost = table["ghost"]

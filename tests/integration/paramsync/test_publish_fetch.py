@@ -155,7 +155,7 @@ async def test_a_fetch_that_sees_corrupt_bytes_raises_and_returns_nothing():
             await gate.wait()
 
         publish = asyncio.ensure_future(stub.Publish(trainer()))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the corrupt bytes are in flight, the upload not yet ended
         async with ParamSyncClient(address, max_sync_retries=0) as ps:
             # Depending on timing the client receives the corrupt tensor (forwarded before
             # paramsync finished checking it) and refuses it, finds the version dropped, or, on
@@ -163,8 +163,9 @@ async def test_a_fetch_that_sees_corrupt_bytes_raises_and_returns_nothing():
             with pytest.raises(ParamSyncError):
                 await ps.fetch(1)
         gate.set()
-        with pytest.raises(grpc.aio.AioRpcError):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
             await publish
+        assert err.value.code() == grpc.StatusCode.DATA_LOSS
 
 
 async def test_bad_requests_get_clear_grpc_statuses():
