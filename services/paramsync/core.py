@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -55,29 +56,20 @@ class Announcer:
             queue.put_nowait(announcement)
 
 
+@dataclass(eq=False)
 class ParamSyncCore:
-    def __init__(
-        self,
-        store: VersionStore,
-        table: VersionTable,
-        transport: WeightTransport,
-        metrics: ParamSyncMetrics,
-        chunk_bytes: int,
-        upload_idle_timeout_s: float,
-        store_dir: Path | None = None,
-    ) -> None:
-        self.store = store
-        self.table = table
-        self.transport = transport
-        self.metrics = metrics
-        self.chunk_bytes = chunk_bytes
-        self.upload_idle_timeout_s = upload_idle_timeout_s
-        self.store_dir = store_dir
-        self.announcer = Announcer()
-        # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
-        self.data_port = 0
-        self._delivered: Announcement | None = None
-        self._delivery_wanted = asyncio.Event()
+    store: VersionStore
+    table: VersionTable
+    transport: WeightTransport
+    metrics: ParamSyncMetrics
+    chunk_bytes: int
+    upload_idle_timeout_s: float
+    store_dir: Path | None = None
+    announcer: Announcer = field(default_factory=lambda: Announcer(), init=False)
+    # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
+    data_port: int = field(default=0, init=False)
+    _delivered: Announcement | None = field(default=None, init=False)
+    _delivery_wanted: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     # --- background work ----------------------------------------------------------------------
 

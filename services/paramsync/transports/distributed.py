@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from relayrl.net import free_port
@@ -46,30 +47,20 @@ def buckets(stored: StoredVersion, bucket_bytes: int) -> Iterator[list[tuple[Ten
         yield bucket
 
 
+@dataclass(eq=False)
 class DistributedTransport(WeightTransport):
     name = "distributed"
     pushes = True
 
-    def __init__(
-        self,
-        table: VersionTable,
-        master_addr: str,
-        master_port: int,
-        backend: str,
-        bucket_bytes: int,
-        sync_timeout: float,
-        max_sync_retries: int,
-        sync_retry_delay: float,
-    ) -> None:
-        self.table = table
-        self.master_addr = master_addr
-        self.master_port = master_port
-        self.backend = backend
-        self.bucket_bytes = bucket_bytes
-        self.sync_timeout = sync_timeout
-        self.max_sync_retries = max_sync_retries
-        self.sync_retry_delay = sync_retry_delay
-        self._rounds = 0
+    table: VersionTable
+    master_addr: str
+    master_port: int
+    backend: str
+    bucket_bytes: int
+    sync_timeout: float
+    max_sync_retries: int
+    sync_retry_delay: float
+    _rounds: int = field(default=0, init=False)
 
     async def deliver(self, stored: StoredVersion, replicas: Sequence[ReplicaEndpoint]) -> Announcement:
         pending = [r for r in replicas if r.engine_url and self.table.version_of(r.replica_id) < stored.version]

@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from relayrl.models.loading import load_causal_lm
 from relayrl.net import free_port
 from services.engine.client import EngineClient, SamplingParams
+from services.engine.launch import launch_engine, wait_engine_healthy
 from services.paramsync.client import ParamSyncClient
 from tests.integration.paramsync.harness import REPO, python_env, serve_process, stop
 
@@ -42,34 +42,12 @@ async def engine_greedy(url: str) -> tuple[list[int], list[float]]:
         return out.output_ids, out.logprobs
 
 
-def start_engine(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port)],
-        env=python_env(RELAYRL_ENGINE_TORCH_THREADS="1"),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "wb"),
-    )
-
-
-def wait_healthy(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"engine at {url} never became healthy")
-
-
 def test_distributed_transport_moves_trainer_weights_into_the_engine_over_gloo(tiny_model_dir, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    engine = start_engine(tiny_model_dir, port, tmp_path / "engine.log")
+    engine = launch_engine(tiny_model_dir, port, stderr=(tmp_path / "engine.log").open("wb"), cwd=REPO)
     try:
-        wait_healthy(url)
+        wait_engine_healthy(engine, url, timeout_s=60)
         before = asyncio.run(engine_greedy(url))
         env = {
             "RELAYRL_PARAMSYNC_TRANSPORT": "distributed",
