@@ -1,7 +1,9 @@
 """Fixtures shared by every test slice.
 
 Tests under tests/unit, tests/integration and tests/e2e get the matching marker
-automatically, so `pytest -m unit` runs the fast slice.
+automatically, so `pytest -m unit` runs the fast slice; tests in an area's directory under a
+slice (tests/unit/queue, tests/integration/engine, ...) get that area's marker, so `pytest -m queue`
+runs one service's tests.
 """
 
 from __future__ import annotations
@@ -13,15 +15,28 @@ import pytest
 
 from relayrl.redis_process import RedisProcess
 
+TESTS = Path(__file__).parent
 _SLICES = ("unit", "integration", "e2e")
+# Directory under a slice → area marker. The built-in engine is tested with the rollout, its client.
+_AREAS = {
+    "deploy": "deploy",
+    "engine": "rollout",
+    "observability": "observability",
+    "paramsync": "paramsync",
+    "queue": "queue",
+    "rollout": "rollout",
+    "trainer": "trainer",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # One hook at the root: a conftest's hook sees every collected item, not only its directory's.
     for item in items:
-        parts = Path(str(item.fspath)).parts
-        for name in _SLICES:
-            if name in parts:
-                item.add_marker(getattr(pytest.mark, name))
+        parts = Path(str(item.fspath)).relative_to(TESTS).parts
+        if parts[0] in _SLICES:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+            if len(parts) > 2 and parts[1] in _AREAS:
+                item.add_marker(getattr(pytest.mark, _AREAS[parts[1]]))
 
 
 @pytest.fixture(scope="session")

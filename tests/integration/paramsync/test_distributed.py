@@ -19,8 +19,6 @@ from services.engine.launch import launch_engine, wait_engine_healthy
 from services.paramsync.client import ParamSyncClient
 from tests.integration.paramsync.harness import REPO, python_env, serve_process, stop
 
-pytestmark = pytest.mark.paramsync
-
 HERE = Path(__file__).parent
 PROMPT = [5, 17, 42, 99, 7]
 NEW_TOKENS = 6

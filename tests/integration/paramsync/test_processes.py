@@ -20,8 +20,6 @@ from services.paramsync.errors import ParamSyncError, VersionUnavailable
 from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop
 from tests.waiting import wait_until_async
 
-pytestmark = pytest.mark.paramsync
-
 HERE = Path(__file__).parent
 
 

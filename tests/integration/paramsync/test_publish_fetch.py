@@ -20,8 +20,6 @@ from services.paramsync.errors import ParamSyncError, VersionConflict, VersionUn
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
 from tests.integration.paramsync.harness import running_service
 
-pytestmark = pytest.mark.paramsync
-
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

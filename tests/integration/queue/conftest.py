@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,15 +12,6 @@ import redis.asyncio as aioredis
 from relayrl.redis_process import RedisProcess
 from services.queue.config import QueueSettings
 from services.queue.server import QueueServer, start_queue_server
-
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.queue)
-
 
 StartQueue = Callable[..., Awaitable[QueueServer]]
 

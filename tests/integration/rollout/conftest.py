@@ -19,12 +19,6 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[2]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.rollout)
-
-
 @dataclass
 class EngineProcess:
     """``relayrl engine serve`` in a subprocess on a free port."""

@@ -14,8 +14,6 @@ from services.paramsync.server import build_service
 from services.paramsync.store import StoreError, VersionState
 from tests.unit.paramsync.test_store import manifest
 
-pytestmark = pytest.mark.paramsync
-
 
 @dataclass
 class _Chunk:

@@ -10,8 +10,6 @@ from services.paramsync.discovery import StaticDiscovery
 from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 from services.paramsync.server import build_service
 
-pytestmark = pytest.mark.paramsync
-
 
 class ScriptedDiscovery:
     """A discovery source that yields the given sets one after another, then waits."""

@@ -12,8 +12,6 @@ from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.table import IN_SYNC, LAGGING, SYNCING, VersionTable, lag_deadline_s
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes, typed_view
 
-pytestmark = pytest.mark.paramsync
-
 
 def test_manifest_round_trips_and_describes_every_dtype_exactly():
     state = {

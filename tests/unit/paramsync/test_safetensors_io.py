@@ -8,8 +8,6 @@ from services.paramsync import safetensors_io
 from services.paramsync.store import StoredVersion
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
 
-pytestmark = pytest.mark.paramsync
-
 
 def stored_version(version: int, state: dict[str, torch.Tensor]) -> StoredVersion:
     pairs = as_pairs(state)

@@ -9,8 +9,6 @@ from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest, TensorSpec
 from services.paramsync.store import StoreError, UploadWriter, VersionState, VersionStore
 
-pytestmark = pytest.mark.paramsync
-
 
 def manifest(version: int, payload: dict[str, bytes]) -> Manifest:
     specs = tuple(

@@ -8,8 +8,6 @@ from google.protobuf.message import DecodeError
 from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk
 
-pytestmark = pytest.mark.paramsync
-
 
 @pytest.mark.parametrize(
     ("name", "offset", "data"),
