@@ -9,16 +9,27 @@ from typing import Any, TypeVar
 
 import typer
 
-from relayrl.config import ServiceSettings, SettingsError, load_settings
+from relayrl.config import ServiceSettings, SettingsError, env_var_name, load_settings
 from relayrl.logs import setup_logging
 
 S = TypeVar("S", bound=ServiceSettings)
 
 
-def settings_or_exit(settings_cls: type[S], **options: Any) -> S:
-    """``settings_cls`` loaded with the options that were given (``None`` means not given)."""
+def settings_or_exit(settings_cls: type[S], required: dict[str, str] | None = None, **options: Any) -> S:
+    """``settings_cls`` loaded with the options that were given (``None`` means not given).
+
+    ``required`` maps fields that this command cannot start without (optional in the settings,
+    which other commands share) to the option that gives them, for the error line.
+    """
     try:
         settings = load_settings(settings_cls, **{k: v for k, v in options.items() if v is not None})
+        missing = [
+            f"{env_var_name(settings_cls, name)}: required (pass {option})"
+            for name, option in (required or {}).items()
+            if not getattr(settings, name)
+        ]
+        if missing:
+            raise SettingsError(settings_cls.__name__, missing)
     except SettingsError as err:
         typer.echo(err.one_line(), err=True)
         raise typer.Exit(2) from None

@@ -25,10 +25,13 @@ def serve_command(
     from services.engine.config import EngineSettings
 
     settings = settings_or_exit(
-        EngineSettings, model_path=model, http_port=port, host=host, weight_version=weight_version
+        EngineSettings,
+        required={"model_path": "--model DIR"},
+        model_path=model,
+        http_port=port,
+        host=host,
+        weight_version=weight_version,
     )
-    if not settings.model_path:
-        raise typer.BadParameter("no model: pass --model DIR or set RELAYRL_ENGINE_MODEL_PATH", param_hint="--model")
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.
     from services.engine.server import serve
 

@@ -24,3 +24,11 @@ def test_a_bad_setting_exits_2_naming_the_variable_on_stderr(monkeypatch, argv, 
     assert variable in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""
+
+
+def test_the_engine_without_a_model_exits_2_naming_the_variable_and_the_option(monkeypatch):
+    monkeypatch.delenv("RELAYRL_ENGINE_MODEL_PATH", raising=False)
+    result = CliRunner().invoke(app, ["engine", "serve"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "invalid EngineSettings: RELAYRL_ENGINE_MODEL_PATH: required (pass --model DIR)"
+    assert result.stdout == ""
