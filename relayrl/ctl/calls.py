@@ -10,6 +10,7 @@ import grpc
 import httpx
 from pydantic import SecretStr
 
+from relayrl.http_app import CONTROL_PREFIX
 from relayrl.serving import GRPC_CHANNEL_OPTIONS
 
 T = TypeVar("T")
@@ -28,14 +29,16 @@ _TOKEN_HINT = "set RELAYRL_API_TOKEN to the deployment's API token"
 
 
 class HttpControl:
-    """REST calls with the bearer token to one service's HTTP port."""
+    """Calls with the bearer token to one service's control routes (under ``CONTROL_PREFIX``)."""
 
     def __init__(self, base_url: str, token: SecretStr, timeout_s: float) -> None:
         self.base_url = base_url
         self._token = token.get_secret_value()
         self._timeout_s = timeout_s
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def call(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``method`` on the control route ``route`` (``"status"`` is ``/control/status``)."""
+        path = f"{CONTROL_PREFIX}/{route}"
         endpoint = f"{method} {self.base_url}{path}"
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:

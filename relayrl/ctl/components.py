@@ -80,14 +80,14 @@ class RolloutControl:
         self._http = HttpControl(url, token, timeout_s)
 
     def status(self) -> ReplicaReport:
-        return _from_answer(ReplicaReport, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
+        return _from_answer(ReplicaReport, self.url, self._http.call("GET", "status"), endpoint=self.url)
 
     def pause(self, mode: PauseMode) -> ReplicaReport:
-        answer = self._http.call("POST", "/control/pause", {"mode": mode})
+        answer = self._http.call("POST", "pause", {"mode": mode})
         return _from_answer(ReplicaReport, self.url, answer, endpoint=self.url)
 
     def resume(self) -> ReplicaReport:
-        return _from_answer(ReplicaReport, self.url, self._http.call("POST", "/control/resume"), endpoint=self.url)
+        return _from_answer(ReplicaReport, self.url, self._http.call("POST", "resume"), endpoint=self.url)
 
 
 class TrainerControl:
@@ -96,16 +96,16 @@ class TrainerControl:
         self._http = HttpControl(url, token, timeout_s)
 
     def status(self) -> TrainerReport:
-        return _from_answer(TrainerReport, self.url, self._http.call("GET", "/control/status"), endpoint=self.url)
+        return _from_answer(TrainerReport, self.url, self._http.call("GET", "status"), endpoint=self.url)
 
     def pause(self) -> dict[str, Any]:
-        return self._http.call("POST", "/control/pause")
+        return self._http.call("POST", "pause")
 
     def resume(self) -> dict[str, Any]:
-        return self._http.call("POST", "/control/resume")
+        return self._http.call("POST", "resume")
 
     def checkpoint(self) -> dict[str, Any]:
-        return self._http.call("POST", "/control/checkpoint")
+        return self._http.call("POST", "checkpoint")
 
 
 def queue_status(address: str, timeout_s: float) -> QueueReport:
