@@ -12,6 +12,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+# The trainer's held-out scores (verl's key), one per data source, on the steps it validated.
+VALIDATION_PREFIX = "val/test_score/"
+
 
 @dataclass(frozen=True, slots=True)
 class RunReport:
@@ -26,6 +29,8 @@ class RunReport:
     max_staleness: int
     max_sample_age: float
     samples_per_s: float
+    # The last held-out score of each validated data source (val/test_score/<data_source>).
+    val_last: dict[str, float]
     extra: dict[str, Any]
 
 
@@ -79,6 +84,7 @@ def build_report(
         max_staleness=max_staleness,
         max_sample_age=max(ages),
         samples_per_s=samples / wall if wall > 0 else 0.0,
+        val_last={key: points[-1][1] for key, points in validation_series(steps).items()},
         extra=extra,
     )
 
@@ -89,8 +95,19 @@ def write_report(report: RunReport, run_dir: Path) -> Path:
     return path
 
 
+def validation_series(steps: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Held-out scores (``val/test_score/<data_source>``) as (index into ``steps``, score) per key."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for index, row in enumerate(steps):
+        for key, value in row.items():
+            if key.startswith(VALIDATION_PREFIX):
+                series.setdefault(key, []).append((index, float(value)))
+    return series
+
+
 def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, out: Path, title: str = "") -> Path:
-    """Mean reward against wall-clock time and against trainer step, side by side."""
+    """Mean reward against wall-clock time and against trainer step, side by side, with the
+    held-out scores of the validation steps beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,12 +117,18 @@ def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, 
     xs_step = [r["trainer/global_steps"] for r in steps]
     xs_time = [elapsed_s(r, started_at) for r in steps]
     ys = [r[reward_key] for r in steps]
+    validation = validation_series(steps)
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, xs, label in ((by_time, xs_time, "wall-clock time (s)"), (by_step, xs_step, "trainer step")):
-        axis.plot(xs, ys, color="tab:blue", linewidth=1.2)
+        axis.plot(xs, ys, color="tab:blue", linewidth=1.2, label="training reward")
+        for key, points in validation.items():
+            at = [xs[i] for i, _ in points]
+            axis.plot(at, [score for _, score in points], marker="o", linewidth=1.0, label=key)
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     by_time.set_ylabel(f"mean reward ({reward_key})")
+    if validation:
+        by_step.legend(loc="lower right", fontsize="small")
     fig.suptitle(title or "RelayRL: mean reward")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

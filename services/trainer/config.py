@@ -101,7 +101,9 @@ class TrainerSettings(ServiceSettings):
     checkpoint_every: int = Field(
         5, ge=1, description="Checkpoint every this many steps; must be a multiple of sync_every (see resume)."
     )
-    eval_every: int = Field(0, ge=0, description="Validate every this many steps; 0 disables validation.")
+    test_freq: int = Field(
+        0, ge=0, description="Validate every this many steps (verl's trainer.test_freq); 0 disables validation."
+    )
     eval_timeout_s: float = Field(300.0, gt=0, description="Longest wait for validation groups.")
     pull_timeout_s: float = Field(1.0, gt=0, description="Longest block of one queue pull.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (the newest ones).")

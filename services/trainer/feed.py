@@ -309,7 +309,7 @@ class Feed:
     # --- validation ---------------------------------------------------------------------
 
     def validate(self, rows: list[PromptRow], step: int, version: int) -> dict[str, float]:
-        """Greedy generation of ``rows`` at ``version`` after ``step``; ``val/score/<data_source>``.
+        """Greedy generation of ``rows`` at ``version`` after ``step``; ``val/test_score/<data_source>``.
 
         No training prompts are released meanwhile; training groups that arrive are kept.
         """
@@ -331,7 +331,7 @@ class Feed:
         for pid in returned:
             group = self._eval_groups.pop(pid)
             scores[group.data_source].extend(x.reward for x in group.samples)
-        metrics = {f"val/score/{ds}": sum(v_) / len(v_) for ds, v_ in scores.items()}
+        metrics = {f"val/test_score/{ds}": sum(v_) / len(v_) for ds, v_ in scores.items()}
         # Below 1 when the eval timeout struck before every prompt came back.
         metrics["val/returned_ratio"] = len(returned) / max(len(wanted), 1)
         return metrics

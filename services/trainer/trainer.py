@@ -133,7 +133,7 @@ class Trainer:
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
-        if s.eval_every == 0 or s.val_size == 0:
+        if s.test_freq == 0 or s.val_size == 0:
             return []
         source = s.val_dataset or (s.dataset if s.dataset.startswith("builtin:") else "")
         if not source:
@@ -161,7 +161,7 @@ class Trainer:
                     # checkpoint, so a restart never re-publishes that number with other weights.
                     self.checkpoint()
                 metrics.update(self.publish())
-            if self.s.eval_every and self.state.step % self.s.eval_every == 0:
+            if self.s.test_freq and self.state.step % self.s.test_freq == 0:
                 metrics.update(self.validate())
             self.record(plan, metrics, time.perf_counter() - started)
         self.finish()

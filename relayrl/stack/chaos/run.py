@@ -60,7 +60,7 @@ def chaos_config(base: StackConfig, run_id: str, seed: int, total_steps: int) ->
     s.redis_appendfsync = "always"
     s.restart_backoff_s = min(s.restart_backoff_s, 0.5)
     s.restart_limit = max(s.restart_limit, 20)
-    config.trainer = {**config.trainer, "total_steps": total_steps, "seed": seed, "eval_every": 0}
+    config.trainer = {**config.trainer, "total_steps": total_steps, "seed": seed, "test_freq": 0}
     return config
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from relayrl.stack.report import build_report, plot_reward, read_metrics
+from relayrl.stack.report import build_report, plot_reward, read_metrics, validation_series
 
 
 def _rows(rewards):
@@ -31,7 +31,7 @@ def test_window_shrinks_to_half_the_run():
 
 def test_no_steps_is_a_clear_error():
     with pytest.raises(ValueError, match="no training steps"):
-        build_report("r", [{"val/score": 1}], "critic/score/mean", window=5, max_staleness=1, started_at=0.0)
+        build_report("r", [{"val/test_score/x": 1}], "critic/score/mean", window=5, max_staleness=1, started_at=0.0)
 
 
 def test_torn_last_line_is_skipped_and_plot_is_written(tmp_path):
@@ -41,3 +41,16 @@ def test_torn_last_line_is_skipped_and_plot_is_written(tmp_path):
     assert len(rows) == 2
     png = plot_reward(rows, "critic/score/mean", 1000.0, tmp_path / "reward.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_held_out_scores_are_reported_and_plotted_beside_the_training_reward(tmp_path):
+    rows = _rows([0.1, 0.2, 0.3, 0.4])
+    rows[1]["val/test_score/relayrl/copy"] = 0.25
+    rows[3]["val/test_score/relayrl/copy"] = 0.75
+    report = build_report("r", rows, "critic/score/mean", window=1, max_staleness=1, started_at=1000.0)
+    assert report.val_last == {"val/test_score/relayrl/copy": 0.75}
+    assert validation_series(rows) == {"val/test_score/relayrl/copy": [(1, 0.25), (3, 0.75)]}
+    with_val = plot_reward(rows, "critic/score/mean", 1000.0, tmp_path / "with.png").read_bytes()
+    plain = [{k: v for k, v in r.items() if not k.startswith("val/")} for r in rows]
+    without = plot_reward(plain, "critic/score/mean", 1000.0, tmp_path / "without.png").read_bytes()
+    assert with_val != without
