@@ -40,8 +40,8 @@ HELD_OUT_FRACTION = 0.1
 ANSWER_MARK = "####"
 
 _QUESTION = re.compile(r"(\d+)\+(\d+) step by step")
-# verl's GSM8K answer: a number that may carry thousands separators.
-_NUMBER = re.compile(r"\s*(-?[0-9.,]+)")
+# verl's GSM8K answer: a number, on the marker's line, that may carry thousands separators.
+_NUMBER = re.compile(r"[ \t]*(-?[0-9.,]+)")
 
 
 def generate(rng: random.Random, difficulty: int) -> tuple[str, str]:
