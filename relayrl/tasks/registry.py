@@ -1,7 +1,9 @@
 """The built-in tasks. Each is small enough for a tiny model to learn on a CPU in minutes.
 
 Scores are in [0, 1]. ``copy_bits``, ``copy`` and ``reverse`` give partial credit per correct character, so
-group-normalised advantages carry signal from the very first steps of a random model.
+group-normalised advantages carry signal from the very first steps of a random model. ``long_add``
+(in :mod:`relayrl.tasks.long_add`) is the reasoning-shaped one: worked answers of 20-300 tokens
+that are scored by their final ``#### <result>`` only.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from relayrl.tasks import long_add
+
 DATA_SOURCE_PREFIX = "relayrl/"
+TRAIN_SPLIT = "train"
 
 
 def _clean(solution: str) -> str:
@@ -40,6 +45,10 @@ class Task:
     generate: Callable[[random.Random, int], tuple[str, str]]
     score: Callable[[str, str], float]
     description: str
+    # question -> the worked solution a demonstration shows; None: the answer is the whole response.
+    solve: Callable[[str], str] | None = None
+    # question -> whether it belongs to the held-out splits; None: splits differ only by their seed.
+    held_out: Callable[[str], bool] | None = None
 
     @property
     def data_source(self) -> str:
@@ -92,6 +101,15 @@ TASKS: dict[str, Task] = {
             "Repeat a digit pattern k times; difficulty is the answer's length (up to hundreds of tokens).",
         ),
         Task("add", "arithmetic", _add, score_exact, "Add two non-negative integers."),
+        Task(
+            "long_add",
+            "arithmetic",
+            long_add.generate,
+            long_add.score,
+            "Add two numbers of `difficulty` digits column by column with carries, ending in '#### <sum>'.",
+            solve=long_add.solve,
+            held_out=long_add.is_held_out,
+        ),
     )
 }
 
@@ -103,13 +121,27 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {sorted(TASKS)}") from None
 
 
-def make_rows(name: str, count: int, seed: int = 0, difficulty: int = 1, split: str = "train") -> list[dict[str, Any]]:
-    """``count`` verl-format rows of task ``name``; the same seed gives the same rows."""
+def _draw(task: Task, rng: random.Random, difficulty: int, split: str) -> tuple[str, str]:
+    """One question and answer of ``split``: a task with a held-out part redraws until it is on the split's side."""
+    while True:
+        question, answer = task.generate(rng, difficulty)
+        if task.held_out is None or task.held_out(question) == (split != TRAIN_SPLIT):
+            return question, answer
+
+
+def make_rows(
+    name: str, count: int, seed: int = 0, difficulty: int = 1, split: str = TRAIN_SPLIT
+) -> list[dict[str, Any]]:
+    """``count`` verl-format rows of task ``name``; the same seed gives the same rows.
+
+    Every split but ``train`` is held out: for a task with a ``held_out`` partition its questions
+    are never training questions.
+    """
     task = get_task(name)
     rng = random.Random(f"{name}/{split}/{seed}/{difficulty}")
     rows = []
     for index in range(count):
-        question, answer = task.generate(rng, difficulty)
+        question, answer = _draw(task, rng, difficulty, split)
         rows.append(
             {
                 "data_source": task.data_source,
@@ -120,6 +152,29 @@ def make_rows(name: str, count: int, seed: int = 0, difficulty: int = 1, split: 
             }
         )
     return rows
+
+
+def make_sft_rows(
+    name: str, count: int, seed: int = 0, difficulty: int = 1, split: str = TRAIN_SPLIT
+) -> list[dict[str, Any]]:
+    """``count`` demonstrations in verl's SFT format, for the questions :func:`make_rows` gives.
+
+    ``prompt`` is the user's question and ``response`` the worked solution where the task has one,
+    else the answer itself.
+    """
+    task = get_task(name)
+    demonstrations = []
+    for row in make_rows(name, count, seed=seed, difficulty=difficulty, split=split):
+        question, answer = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
+        demonstrations.append(
+            {
+                "prompt": question,
+                "response": task.solve(question) if task.solve else answer,
+                "data_source": row["data_source"],
+                "extra_info": {**row["extra_info"], "answer": answer},
+            }
+        )
+    return demonstrations
 
 
 def score_builtin(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
