@@ -53,7 +53,7 @@ class TrainerSettings(ServiceSettings):
     # --- data ----------------------------------------------------------------------------
     dataset: str = Field(
         "builtin:copy",
-        description="Training prompts: a verl parquet/jsonl file, or builtin:<task> (copy, reverse, add).",
+        description="Training prompts: a verl parquet/jsonl file, or builtin:<task> (a name in relayrl.tasks.TASKS).",
     )
     dataset_size: int = Field(256, ge=1, description="Rows generated for a builtin dataset.")
     dataset_difficulty: int = Field(2, ge=1, description="Difficulty (digits) of a builtin dataset.")
