@@ -108,7 +108,14 @@ def sft(
         _run_here(**options)
         return
     # A bad setting stops here, once, before any rank starts.
-    settings_or_exit(SftSettings, **options)
+    settings = settings_or_exit(SftSettings, **options)
+    if settings.train_batch_size % nproc:
+        typer.echo(
+            f"invalid SftSettings: RELAYRL_SFT_TRAIN_BATCH_SIZE: {settings.train_batch_size} sequences do not"
+            f" split evenly over {nproc} ranks",
+            err=True,
+        )
+        raise typer.Exit(2)
     code = _launch(nproc, options)
     if code:
         raise typer.Exit(code)

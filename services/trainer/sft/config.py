@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from relayrl.config import ServiceSettings
 
@@ -75,11 +75,10 @@ class SftSettings(ServiceSettings):
     )
     clip_grad: float = Field(1.0, gt=0, description="verl optim.clip_grad: max global gradient norm.")
 
-    @model_validator(mode="after")
-    def _micro_fits_batch(self) -> SftSettings:
-        if self.micro_batch_size_per_gpu > self.train_batch_size:
-            raise ValueError(
-                f"micro_batch_size_per_gpu ({self.micro_batch_size_per_gpu}) exceeds train_batch_size"
-                f" ({self.train_batch_size})"
-            )
-        return self
+    @field_validator("micro_batch_size_per_gpu")
+    @classmethod
+    def _micro_fits_batch(cls, value: int, info: ValidationInfo) -> int:
+        batch = info.data.get("train_batch_size")
+        if batch is not None and value > batch:
+            raise ValueError(f"exceeds train_batch_size ({batch})")
+        return value

@@ -80,7 +80,7 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> SftExample:
     """The chat templated once; each assistant turn's span is found by templating the turns before it.
 
     That needs a template whose output for the first k turns is a prefix of the whole chat's
-    (ChatML and Llama's are); a template that rewrites earlier turns is refused rather than
+    (ChatML's is); a template that rewrites earlier turns is refused rather than
     trained on misplaced masks.
     """
     full = _templated(tokenizer, messages, generation_prompt=False)
@@ -88,6 +88,8 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> SftExample:
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
+        if turn == 0:
+            raise ValueError("the chat opens with an assistant turn; a trained turn must answer something")
         before = _templated(tokenizer, messages[:turn], generation_prompt=True)
         through = _templated(tokenizer, messages[: turn + 1], generation_prompt=False)
         if full[: len(before)] != before or full[: len(through)] != through:
@@ -114,7 +116,7 @@ def truncate(example: SftExample, max_length: int, mode: str) -> SftExample:
 def encode_row(row: dict[str, Any], tokenizer: Any, fmt: RowFormat) -> SftExample:
     if row.get(fmt.messages_key) is not None:
         example = encode_chat(tokenizer, _messages(row[fmt.messages_key]))
-    elif fmt.prompt_key in row and fmt.response_key in row:
+    elif row.get(fmt.prompt_key) is not None and row.get(fmt.response_key) is not None:
         example = encode_single(tokenizer, row[fmt.prompt_key], str(row[fmt.response_key]))
     else:
         raise ValueError(

@@ -88,6 +88,11 @@ def test_multi_turn_trains_only_assistant_turns_without_their_headers(tokenizer)
     assert example.trained_tokens == (2 + 2) + (3 + 2)
 
 
+def test_a_chat_that_opens_with_the_assistant_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="opens with an assistant turn"):
+        encode_chat(tokenizer, [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}])
+
+
 def test_rows_pick_their_format_by_column_and_custom_keys_work(tokenizer):
     fmt = RowFormat(prompt_key="question", response_key="answer", messages_key="chat")
     single = encode_row({"question": "q", "answer": "a"}, tokenizer, fmt)
