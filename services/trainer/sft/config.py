@@ -49,7 +49,10 @@ class SftSettings(ServiceSettings):
 
     # --- schedule --------------------------------------------------------------------------
     train_batch_size: int = Field(
-        32, ge=1, description="verl data.train_batch_size: sequences per optimizer step, over all ranks."
+        32,
+        ge=1,
+        description="verl data.train_batch_size: sequences per optimizer step, over all ranks (a multiple of"
+        " them; verl's 256 is sized for GPU nodes).",
     )
     micro_batch_size_per_gpu: int = Field(
         4, ge=1, description="verl data.micro_batch_size_per_gpu: sequences per forward/backward on one rank."
