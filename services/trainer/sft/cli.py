@@ -27,7 +27,7 @@ def _run_here(**options: Any) -> None:
 
     try:
         summary = run_sft(settings)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         typer.echo(f"relayrl sft: {err}", err=True)
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":

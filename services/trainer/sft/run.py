@@ -88,13 +88,14 @@ def write_model(model: nn.Module, s: SftSettings) -> None:
 def run_sft(s: SftSettings) -> SftSummary:
     from relayrl.models.loading import load_tokenizer
 
+    # The data first: a bad file or model directory fails before any process group forms.
+    tokenizer = load_tokenizer(s.model_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    fmt = RowFormat(s.prompt_key, s.response_key, s.messages_key, s.max_length, s.truncation)
+    examples = encode_rows(load_rows(s.data, s.data_size, s.data_difficulty, s.seed), tokenizer, fmt)
     ctx = D.init_distributed(s.device)
     try:
         torch.manual_seed(s.seed)
-        tokenizer = load_tokenizer(s.model_dir)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        fmt = RowFormat(s.prompt_key, s.response_key, s.messages_key, s.max_length, s.truncation)
-        examples = encode_rows(load_rows(s.data, s.data_size, s.data_difficulty, s.seed), tokenizer, fmt)
         schedule = plan_schedule(s, len(examples), ctx.world_size)
         model = shard_model(load_actor(s.model_dir, ctx.device), ctx.device.type)
         opt, sched = build_optimizer(model, s.lr, s.weight_decay, schedule.warmup_steps)

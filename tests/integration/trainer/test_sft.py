@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relayrl.models.loading import load_causal_lm, load_tokenizer
+from services.trainer.model import load_actor
 from tests.integration.trainer.harness import REPO, python_env, stop_group
 
 STEPS = 8
@@ -82,6 +83,9 @@ def test_the_written_directory_loads_and_holds_trained_weights(runs, tiny_model_
     assert tuned.keys() == base.keys()
     changed = [name for name in base if not torch.equal(base[name], tuned[name])]
     assert len(changed) == len(base), set(base) - set(changed)
+    # The trainer starts RL from it as from any model directory.
+    actor = load_actor(tmp / "two", torch.device("cpu"))
+    torch.testing.assert_close(actor.state_dict()["model.norm.weight"], tuned["model.norm.weight"])
     tokenizer = load_tokenizer(tmp / "two")
     assert tokenizer.eos_token == load_tokenizer(tiny_model_dir).eos_token
     assert (tmp / "two" / "generation_config.json").is_file()

@@ -52,3 +52,11 @@ def test_settings_come_from_relayrl_sft_variables_with_verls_defaults(monkeypatc
         1.0,
     )
     assert all(f.description for f in SftSettings.model_fields.values())
+
+
+def test_a_missing_model_directory_is_one_line_not_a_traceback(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "q", "response": "a"}\n')
+    args = ["sft", "--model", str(tmp_path / "none"), "--data", str(data), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args)
+    assert refused(result, "no config.json"), result.output
