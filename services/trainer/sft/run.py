@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -59,17 +60,40 @@ def batches(examples: list[SftExample], s: SftSettings, schedule: Schedule) -> I
         yield epoch, [examples[i] for i in order[step % schedule.steps_per_epoch]]
 
 
-def metrics_row(step: int, epoch: int, result: StepResult, elapsed_s: float) -> dict[str, float | int]:
-    return {
-        "step": step,
-        "epoch": epoch,
-        "train/loss": result.loss,
-        "train/lr": result.lr,
-        "train/grad_norm": result.grad_norm,
-        "train/trained_tokens": result.trained_tokens,
-        "perf/tokens_per_s": result.tokens / elapsed_s,
-        "timing/step_s": elapsed_s,
-    }
+@dataclass(frozen=True, slots=True)
+class StepLog:
+    """Rank 0's record of each step: a line on the console and a row in ``metrics.jsonl``."""
+
+    path: Path
+    total_steps: int
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    def record(self, step: int, epoch: int, result: StepResult, elapsed_s: float) -> None:
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "train/loss": result.loss,
+            "train/lr": result.lr,
+            "train/grad_norm": result.grad_norm,
+            "train/trained_tokens": result.trained_tokens,
+            "perf/tokens_per_s": result.tokens / elapsed_s,
+            "timing/step_s": elapsed_s,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        log.info(
+            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  tokens/s %.0f%s",
+            step,
+            self.total_steps,
+            result.loss,
+            result.lr,
+            result.grad_norm,
+            row["perf/tokens_per_s"],
+            "" if result.stepped else "  (non-finite gradient: update skipped)",
+        )
 
 
 def write_model(model: nn.Module, s: SftSettings) -> None:
@@ -99,36 +123,17 @@ def run_sft(s: SftSettings) -> SftSummary:
         schedule = plan_schedule(s, len(examples), ctx.world_size)
         model = shard_model(load_actor(s.model_dir, ctx.device), ctx.device.type)
         opt, sched = build_optimizer(model, s.lr, s.weight_decay, schedule.warmup_steps)
-        metrics_path = s.out_dir / "metrics.jsonl"
-        if ctx.is_main:
-            s.out_dir.mkdir(parents=True, exist_ok=True)
-            metrics_path.write_text("")
-            log.info(
-                "%d examples, %d steps (%d per epoch), %d rank(s)",
-                len(examples),
-                schedule.total_steps,
-                schedule.steps_per_epoch,
-                ctx.world_size,
-            )
+        step_log = StepLog(s.out_dir / "metrics.jsonl", schedule.total_steps) if ctx.is_main else None
+        if step_log is not None:
+            step_log.start()
+            log.info("%d examples, %d steps, %d rank(s)", len(examples), schedule.total_steps, ctx.world_size)
         losses = []
         for step, (epoch, batch) in enumerate(batches(examples, s, schedule), start=1):
             started = time.perf_counter()
             result = train_step(model, opt, sched, batch, s.micro_batch_size_per_gpu, s.clip_grad, pad_id)
             losses.append(result.loss)
-            if ctx.is_main:
-                row = metrics_row(step, epoch, result, time.perf_counter() - started)
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                log.info(
-                    "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  tokens/s %.0f%s",
-                    step,
-                    schedule.total_steps,
-                    result.loss,
-                    result.lr,
-                    result.grad_norm,
-                    row["perf/tokens_per_s"],
-                    "" if result.stepped else "  (non-finite gradient: update skipped)",
-                )
+            if step_log is not None:
+                step_log.record(step, epoch, result, time.perf_counter() - started)
         write_model(model, s)
         D.barrier()
         return SftSummary(len(losses), losses[0], losses[-1], str(s.out_dir))
