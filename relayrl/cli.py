@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "fuzz": "relayrl.fuzz.cli:fuzz",
     "check": "relayrl.stack.cli:check",
     "export": "relayrl.stack.cli:export",
+    "sft": "services.trainer.sft.cli:sft",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

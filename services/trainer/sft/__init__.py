@@ -1,0 +1,1 @@
+"""``relayrl sft``: supervised fine-tuning of a model directory with the trainer's FSDP2 pieces."""
