@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl.stack.report import VALIDATION_PREFIX
+
 REWARD_KEY = "critic/score/mean"
 
 
@@ -76,6 +78,11 @@ class ProgressLine:
         if row is None:
             return "waiting for the first training step..."
         step = int(row.get("trainer/global_steps", 0))
+        if step == 0:  # the validation before training
+            held_out = ", ".join(
+                f"{k.rsplit('/', 1)[-1]} {v:.3f}" for k, v in row.items() if k.startswith(VALIDATION_PREFIX)
+            )
+            return f"step 0/{self.total_steps} | held-out score before training: {held_out or 'none'}"
         wall = max(float(row.get("time", self.started_at)) - self.started_at, 1e-9)
         samples = float(row.get("trainer/processed_samples", 0.0)) - self.baseline_samples
         parts = [

@@ -29,7 +29,9 @@ class RunReport:
     max_staleness: int
     max_sample_age: float
     samples_per_s: float
-    # The last held-out score of each validated data source (val/test_score/<data_source>).
+    # The first and last held-out score of each validated data source (val/test_score/<data_source>);
+    # the first is the starting policy's when the trainer validated before training.
+    val_first: dict[str, float]
     val_last: dict[str, float]
     extra: dict[str, Any]
 
@@ -71,6 +73,7 @@ def build_report(
     first, last = fmean(rewards[:window]), fmean(rewards[-window:])
     wall = elapsed_s(steps[-1], started_at)
     samples = float(steps[-1].get("trainer/processed_samples", 0.0))
+    validation = validation_series(rows, started_at)
     ages = [float(r.get("staleness/max_sample_age", 0.0)) for r in steps]
     return RunReport(
         run_id=run_id,
@@ -84,7 +87,8 @@ def build_report(
         max_staleness=max_staleness,
         max_sample_age=max(ages),
         samples_per_s=samples / wall if wall > 0 else 0.0,
-        val_last={key: points[-1][1] for key, points in validation_series(steps).items()},
+        val_first={key: points[0][2] for key, points in validation.items()},
+        val_last={key: points[-1][2] for key, points in validation.items()},
         extra=extra,
     )
 
@@ -95,13 +99,17 @@ def write_report(report: RunReport, run_dir: Path) -> Path:
     return path
 
 
-def validation_series(steps: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """Held-out scores (``val/test_score/<data_source>``) as (index into ``steps``, score) per key."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for index, row in enumerate(steps):
+def validation_series(rows: list[dict[str, Any]], started_at: float) -> dict[str, list[tuple[int, float, float]]]:
+    """Held-out scores (``val/test_score/<data_source>``) as (step, seconds since the start, score)
+    per key, from every trainer row (step 0 is the validation before training)."""
+    series: dict[str, list[tuple[int, float, float]]] = {}
+    for row in rows:
+        if "trainer/global_steps" not in row:
+            continue
         for key, value in row.items():
             if key.startswith(VALIDATION_PREFIX):
-                series.setdefault(key, []).append((index, float(value)))
+                point = (int(row["trainer/global_steps"]), elapsed_s(row, started_at), float(value))
+                series.setdefault(key, []).append(point)
     return series
 
 
@@ -117,13 +125,12 @@ def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, 
     xs_step = [r["trainer/global_steps"] for r in steps]
     xs_time = [elapsed_s(r, started_at) for r in steps]
     ys = [r[reward_key] for r in steps]
-    validation = validation_series(steps)
+    validation = validation_series(rows, started_at)
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for axis, xs, label in ((by_time, xs_time, "wall-clock time (s)"), (by_step, xs_step, "trainer step")):
+    for axis, xs, label, at in ((by_time, xs_time, "wall-clock time (s)", 1), (by_step, xs_step, "trainer step", 0)):
         axis.plot(xs, ys, color="tab:blue", linewidth=1.2, label="training reward")
         for key, points in validation.items():
-            at = [xs[i] for i, _ in points]
-            axis.plot(at, [score for _, score in points], marker="o", linewidth=1.0, label=key)
+            axis.plot([p[at] for p in points], [p[2] for p in points], marker="o", linewidth=1.0, label=key)
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     by_time.set_ylabel(f"mean reward ({reward_key})")

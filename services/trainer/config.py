@@ -104,6 +104,11 @@ class TrainerSettings(ServiceSettings):
     test_freq: int = Field(
         0, ge=0, description="Validate every this many steps (verl's trainer.test_freq); 0 disables validation."
     )
+    val_before_train: bool = Field(
+        False,
+        description="Also validate the starting policy before the first step, logged at step 0 (verl's"
+        " trainer.val_before_train; off by default here, as a fresh run's random policy scores 0).",
+    )
     eval_timeout_s: float = Field(300.0, gt=0, description="Longest wait for validation groups.")
     pull_timeout_s: float = Field(1.0, gt=0, description="Longest block of one queue pull.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (the newest ones).")

@@ -148,6 +148,8 @@ class Trainer:
         if self.state.version > 0:
             self.publish()  # replicas must hold the version we train from (v0 is the model directory)
         self.control.ready.set()
+        if self.s.val_before_train and self.state.step == 0:
+            self.validate_before_training()
         while self.state.step < self.s.total_steps:
             plan = self.plan_step()
             if plan.stop:
@@ -216,6 +218,12 @@ class Trainer:
         metrics = self.feed.validate(self.val_rows, self.state.step, self.state.version)
         metrics["timing/validate_s"] = time.perf_counter() - started
         return metrics
+
+    def validate_before_training(self) -> None:
+        """The starting policy's held-out scores, as the metrics of step 0."""
+        metrics = self.validate()
+        if metrics:
+            self.telemetry.record(0, {"trainer/global_steps": 0, **metrics})
 
     def checkpoint(self) -> None:
         saved = self.state.to_json()

@@ -44,12 +44,18 @@ def test_torn_last_line_is_skipped_and_plot_is_written(tmp_path):
 
 
 def test_held_out_scores_are_reported_and_plotted_beside_the_training_reward(tmp_path):
-    rows = _rows([0.1, 0.2, 0.3, 0.4])
-    rows[1]["val/test_score/relayrl/copy"] = 0.25
+    # Step 0: the validation before training, a row without a training reward.
+    rows = [{"trainer/global_steps": 0, "time": 1001.0, "val/test_score/relayrl/copy": 0.1}, *_rows([0.1, 0.2, 0.3])]
+    rows[2]["val/test_score/relayrl/copy"] = 0.25
     rows[3]["val/test_score/relayrl/copy"] = 0.75
     report = build_report("r", rows, "critic/score/mean", window=1, max_staleness=1, started_at=1000.0)
-    assert report.val_last == {"val/test_score/relayrl/copy": 0.75}
-    assert validation_series(rows) == {"val/test_score/relayrl/copy": [(1, 0.25), (3, 0.75)]}
+    assert report.steps == 3
+    assert (report.val_first, report.val_last) == (
+        {"val/test_score/relayrl/copy": 0.1},
+        {"val/test_score/relayrl/copy": 0.75},
+    )
+    points = [(0, 1.0, 0.1), (2, 4.0, 0.25), (3, 6.0, 0.75)]
+    assert validation_series(rows, started_at=1000.0) == {"val/test_score/relayrl/copy": points}
     with_val = plot_reward(rows, "critic/score/mean", 1000.0, tmp_path / "with.png").read_bytes()
     plain = [{k: v for k, v in r.items() if not k.startswith("val/")} for r in rows]
     without = plot_reward(plain, "critic/score/mean", 1000.0, tmp_path / "without.png").read_bytes()
