@@ -50,6 +50,10 @@ def up(
         Path | None, typer.Option(help="Stack YAML (sections: stack, queue, ...); default: the demo's.")
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Run name (default: timestamped).")] = None,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option(help="Train this Hugging Face model directory (stack.model_dir), e.g. `relayrl sft`'s output."),
+    ] = None,
     keep_alive: Annotated[bool, typer.Option(help="Keep the services up after the trainer finishes.")] = False,
     resume: Annotated[
         str | None,
@@ -69,6 +73,11 @@ def up(
     stack_config = _load_config(config, debug)
     if run_id:
         stack_config.stack.run_id = run_id
+    if model_dir is not None:
+        if not (model_dir / "config.json").is_file():
+            typer.echo(f"--model-dir: {model_dir} is not a Hugging Face model directory (no config.json)", err=True)
+            raise typer.Exit(BAD_CONFIG_EXIT)
+        stack_config.stack.model_dir = model_dir
     _run(stack_config, verbose, keep_alive, title="RelayRL", monitor=monitor)
 
 

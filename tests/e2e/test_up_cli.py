@@ -44,14 +44,16 @@ def test_up_trains_on_a_users_files_quietly_writes_a_report_and_exports(tmp_path
     (project / "train.jsonl").write_text(_rows(64))
     runs = tmp_path / "runs"
     (project / "stack.yaml").write_text(
-        f"stack: {{run_id: mine, runs_dir: {runs}, model_dir: {tiny_model_dir}, ready_timeout_s: 120}}\n"
+        f"stack: {{run_id: mine, runs_dir: {runs}, ready_timeout_s: 120}}\n"
         "custom_reward_function: {path: my_reward.py, name: compute_score}\n"
         "trainer: {dataset: train.jsonl, n_samples: 4, batch_size: 4, max_new_tokens: 3, total_steps: 4,"
         " checkpoint_every: 2, lr: 0.003}\n"
         "rollout: {max_inflight_prompts: 8, max_new_tokens: 3}\n"
     )
+    # The model from the command line (as after `relayrl sft`), not from the config.
+    argv = ["up", "--config", "project/stack.yaml", "--model-dir", str(tiny_model_dir)]
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "up", "--config", "project/stack.yaml"],
+        [sys.executable, "-m", "relayrl.cli", *argv],
         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=280,
     )  # fmt: skip
     output = done.stdout + done.stderr

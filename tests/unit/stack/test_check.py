@@ -140,6 +140,19 @@ def test_up_with_a_bad_config_exits_2_fast_and_starts_nothing(tmp_path):
     assert not runs.exists(), "a run directory means the stack started"
 
 
+def test_up_with_a_model_dir_that_is_no_model_exits_2_on_one_line_and_starts_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    path = tmp_path / "stack.yaml"
+    path.write_text(f"stack:\n  runs_dir: {runs}\n  run_id: r\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(path), "--model-dir", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"--model-dir: {tmp_path} is not a Hugging Face model directory (no config.json)"
+    assert not runs.exists(), "a run directory means the stack started"
+
+
 def test_the_check_imports_no_torch(tmp_path):
     # Importing torch takes seconds; the check must answer before a user wonders.
     path = tmp_path / "stack.yaml"
