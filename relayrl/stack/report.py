@@ -129,8 +129,9 @@ def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, 
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, xs, label, at in ((by_time, xs_time, "wall-clock time (s)", 1), (by_step, xs_step, "trainer step", 0)):
         axis.plot(xs, ys, color="tab:blue", linewidth=1.2, label="training reward")
-        for key, points in validation.items():
-            axis.plot([p[at] for p in points], [p[2] for p in points], marker="o", linewidth=1.0, label=key)
+        for n, (key, points) in enumerate(validation.items(), start=1):
+            xy = [p[at] for p in points], [p[2] for p in points]
+            axis.plot(*xy, color=f"C{n}", marker="o", linewidth=1.0, label=key)
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     by_time.set_ylabel(f"mean reward ({reward_key})")
