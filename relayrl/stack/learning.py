@@ -247,7 +247,8 @@ def render_table(result: LearningResult) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"bench learning: {result.config}, {len(result.runs)} seeds")
+    seeds = [run.seed for run in result.runs]
+    table = Table(title=f"bench learning: {result.config}, seeds {seeds[0]} to {seeds[-1]}")
     for column in ("seed", "reward_first", "reward_last", "steps", "wall_s", "reached"):
         table.add_column(column, justify="right")
     for run in result.runs:
@@ -259,16 +260,12 @@ def render_table(result: LearningResult) -> str:
             table.add_row(
                 str(run.seed), f"{r.reward_first:.3f}", f"{r.reward_last:.3f}", str(r.steps), f"{r.wall_s:.0f}", reached
             )
-    figures = {
-        "reward_first": result.reward_first,
-        "reward_last": result.reward_last,
-        "steps": result.steps,
-        "wall_s": result.wall_s,
-    }
+    # Each figure with the digits its per-run cells show (a median of steps may fall between two runs).
+    figures = ((result.reward_first, 3), (result.reward_last, 3), (result.steps, 1), (result.wall_s, 0))
     if result.reward_last is not None:
         table.add_section()
         for stat in ("min", "median", "mean", "max"):
-            cells = [f"{getattr(d, stat):.3f}" if d is not None else "-" for d in figures.values()]
+            cells = [f"{getattr(d, stat):.{digits}f}" if d is not None else "-" for d, digits in figures]
             table.add_row(stat, *cells, "")
     out = StringIO()
     console = Console(file=out, width=120)

@@ -15,6 +15,7 @@ from relayrl.stack.launch import LocalStack
 from relayrl.stack.learning import (
     SeedRun,
     plot_seeds,
+    render_table,
     result_json,
     run_seeds,
     seeded_config,
@@ -58,6 +59,8 @@ def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_thresh
     assert [r["reached"] for r in printed["runs"]] == [True, False, False, True]
     assert printed["runs"][2]["error"] == "engine-0: exited with code 1" and printed["runs"][2]["reward_last"] is None
     json.dumps(printed)
+    table = render_table(result)
+    assert "failed: engine-0: exited with code 1" in table and "0.9: 2 of 4 runs (1 failed)" in table
 
 
 def test_no_finished_run_gives_no_spread(tmp_path: Path) -> None:
