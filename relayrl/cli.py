@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, str] = {
     "paramsync": "services.paramsync.cli:bench",
     "trainer": "services.trainer.cli:bench",
     "e2e": "relayrl.stack.bench:bench",
+    "learning": "relayrl.stack.learning:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")

@@ -196,7 +196,8 @@ class LocalStack:
             wiring = {
                 "RELAYRL_ENGINE_HOST": HOST,
                 "RELAYRL_ENGINE_HTTP_PORT": str(port),
-                "RELAYRL_ENGINE_SEED": str(i),
+                # Replica i samples with engine.seed + i: replicas differ, and the file's seed is honoured.
+                "RELAYRL_ENGINE_SEED": str(int(self.config.engine.get("seed", 0)) + i),
                 "RELAYRL_ENGINE_TORCH_THREADS": str(self.cpus.engine_threads),
             }
             argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]

@@ -26,6 +26,8 @@ class RunOutcome:
     exit_code: int
     run_dir: Path
     report: RunReport | None = None
+    # Why the stack stopped when a component failed (the ComponentError's message).
+    error: str = ""
 
 
 def run_stack(
@@ -64,7 +66,7 @@ def run_stack(
                     time.sleep(1.0)
         except ComponentError as err:
             console.print(f"[red]stack stopped:[/] {err}")
-            return RunOutcome(1, stack.run_dir)
+            return RunOutcome(1, stack.run_dir, error=str(err))
         except KeyboardInterrupt:
             console.print("interrupted; stopping every component")
             return RunOutcome(130, stack.run_dir)

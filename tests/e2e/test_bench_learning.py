@@ -1,0 +1,34 @@
+"""`relayrl bench learning` on the demo config, shortened to two seeds of four steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+DEMO = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs" / "demo.yaml"
+
+
+def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "learning", "--config", str(DEMO)]
+    argv += ["--seeds", "2", "--first-seed", "3", "--steps", "4", "--timeout-s", "240", "--out", str(out), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed["seeds"] == [3, 4] and printed["failed"] == 0
+    assert [run["seed"] for run in printed["runs"]] == [3, 4]
+    for run in printed["runs"]:
+        assert run["error"] is None and run["steps"] == 4
+        assert math.isfinite(run["reward_first"]) and math.isfinite(run["reward_last"])
+        # Each run has its own directory, started with its own seed everywhere.
+        saved = yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text())
+        assert Path(run["run_dir"]) == (out / f"seed-{run['seed']}").resolve()
+        assert saved["trainer"]["seed"] == saved["engine"]["seed"] == saved["stack"]["tiny_seed"] == run["seed"]
+    assert printed["steps"]["min"] == printed["steps"]["max"] == 4
+    assert Path(printed["plot"]).stat().st_size > 0
+    assert "seed 4 (2 of 2)" in done.stderr

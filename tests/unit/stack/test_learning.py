@@ -1,0 +1,185 @@
+"""`relayrl bench learning` without processes: seeding, the spread over runs, failed runs, the plot."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from relayrl.stack import learning
+from relayrl.stack.config import StackConfig, StackSettings
+from relayrl.stack.launch import LocalStack
+from relayrl.stack.learning import (
+    SeedRun,
+    plot_seeds,
+    render_table,
+    result_json,
+    run_seeds,
+    seeded_config,
+    summarize,
+)
+from relayrl.stack.report import RunReport
+from relayrl.stack.run import RunOutcome
+
+DEMO = Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs" / "demo.yaml"
+
+
+def _report(first: float, last: float, steps: int = 200, wall_s: float = 150.0) -> RunReport:
+    return RunReport(
+        run_id="r", steps=steps, wall_s=wall_s, reward_key="critic/score/mean", window=30,
+        reward_first=first, reward_last=last, reward_rise=last - first, max_staleness=1,
+        max_sample_age=1.0, samples_per_s=20.0, extra={},
+    )  # fmt: skip
+
+
+def _run(seed: int, report: RunReport | None, error: str = "") -> SeedRun:
+    return SeedRun(seed, Path(f"/runs/seed-{seed}"), report, ((1, 0.1), (2, 0.5)), error)
+
+
+def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_threshold(tmp_path: Path) -> None:
+    runs = [
+        _run(0, _report(0.1, 0.95, wall_s=100.0)),
+        _run(1, _report(0.2, 0.5, wall_s=200.0)),
+        _run(2, None, "engine-0: exited with code 1"),
+        _run(3, _report(0.0, 0.9, steps=180, wall_s=120.0)),
+    ]
+    result = summarize("demo", 0.9, runs, tmp_path / "p.png", tmp_path)
+    assert result.reached == 2 and result.failed == 1
+    assert result.reward_last is not None and result.reward_last.values == (0.95, 0.5, 0.9)
+    assert (result.reward_last.min, result.reward_last.median, result.reward_last.max) == (0.5, 0.9, 0.95)
+    assert result.reward_last.mean == pytest.approx(0.7833, abs=1e-4)
+    assert result.reward_first is not None and result.reward_first.median == pytest.approx(0.1)
+    assert result.steps is not None and (result.steps.min, result.steps.max) == (180.0, 200.0)
+    assert result.wall_s is not None and result.wall_s.median == 120.0
+    printed = result_json(result)
+    assert printed["seeds"] == [0, 1, 2, 3]
+    assert [r["reached"] for r in printed["runs"]] == [True, False, False, True]
+    assert printed["runs"][2]["error"] == "engine-0: exited with code 1" and printed["runs"][2]["reward_last"] is None
+    json.dumps(printed)
+    table = render_table(result)
+    assert "failed: engine-0: exited with code 1" in table and "0.9: 2 of 4 runs (1 failed)" in table
+
+
+def test_no_finished_run_gives_no_spread(tmp_path: Path) -> None:
+    result = summarize("demo", 0.9, [_run(0, None, "TimeoutError: late")], tmp_path / "p.png", tmp_path)
+    assert result.reward_last is None and result.wall_s is None
+    assert (result.reached, result.failed) == (0, 1)
+    assert result_json(result)["reward_last"] is None
+
+
+def test_a_seed_changes_every_seed_and_nothing_else(tmp_path: Path) -> None:
+    base = StackConfig.from_yaml(DEMO)
+    config = seeded_config(base, 7, tmp_path, steps=None)
+    assert (config.stack.tiny_seed, config.trainer["seed"], config.engine["seed"]) == (7, 7, 7)
+    assert (config.stack.runs_dir, config.stack.run_id) == (tmp_path, "seed-7")
+    seed_fields = {"stack": {"tiny_seed", "run_id", "runs_dir"}, "trainer": {"seed"}, "engine": {"seed"}}
+    before, after = base.model_dump(), config.model_dump()
+    for section, values in after.items():
+        changed = {key for key, value in (values or {}).items() if (before[section] or {}).get(key) != value}
+        assert changed == seed_fields.get(section, set()), section
+    # The base config is left as it was for the next seed.
+    assert "seed" not in base.engine and base.stack.tiny_seed == 0
+
+
+def test_steps_replaces_total_steps_only_when_given(tmp_path: Path) -> None:
+    base = StackConfig.from_yaml(DEMO)
+    assert seeded_config(base, 0, tmp_path, steps=4).trainer["total_steps"] == 4
+    assert seeded_config(base, 0, tmp_path, steps=None).trainer["total_steps"] == base.trainer["total_steps"]
+
+
+class _Recorder:
+    """A supervisor that records what it is asked to start and starts nothing."""
+
+    def __init__(self) -> None:
+        self.specs: list = []
+
+    def start_all(self, specs: list) -> None:
+        self.specs += specs
+
+
+def test_the_engine_samples_with_the_configured_seed_per_replica(tmp_path: Path) -> None:
+    config = StackConfig(stack=StackSettings(rollout_replicas=2, runs_dir=tmp_path), engine={"seed": 5})
+    recorder = _Recorder()
+    LocalStack(config, recorder)._start_engines(tmp_path / "model")
+    assert [spec.env["RELAYRL_ENGINE_SEED"] for spec in recorder.specs] == ["5", "6"]
+
+
+def test_one_line_per_seed_is_plotted(tmp_path: Path) -> None:
+    runs = [_run(0, _report(0.1, 0.9)), _run(1, None, "late"), SeedRun(2, tmp_path, None, (), "no steps")]
+    plotted = plot_seeds(runs, 0.9, tmp_path / "seeds.png", "t")
+    # The run that recorded no step has no curve to draw; the failed one with steps is drawn.
+    assert plotted.seeds == (0, 1)
+    assert plotted.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _finishing_runner(calls: list[int]):
+    """A runner standing in for run_stack: seed 0 finishes, 1 fails, 2 never ends, 3 finishes."""
+
+    def runner(config: StackConfig) -> RunOutcome:
+        seed = config.trainer["seed"]
+        calls.append(seed)
+        run_dir = (config.stack.runs_dir / config.stack.run_id).resolve()
+        run_dir.mkdir(parents=True)
+        rows = [{"trainer/global_steps": s, "critic/score/mean": 0.2 * s, "time": float(s)} for s in (1, 2)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if seed == 1:
+            return RunOutcome(1, run_dir, error="engine-0: exited with code 1")
+        if seed == 2:
+            threading.Event().wait(30)
+        return RunOutcome(0, run_dir, _report(0.2, 0.95))
+
+    return runner
+
+
+def test_a_failed_or_late_run_is_recorded_and_the_next_seed_still_runs(tmp_path: Path) -> None:
+    calls: list[int] = []
+    runs = run_seeds(StackConfig.from_yaml(DEMO), [0, 1, 2, 3], tmp_path, 4, 0.5, _finishing_runner(calls))
+    assert calls == [0, 1, 2, 3]
+    assert [run.report is not None for run in runs] == [True, False, False, True]
+    assert runs[1].error == "engine-0: exited with code 1"
+    assert runs[2].error == "TimeoutError: the run did not finish within 0.5s"
+    assert runs[0].curve == ((1, 0.2), (2, 0.4)) and runs[2].curve == ((1, 0.2), (2, 0.4))
+    assert runs[0].run_dir == (tmp_path / "seed-0").resolve()
+
+
+def test_an_interrupted_run_stops_the_bench(tmp_path: Path) -> None:
+    def interrupted(config: StackConfig) -> RunOutcome:
+        return RunOutcome(130, tmp_path)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_seeds(StackConfig.from_yaml(DEMO), [0, 1], tmp_path, 4, 60, interrupted)
+
+
+def test_the_command_fails_only_when_every_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl.cli import app
+
+    outcomes = {0: 0, 1: 1}
+
+    def runner(config: StackConfig) -> RunOutcome:
+        code = outcomes[config.trainer["seed"]]
+        return RunOutcome(code, tmp_path, _report(0.1, 0.95) if code == 0 else None, error="trainer: died")
+
+    monkeypatch.setattr(learning, "_stack_runner", runner)
+    argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json"]
+    done = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "some")])
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (printed["reached"], printed["failed"], printed["seeds"]) == (1, 1, [0, 1])
+    assert Path(printed["plot"]).is_file()
+
+    outcomes[0] = 1
+    done = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "none")])
+    assert done.exit_code == 1
+    assert json.loads(done.stdout.strip().splitlines()[-1])["failed"] == 2
+
+
+def test_an_out_folder_holding_a_seed_is_refused(tmp_path: Path) -> None:
+    from relayrl.cli import app
+
+    (tmp_path / "seed-1").mkdir()
+    done = CliRunner().invoke(app, ["bench", "learning", "--seeds", "2", "--out", str(tmp_path)])
+    assert done.exit_code == 2
+    assert "seed-1" in done.output and "choose another folder" in " ".join(done.output.replace("│", " ").split())
