@@ -78,6 +78,9 @@ class LearningResult:
     reward_last: Distribution | None
     steps: Distribution | None
     wall_s: Distribution | None
+    # Per held-out key (val/test_score/<data_source>), over the finished runs that validated.
+    val_first: dict[str, Distribution]
+    val_last: dict[str, Distribution]
     reached: int
     failed: int
     plot: Path
@@ -91,6 +94,13 @@ def distribution(values: list[float]) -> Distribution | None:
     return Distribution(min(values), statistics.median(values), statistics.fmean(values), max(values), tuple(values))
 
 
+def held_out(reports: list[RunReport], which: str) -> dict[str, Distribution]:
+    """The spread of each held-out score (``val_first`` or ``val_last``) over the reports that have it."""
+    keys = sorted({key for r in reports for key in getattr(r, which)})
+    spreads = {key: distribution([getattr(r, which)[key] for r in reports if key in getattr(r, which)]) for key in keys}
+    return {key: d for key, d in spreads.items() if d is not None}
+
+
 def summarize(config: str, threshold: float, runs: list[SeedRun], plot: Path, out: Path) -> LearningResult:
     reports = [run.report for run in runs if run.report is not None]
     return LearningResult(
@@ -101,6 +111,8 @@ def summarize(config: str, threshold: float, runs: list[SeedRun], plot: Path, ou
         reward_last=distribution([r.reward_last for r in reports]),
         steps=distribution([float(r.steps) for r in reports]),
         wall_s=distribution([r.wall_s for r in reports]),
+        val_first=held_out(reports, "val_first"),
+        val_last=held_out(reports, "val_last"),
         reached=sum(run.reached(threshold) for run in runs),
         failed=len(runs) - len(reports),
         plot=plot,
@@ -223,6 +235,8 @@ def result_json(result: LearningResult) -> dict[str, Any]:
         "reward_last": _rounded(result.reward_last, 3),
         "steps": _rounded(result.steps, 1),
         "wall_s": _rounded(result.wall_s, 1),
+        "val_first": {key: _rounded(d, 3) for key, d in result.val_first.items()},
+        "val_last": {key: _rounded(d, 3) for key, d in result.val_last.items()},
         "runs": [
             {
                 "seed": run.seed,
@@ -231,6 +245,8 @@ def result_json(result: LearningResult) -> dict[str, Any]:
                 "reward_last": round(run.report.reward_last, 3) if run.report else None,
                 "steps": run.report.steps if run.report else None,
                 "wall_s": round(run.report.wall_s, 1) if run.report else None,
+                "val_first": {k: round(v, 3) for k, v in run.report.val_first.items()} if run.report else None,
+                "val_last": {k: round(v, 3) for k, v in run.report.val_last.items()} if run.report else None,
                 "reached": run.reached(result.threshold),
                 "error": run.error or None,
             }
@@ -315,6 +331,9 @@ def bench(
         Path | None,
         typer.Option(help="Folder of the runs (seed-<k>/) and the plot; default runs/bench-learning-<time>."),
     ] = None,
+    model_dir: Annotated[
+        Path | None, typer.Option(help="Start every seed from this model directory (stack.model_dir), e.g. an SFT's.")
+    ] = None,
     timeout_s: Annotated[
         float, typer.Option(min=1, help="Longest run per seed, seconds; a slower one counts as failed.")
     ] = 1800,
@@ -324,6 +343,10 @@ def bench(
     from relayrl.stack.cli import _load_config
 
     base = _load_config(config)
+    if model_dir is not None:
+        if not (model_dir / "config.json").is_file():
+            raise typer.BadParameter(f"{model_dir} is not a Hugging Face model directory", param_hint="--model-dir")
+        base.stack.model_dir = model_dir.resolve()
     out = (out or base.stack.runs_dir / time.strftime("bench-learning-%Y%m%d-%H%M%S")).resolve()
     chosen = [first_seed + i for i in range(seeds)]
     taken = [f"seed-{k}" for k in chosen if (out / f"seed-{k}").exists()]

@@ -24,14 +24,19 @@ from relayrl.stack.learning import (
 from relayrl.stack.report import RunReport
 from relayrl.stack.run import RunOutcome
 
+VAL = "val/test_score/relayrl/long_add"
 DEMO = Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs" / "demo.yaml"
 
 
-def _report(first: float, last: float, steps: int = 200, wall_s: float = 150.0) -> RunReport:
+def _report(
+    first: float, last: float, steps: int = 200, wall_s: float = 150.0, val: tuple[float, float] | None = None
+) -> RunReport:
+    held_out = {} if val is None else {"first": {VAL: val[0]}, "last": {VAL: val[1]}}
     return RunReport(
         run_id="r", steps=steps, wall_s=wall_s, reward_key="critic/score/mean", window=30,
         reward_first=first, reward_last=last, reward_rise=last - first, max_staleness=1,
-        max_sample_age=1.0, samples_per_s=20.0, extra={},
+        max_sample_age=1.0, samples_per_s=20.0, val_first=held_out.get("first", {}),
+        val_last=held_out.get("last", {}), extra={},
     )  # fmt: skip
 
 
@@ -61,6 +66,19 @@ def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_thresh
     json.dumps(printed)
     table = render_table(result)
     assert "failed: engine-0: exited with code 1" in table and "0.9: 2 of 4 runs (1 failed)" in table
+
+
+def test_held_out_scores_are_spread_over_the_runs_that_validated(tmp_path: Path) -> None:
+    runs = [
+        _run(0, _report(0.2, 0.5, val=(0.375, 0.969))),
+        _run(1, _report(0.2, 0.4, val=(0.3, 0.8))),
+        _run(2, _report(0.1, 0.3)),
+    ]
+    result = summarize("long_add", 0.9, runs, tmp_path / "p.png", tmp_path)
+    assert result.val_first[VAL].values == (0.375, 0.3) and result.val_last[VAL].median == pytest.approx(0.8845)
+    printed = result_json(result)
+    assert printed["val_last"][VAL]["max"] == 0.969 and printed["runs"][0]["val_first"] == {VAL: 0.375}
+    assert printed["runs"][2]["val_last"] == {}
 
 
 def test_no_finished_run_gives_no_spread(tmp_path: Path) -> None:
@@ -183,3 +201,26 @@ def test_an_out_folder_holding_a_seed_is_refused(tmp_path: Path) -> None:
     done = CliRunner().invoke(app, ["bench", "learning", "--seeds", "2", "--out", str(tmp_path)])
     assert done.exit_code == 2
     assert "seed-1" in done.output and "choose another folder" in " ".join(done.output.replace("│", " ").split())
+
+
+def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl.cli import app
+
+    model_dir = tmp_path / "sft"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    started_from = []
+
+    def runner(config: StackConfig) -> RunOutcome:
+        started_from.append(config.stack.model_dir)
+        return RunOutcome(0, tmp_path, _report(0.1, 0.95))
+
+    monkeypatch.setattr(learning, "_stack_runner", runner)
+    argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json", "--out", str(tmp_path / "runs")]
+    done = CliRunner().invoke(app, [*argv, "--model-dir", str(model_dir)])
+    assert done.exit_code == 0, done.output
+    assert started_from == [model_dir.resolve()] * 2
+    done = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "other"), "--model-dir", str(tmp_path)])
+    assert done.exit_code == 2 and "not a Hugging Face model directory" in " ".join(
+        done.output.replace("│", " ").split()
+    )
