@@ -3,6 +3,7 @@ that turn a micro-batch into per-response-token log-probs, entropies or values."
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,18 @@ def value_forward(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:
     device = next(critic.parameters()).device
     out = critic(input_ids=mb.input_ids_BL.to(device), attention_mask=mb.attention_mask_BL.to(device))
     return gather_response(out.logits[..., 0].float(), mb.response_start_B, mb.mask_BT.shape[1])
+
+
+def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:
+    """Clips the gradients to ``max_norm`` and steps only when their norm is finite (a NaN never
+    reaches the weights); returns (the norm before clipping, whether it stepped)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    norm_f = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    stepped = math.isfinite(norm_f)
+    if stepped:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm_f, stepped
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, warmup_steps: int):

@@ -35,7 +35,7 @@ from services.trainer.losses import (
     policy_loss,
     value_loss,
 )
-from services.trainer.model import policy_forward, value_forward
+from services.trainer.model import clip_and_step, policy_forward, value_forward
 
 
 @dataclass
@@ -241,17 +241,12 @@ class _Sums:
 
 
 def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, sums: _Sums) -> tuple[float, bool]:
-    """Clips gradients; steps only when the norm is finite (a NaN never reaches the weights)."""
+    """:func:`clip_and_step`, timed."""
     started = time.perf_counter()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    norm_f = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    ok = math.isfinite(norm_f)
-    if ok:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
+    norm, ok = clip_and_step(model, opt, max_norm)
     # Averaged over ranks by the final reduction.
     sums.values["timing/optimizer_s"] += (time.perf_counter() - started) / D.world_size()
-    return norm_f, ok
+    return norm, ok
 
 
 def update_actor(

@@ -8,7 +8,6 @@ ranks and any micro-batch size take the same step as one rank with the batch in 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 from services.trainer import distributed as D
 from services.trainer.batching import pack_by_count, shard
 from services.trainer.losses import Normaliser, aggregate
+from services.trainer.model import clip_and_step
 from services.trainer.sft.data import SftExample
 
 
@@ -93,11 +93,6 @@ def train_step(
         loss_sum += share.detach().cpu()
     loss = float(D.all_reduce(loss_sum.reshape(1))[0])
     lr = sched.get_last_lr()[0]
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    stepped = math.isfinite(grad_norm)
-    if stepped:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
+    grad_norm, stepped = clip_and_step(model, opt, clip_grad)
     sched.step()
     return StepResult(loss, grad_norm, lr, trained, sum(lengths), stepped)

@@ -201,6 +201,20 @@ def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout
         _kill_if_same(pid, started, signal.SIGKILL)
 
 
+def run_logged(cmd: list[str], log: Path, timeout_s: float = 120) -> str:
+    """Runs a job (a torchrun one: every rank is stopped after) to the end with its output in
+    ``log``; fails with the log's tail unless it exits 0; returns the log."""
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        assert proc.wait(timeout_s) == 0, log.read_text()[-3000:]
+    finally:
+        stop_group(proc)
+    return log.read_text()
+
+
 def python_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 

@@ -1,26 +1,16 @@
 """A 2-process gloo FSDP2 run takes the same steps as a 1-process run on the same seed and data."""
 
-import subprocess
-
 import pytest
 import torch
 
-from tests.integration.trainer.harness import REPO, python_env, stop_group, torchrun
+from tests.integration.trainer.harness import run_logged, torchrun
 
 STEPS = 3
 
 
 def _run(nproc: int, model_dir, out) -> dict:
     cmd = torchrun(nproc, "tests.integration.trainer.fsdp_worker", str(model_dir), str(out), str(STEPS))
-    log = out.with_suffix(".log")
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        assert proc.wait(120) == 0, log.read_text()[-3000:]
-    finally:
-        stop_group(proc)
+    run_logged(cmd, out.with_suffix(".log"))
     return torch.load(out, weights_only=False)
 
 

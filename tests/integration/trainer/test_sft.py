@@ -2,7 +2,6 @@
 
 import json
 import random
-import subprocess
 import sys
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from services.trainer.model import load_actor
-from tests.integration.trainer.harness import REPO, python_env, stop_group
+from tests.integration.trainer.harness import run_logged
 
 STEPS = 8
 
@@ -41,17 +40,9 @@ def run_sft(model_dir, data, out, nproc: int, steps: int) -> list[dict]:
         "--train-batch-size", "8", "--micro-batch-size-per-gpu", "2", "--lr", "3e-3",
         "--total-training-steps", str(steps), "--seed", "3",
     ]  # fmt: skip
-    log = out.parent / f"{out.name}.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        assert proc.wait(120) == 0, log.read_text()[-3000:]
-    finally:
-        stop_group(proc)
-    summaries = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"steps"')]
-    assert len(summaries) == 1, log.read_text()[-3000:]  # printed by rank 0 only
+    output = run_logged(cmd, out.parent / f"{out.name}.log")
+    summaries = [json.loads(line) for line in output.splitlines() if line.startswith('{"steps"')]
+    assert len(summaries) == 1, output[-3000:]  # printed by rank 0 only
     summary = summaries[0]
     assert summary["steps"] == steps and summary["out_dir"] == str(out)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
