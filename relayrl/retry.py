@@ -15,6 +15,7 @@ or ``await call_with_retries(...)``. The last error is re-raised unchanged once 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -123,9 +124,16 @@ def retrying(what: str, transient: Transient, policy: RetryPolicy, logger: loggi
     return AsyncRetrying(**_kwargs(what, transient, policy, logger))
 
 
-def retrying_sync(what: str, transient: Transient, policy: RetryPolicy, logger: logging.Logger = log) -> Retrying:
-    """The blocking form of :func:`retrying`, for threads and synchronous clients."""
-    return Retrying(**_kwargs(what, transient, policy, logger))
+def retrying_sync(
+    what: str,
+    transient: Transient,
+    policy: RetryPolicy,
+    logger: logging.Logger = log,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Retrying:
+    """The blocking form of :func:`retrying`, for threads and synchronous clients; a thread that
+    must stop promptly passes ``sleep=stop_event.wait`` so a stop cuts the wait short."""
+    return Retrying(sleep=sleep, **_kwargs(what, transient, policy, logger))
 
 
 async def call_with_retries(

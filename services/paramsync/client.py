@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from relayrl.retry import RetryPolicy, call_with_retries
+from relayrl.retry import RetryPolicy, call_with_retries, retrying
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
@@ -88,6 +88,15 @@ def _host_of(address: str) -> str:
     """The host part of a gRPC target such as ``paramsync:50060``, ``dns:///h:1`` or ``[::1]:50060``."""
     target = address.rpartition("///")[2] if "///" in address else address
     return target.rpartition(":")[0].strip("[]") or target
+
+
+class _NothingNew(Exception):
+    """A subscription ended before announcing a new version: reconnect after the backoff."""
+
+
+def _dropped(exc: BaseException) -> bool:
+    """A subscription worth opening again: it ended with nothing new, or the link failed."""
+    return isinstance(exc, _NothingNew) or is_transient(exc)
 
 
 class ParamSyncClient:
@@ -222,27 +231,32 @@ class ParamSyncClient:
         """Yields each version newer than ``held_version``, the latest one at once.
 
         Runs until cancelled. If the link drops it reconnects with backoff (``sync_retry_delay``
-        doubling, at most 30 s) and resumes after the last version it yielded, so a paramsync
-        restart is invisible to the caller apart from the pause.
+        doubling, at most 30 s; a subscription that delivered a version starts the backoff over)
+        and resumes after the last version it yielded, so a paramsync restart is invisible to the
+        caller apart from the pause.
         """
         if not replica_id:
             raise ValueError("replica_id must be non-empty")
+        policy = RetryPolicy(attempts=None, first_wait_s=self.sync_retry_delay, max_wait_s=30.0)
         last = held_version
-        delay = self.sync_retry_delay
         while True:
-            request = pb.SubscribeRequest(replica_id=replica_id, held_version=last, engine_url=engine_url)
-            try:
-                async for msg in self._stub.Subscribe(request):
-                    delay = self.sync_retry_delay
-                    if msg.version > last:
-                        last = msg.version
-                        yield Announcement.from_proto(msg)
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in TRANSIENT_CODES:
-                    raise from_rpc_error(err) from None
-                log.warning("subscription to %s dropped (%s); retrying in %.1fs", self.address, err.code().name, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            async for attempt in retrying(f"subscription to {self.address}", _dropped, policy, log):
+                with attempt:
+                    before = last
+                    request = pb.SubscribeRequest(replica_id=replica_id, held_version=last, engine_url=engine_url)
+                    try:
+                        async for msg in self._stub.Subscribe(request):
+                            if msg.version > last:
+                                last = msg.version
+                                yield Announcement.from_proto(msg)
+                    except grpc.aio.AioRpcError as err:
+                        if err.code() not in TRANSIENT_CODES:
+                            raise from_rpc_error(err) from None
+                        if last == before:
+                            raise
+                        log.warning("subscription to %s dropped (%s); reconnecting", self.address, err.code().name)
+                    if last == before:
+                        raise _NothingNew(f"{self.address} ended the subscription without a new version")
 
     async def fetch(self, version: int = 0, replica_id: str = "") -> dict[str, torch.Tensor]:
         """The tensors of ``version`` (0: the latest), each verified against the manifest's checksum."""

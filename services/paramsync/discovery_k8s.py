@@ -28,6 +28,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+from relayrl.retry import RetryPolicy, any_error, retrying_sync
 from services.paramsync.endpoints import ReplicaEndpoint
 
 log = logging.getLogger(__name__)
@@ -142,24 +143,29 @@ class _SliceFollower:
             self._watch.stop()
 
     def run(self) -> None:
+        """Lists, then watches from the listing's version, until stopped. A failed list or watch
+        (the API refusing us, the connection, DNS, TLS, a truncated body) is retried after
+        ``retry_delay_s``, from a fresh list, for as long as the follower runs."""
+        delay = self._source.retry_delay_s
+        policy = RetryPolicy(attempts=None, first_wait_s=delay, max_wait_s=delay)
         resource_version: str | None = None
         while not self._stopped.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = self._relist()
-                resource_version = self._follow(resource_version)
-            except client.ApiException as exc:
-                # 410: our resourceVersion was compacted away; anything else: the API refused us.
-                # Either way the only safe restart is a fresh list.
-                if not self._stopped.is_set():
-                    log.warning("endpointslice watch failed (HTTP %s %s); relisting", exc.status, exc.reason)
-                resource_version = None
-                self._stopped.wait(0 if exc.status == 410 else self._source.retry_delay_s)
-            except Exception as exc:  # the connection, DNS, TLS, a truncated body: retry, never give up
-                if not self._stopped.is_set():
-                    log.warning("endpointslice list/watch failed (%s); retrying", exc)
-                resource_version = None
-                self._stopped.wait(self._source.retry_delay_s)
+            for attempt in retrying_sync("endpointslice list/watch", any_error, policy, log, sleep=self._stopped.wait):
+                with attempt:
+                    start_from, resource_version = resource_version, None
+                    if not self._stopped.is_set():
+                        resource_version = self._watch_once(start_from)
+
+    def _watch_once(self, resource_version: str | None) -> str | None:
+        """One watch (after a list when there is no version to resume from); the version to resume
+        from, or None when the API compacted ours away (410 Gone) and only a fresh list is safe."""
+        try:
+            return self._follow(resource_version or self._relist())
+        except client.ApiException as exc:
+            if exc.status != 410:
+                raise
+            log.info("endpointslice history compacted past our version; relisting")
+            return None
 
     def _relist(self) -> str:
         source = self._source

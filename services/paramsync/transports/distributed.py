@@ -16,6 +16,7 @@ A replica still missing the version after its retries is marked lagging; the oth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from relayrl.net import free_port
+from relayrl.retry import RetryPolicy, retrying
 from services.engine.client import EngineClient
 from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement, TensorSpec
@@ -47,6 +49,14 @@ def buckets(stored: StoredVersion, bucket_bytes: int) -> Iterator[list[tuple[Ten
         yield bucket
 
 
+class RoundIncomplete(Exception):
+    """A broadcast round left replicas behind the version: another round is due."""
+
+
+def _incomplete(exc: BaseException) -> bool:
+    return isinstance(exc, RoundIncomplete)
+
+
 @dataclass(eq=False)
 class DistributedTransport(WeightTransport):
     name = "distributed"
@@ -63,19 +73,28 @@ class DistributedTransport(WeightTransport):
     _rounds: int = field(default=0, init=False)
 
     async def deliver(self, stored: StoredVersion, replicas: Sequence[ReplicaEndpoint]) -> Announcement:
-        pending = [r for r in replicas if r.engine_url and self.table.version_of(r.replica_id) < stored.version]
-        for attempt in range(self.max_sync_retries + 1):
-            if not pending:
-                break
-            if attempt:
-                await asyncio.sleep(self.sync_retry_delay * 2 ** (attempt - 1))
-            await self._round(stored, pending)
-            pending = [r for r in pending if self.table.version_of(r.replica_id) < stored.version]
+        pending = self._behind(stored, [r for r in replicas if r.engine_url])
+        policy = RetryPolicy(
+            attempts=self.max_sync_retries + 1,
+            first_wait_s=self.sync_retry_delay,
+            max_wait_s=30 * self.sync_retry_delay + 1,
+        )
+        with contextlib.suppress(RoundIncomplete):
+            async for attempt in retrying(f"broadcast of version {stored.version}", _incomplete, policy, log):
+                with attempt:
+                    if pending:
+                        await self._round(stored, pending)
+                        pending = self._behind(stored, pending)
+                    if pending:
+                        raise RoundIncomplete(f"{len(pending)} replica(s) still behind")
         for replica in pending:
             self.table.mark_lagging(
                 replica.replica_id, "retries_exhausted", f"version {stored.version} not delivered after retries"
             )
         return self.announcement(stored)
+
+    def _behind(self, stored: StoredVersion, replicas: Sequence[ReplicaEndpoint]) -> list[ReplicaEndpoint]:
+        return [r for r in replicas if self.table.version_of(r.replica_id) < stored.version]
 
     async def _round(self, stored: StoredVersion, replicas: list[ReplicaEndpoint]) -> None:
         clients = {r.replica_id: EngineClient(r.engine_url, timeout=self.sync_timeout, retries=0) for r in replicas}

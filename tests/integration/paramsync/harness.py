@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @contextlib.asynccontextmanager
-async def running_service(**overrides: object) -> AsyncIterator[tuple[str, ParamSyncCore]]:
-    """The service with its background tasks and data plane on this loop; yields (address, service)."""
+async def running_service(port: int = 0, **overrides: object) -> AsyncIterator[tuple[str, ParamSyncCore]]:
+    """The service with its background tasks and data plane on this loop, its gRPC port ``port`` (0:
+    any free one); yields (address, service)."""
     settings = ParamSyncSettings(**overrides)
     service = build_service(settings)
     service.restore_from_disk()
@@ -34,7 +35,7 @@ async def running_service(**overrides: object) -> AsyncIterator[tuple[str, Param
         asyncio.create_task(service.watch_discovery(create_discovery(settings))),
         asyncio.create_task(service.watch_deadlines(0.1)),
     ]
-    server = await start_grpc_server("127.0.0.1", 0, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
+    server = await start_grpc_server("127.0.0.1", port, [lambda s: add_to_server(service, s)], [SERVICE_NAME])
     data_plane = DataPlaneServer(service, settings.forward_streams)
     if settings.data_plane:
         await data_plane.start("127.0.0.1", 0)

@@ -12,6 +12,7 @@ import grpc
 import pytest
 import torch
 
+from relayrl.net import free_port
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
@@ -212,3 +213,22 @@ async def test_negative_held_version_is_refused_and_replica_listing_keeps_workin
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "held_version" in err.value.details()
         listing = await stub.ListReplicas(pb.ListReplicasRequest())
         assert all(r.replica_id != "r" for r in listing.replicas)
+
+
+async def test_a_subscription_outlives_a_paramsync_restart_and_resumes_after_its_last_version():
+    port = free_port()
+    async with ParamSyncClient(f"127.0.0.1:{port}", sync_retry_delay=0.1) as ps:
+        announcements = ps.subscribe("r0")
+        async with running_service(port=port):
+            await ps.publish(1, weights(1))
+            assert (await asyncio.wait_for(anext(announcements), 10)).version == 1
+        # Paramsync is gone: the subscription keeps trying, and the caller just waits.
+        following = asyncio.ensure_future(anext(announcements))
+        await asyncio.sleep(0.5)  # several reconnect attempts fail meanwhile
+        assert not following.done()
+        async with running_service(port=port):
+            # The new instance announces its versions from the one the subscription already gave on.
+            await ps.publish(1, weights(1))
+            await ps.publish(2, weights(2))
+            assert (await asyncio.wait_for(following, 15)).version == 2
+            await announcements.aclose()  # the caller stops listening: the generator closes cleanly
