@@ -135,6 +135,18 @@ def build() -> Board:
             "Mean |p_rollout − p_train| and mean log-prob difference between the engine and the trainer.",
             ["training/rollout_probs_diff_mean", "training/rollout_logprob_diff_mean"],
         ),
+        verl_panel(
+            "Length bias",
+            "Share of response tokens in the longest 10 % of answers: among those generated (the queue's window),"
+            " among those trained this step and over the run. Trained below generated: long answers are lost.",
+            {
+                "length_bias/generated_long_share": "generated",
+                "length_bias/trained_long_share": "trained (step)",
+                "length_bias/trained_long_share_run": "trained (run)",
+            },
+            unit="percentunit",
+            min_value=0,
+        ),
     )
     board.row("Recipes").add(
         verl_panel(

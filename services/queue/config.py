@@ -87,4 +87,7 @@ class QueueSettings(ServiceSettings):
         " this is only its fallback re-check, seconds, for a wake-up missed while Redis reconnected.",
     )
     age_window: int = Field(1000, ge=1, description="Deliveries averaged in the sample-age statistics.")
+    length_window: int = Field(
+        4096, ge=1, description="Samples pushed whose response lengths define the long answers (length bias)."
+    )
     stats_refresh_s: float = Field(2.0, gt=0, description="Period of refreshing the Prometheus gauges, seconds.")

@@ -46,6 +46,8 @@ class GroupHeader:
     response_tokens: int
     created_at_unix_s: float
     is_eval: bool
+    # Each sample's response length, in the group's order.
+    response_lengths: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ def _slow_inspection(payload: bytes) -> Inspection:
         response_tokens=sum(len(t.response_token_ids) for t in msg.trajectories),
         created_at_unix_s=msg.created_at_unix_s,
         is_eval=msg.is_eval,
+        response_lengths=tuple(len(t.response_token_ids) for t in msg.trajectories),
     )
     return Inspection(header, [])
 
@@ -121,6 +124,8 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
     id_parts: list[bytes] = []
     response_parts: list[int] = []
     lengths: list[int] = []
+    # Every sample's length, empty responses included (``lengths`` skips them).
+    per_sample: list[int] = []
     version_parts: list[bytes] = []
     logprob_parts: list[bytes] = []
     for t in trajectories:
@@ -140,6 +145,7 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         if not response:
             if logprobs or versions or rewards:
                 return None
+            per_sample.append(0)
             continue
         if not (logprobs and versions):
             return None
@@ -149,6 +155,7 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         response_parts.append(len(id_parts))
         id_parts.append(response[0])
         lengths.append(n)
+        per_sample.append(n)
         version_parts.append(versions[0])
         logprob_parts.append(logprobs[0])
     if not lengths:
@@ -170,6 +177,7 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         response_tokens=sum(lengths),
         created_at_unix_s=view.created_at_unix_s,
         is_eval=view.is_eval,
+        response_lengths=tuple(per_sample),
     )
 
 

@@ -115,6 +115,8 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
             max_sample_age_s=s.ages.max_s,
             stale_samples_ratio=s.stale_samples_ratio,
             consumer_lag=s.queue_size,
+            generated_long_threshold_tokens=s.lengths.long_threshold_tokens,
+            generated_long_token_share=s.lengths.long_token_share,
         )
 
 

@@ -39,6 +39,8 @@ class QueueStats:
     max_sample_age_s: float
     stale_samples_ratio: float
     consumer_lag: int
+    generated_long_threshold_tokens: float
+    generated_long_token_share: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest, QueueFull
 from services.queue.groupcheck import GroupHeader, inspect_group
 from services.queue.keys import TRAINER_GROUP, Keys
+from services.queue.lengths import LengthSummary, LengthWindow
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class TrajectoryStats:
     dropped_by_reason: dict[str, int]
     stale_samples_ratio: float
     ages: AgeSummary
+    lengths: LengthSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,7 @@ class TrajectoryQueue:
         self._reserve_script = redis.register_script(_RESERVE_LUA)
         self._ack_script = redis.register_script(_ACK_LUA)
         self._ages = AgeWindow(settings.age_window)
+        self._lengths = LengthWindow(settings.length_window)
         # consumer → entry ids read for it whose pull reply was never received.
         self._undelivered: dict[str, list[str]] = {}
         # consumer → the session id for which Redis last showed it no redelivery cursor. A
@@ -247,7 +250,11 @@ class TrajectoryQueue:
         while True:
             rung = self._bells.waiter(self._keys.room_bell)
             if await self._reserve_script(keys=keys, args=[cap, len(entries), token, RESERVATION_TTL_MS]):
-                return await self._append(entries, f"{token}:{len(entries)}")
+                entry_ids = await self._append(entries, f"{token}:{len(entries)}")
+                for header in headers:
+                    if not header.is_eval:
+                        self._lengths.add(header.response_lengths)
+                return entry_ids
             left = deadline - time.monotonic()
             if left <= 0:
                 raise QueueFull(
@@ -591,6 +598,7 @@ class TrajectoryQueue:
             dropped_by_reason=dropped,
             stale_samples_ratio=stale / (delivered + stale) if delivered + stale else 0.0,
             ages=self._ages.summary(),
+            lengths=self._lengths.summary(),
         )
 
 

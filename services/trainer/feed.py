@@ -24,6 +24,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
 from services.trainer.filtering import no_signal_reason
+from services.trainer.length_bias import LengthBias
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import FeedState
 
@@ -102,6 +103,9 @@ class Feed:
         self._seen: set[str] = set()
         self._eval_groups: dict[str, Group] = {}
         self._queue_dropped = 0
+        # The queue's long-answer threshold and generated share, from its last stats.
+        self._generated_long = (0.0, 0.0)
+        self.length_bias = LengthBias()
         self._rpc_s = 0.0  # seconds in queue calls since the last batch
         self._filtered_now: dict[str, int] = defaultdict(int)  # reason -> groups, this batch
 
@@ -182,9 +186,10 @@ class Feed:
 
     def _refresh_dropped(self) -> None:
         """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
-        groups = self._rpc("stats", self.queue.stats).dropped_by_reason
+        stats = self._rpc("stats", self.queue.stats)
         prompts = self._rpc("prompt stats", self.queue.prompt_stats).dropped_by_reason
-        self._queue_dropped = int(sum(groups.values()) + sum(prompts.values()))
+        self._queue_dropped = int(sum(stats.dropped_by_reason.values()) + sum(prompts.values()))
+        self._generated_long = (stats.generated_long_threshold_tokens, stats.generated_long_token_share)
 
     # --- pulling ------------------------------------------------------------------------
 
@@ -280,7 +285,7 @@ class Feed:
             [d.entry_id for d in taken],
             time.perf_counter() - started,
             self._rpc_s,
-            self._filter_metrics(),
+            {**self._filter_metrics(), **self._length_bias_metrics([d.group for d in taken])},
         )
 
     def _check_generation_budget(self) -> None:
@@ -290,6 +295,10 @@ class Feed:
                 f"dynamic sampling: more than max_num_gen_batches={limit} batches of groups generated for one batch "
                 f"({dict(self._filtered_now)} without signal); the data is too easy or too hard for the policy"
             )
+
+    def _length_bias_metrics(self, groups: list[Group]) -> dict[str, float]:
+        lengths = [len(sample.response_token_ids) for group in groups for sample in group.samples]
+        return self.length_bias.record(lengths, *self._generated_long)
 
     def _filter_metrics(self) -> dict[str, float]:
         if not self.settings.filter_groups_enable:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.queue.client import QueueClient
 from services.queue.keys import Keys
 
@@ -56,3 +58,19 @@ async def test_entry_without_a_version_is_never_delivered(start_queue, raw_redis
         assert (await client.stats()).dropped_by_reason["missing_version"] == 1
     stale = await raw_redis.xrange(keys.stale)
     assert stale[0][1][b"reason"] == b"missing_version"
+
+
+async def test_stats_measure_the_long_answers_generated_before_any_stale_drop(start_queue):
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as client:
+        assert (await client.stats()).generated_long_threshold_tokens == 0.0
+        # 9 short answers and one long one; the long one goes stale before the trainer pulls it,
+        # yet it counts as generated. Evaluation groups are not training work and do not count.
+        short = [make_group(i, version=5, samples=1, tokens=10) for i in range(9)]
+        await client.push([*short, make_group(9, version=0, samples=1, tokens=100)])
+        await client.push([make_group(10, version=5, samples=4, tokens=500, is_eval=True)])
+        got = await client.pull("trainer-0", current_version=5, max_staleness=1, max_groups=20)
+        assert len(got) == 10 and not any(d.group.group_id == "g9" for d in got)
+        stats = await client.stats()
+        assert stats.generated_long_threshold_tokens == 100.0
+        assert stats.generated_long_token_share == pytest.approx(100 / 190)

@@ -100,6 +100,8 @@ def _status() -> DeploymentStatus:
             avg_sample_age_s=2.0,
             max_sample_age_s=6.0,
             stale_samples_ratio=0.01,
+            generated_long_threshold_tokens=48.0,
+            generated_long_token_share=0.3,
             prompts_waiting=7,
             prompts_leased=3,
         ),

@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 
 from relayrl.schema import Group, Sample, validate_group
 from relayrl.v1 import trajectory_pb2 as pb
-from services.queue.groupcheck import _fast_header, inspect_group
+from services.queue.groupcheck import _fast_header, _slow_inspection, inspect_group
 
 
 def _group(tokens: int = 5, version: int = 3) -> pb.TrajectoryGroup:
@@ -34,6 +34,16 @@ def test_a_well_formed_group_passes_on_the_fast_path_with_its_header():
     assert (header.group_id, header.samples, header.response_tokens) == ("g", 2, 10)
     assert (header.min_policy_version, header.max_policy_version) == (200, 201)
     assert inspect_group(payload).header == header
+
+
+def test_both_paths_give_each_samples_response_length_empty_responses_included():
+    msg = _group(tokens=5)
+    empty = msg.trajectories.add()
+    empty.prompt_token_ids.extend([7, 8])
+    payload = msg.SerializeToString()
+    fast = _fast_header(payload)
+    assert fast is not None and fast.response_lengths == (5, 5, 0)
+    assert _slow_inspection(payload).header == fast
 
 
 def _break(msg: pb.TrajectoryGroup, how: str) -> None:

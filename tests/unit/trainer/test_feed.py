@@ -2,7 +2,6 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
@@ -11,6 +10,7 @@ from relayrl.retry import RetryPolicy
 from relayrl.schema import Group, Sample
 from relayrl.stalls import StallWatch
 from services.queue.errors import QueueUnavailable
+from services.queue.stats import PromptQueueStats, QueueStats
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow
@@ -44,9 +44,9 @@ def test_dropped_groups_are_replaced_and_the_run_length_caps_releases():
 # --- a Feed resumed from a checkpoint, against an in-memory queue ------------------------
 
 
-def _group(group_id: str, version: int) -> Group:
-    sample = Sample([1, 2], [3], [-0.5], [version], reward=1.0)
-    return Group(group_id, f"p/{group_id}", [sample])
+def _group(group_id: str, version: int, lengths: tuple[int, ...] = (1,)) -> Group:
+    samples = [Sample([1, 2], [3] * n, [-0.5] * n, [version] * n, reward=1.0) for n in lengths]
+    return Group(group_id, f"p/{group_id}", samples)
 
 
 @dataclass
@@ -63,6 +63,8 @@ class _Queue:
 
     waiting: list[_Delivered]
     acked: list[str] = field(default_factory=list)
+    # What the queue measured of the lengths pushed: (long-answer threshold, their token share).
+    generated_long: tuple[float, float] = (0.0, 0.0)
 
     async def release(self, prompts: list) -> int:
         return len(prompts)
@@ -75,11 +77,17 @@ class _Queue:
         self.acked.extend(entry_ids)
         return len(entry_ids)
 
-    async def stats(self) -> SimpleNamespace:
-        return SimpleNamespace(dropped_by_reason={})
+    async def stats(self) -> QueueStats:
+        threshold, share = self.generated_long
+        return QueueStats(
+            queue_size=len(self.waiting), total_produced=0, total_consumed=len(self.acked), dropped_by_reason={},
+            pending=0, capacity=1024, avg_sample_age_versions=0.0, max_sample_age_versions=0.0,
+            avg_sample_age_s=0.0, max_sample_age_s=0.0, stale_samples_ratio=0.0, consumer_lag=0,
+            generated_long_threshold_tokens=threshold, generated_long_token_share=share,
+        )  # fmt: skip
 
-    async def prompt_stats(self) -> SimpleNamespace:
-        return SimpleNamespace(dropped_by_reason={})
+    async def prompt_stats(self) -> PromptQueueStats:
+        return PromptQueueStats(0, 0, 0, 0, 0, abandoned_by_reason={}, dropped_by_reason={})
 
 
 @dataclass
@@ -179,3 +187,24 @@ def test_a_queue_call_is_retried_while_the_queue_is_unavailable_and_not_once_sto
     with pytest.raises(QueueUnavailable):
         feed.acknowledge_through(1)
     assert queue.acked == []
+
+
+def test_each_batch_reports_its_share_of_long_answer_tokens_against_the_generated_share():
+    # The queue saw answers of 100 tokens or more carry half the tokens generated; the trainer's
+    # first batch has one 100-token answer among 40-token ones, the second only short answers.
+    groups = [_group("a", 0, (40, 40, 40, 100)), _group("b", 0, (40, 40, 40, 40))]
+    feed, queue = _feed(groups, batch_size=1)
+    queue.generated_long = (100.0, 0.5)
+    first = feed.next_batch(step=0, version=0).metrics
+    assert first["length_bias/long_threshold_tokens"] == 100.0
+    assert first["length_bias/trained_long_share"] == pytest.approx(100 / 220)
+    second = feed.next_batch(step=1, version=0).metrics
+    assert second["length_bias/trained_long_share"] == 0.0
+    # Over the run: 100 of 380 tokens were long, against half of those generated.
+    assert second["length_bias/trained_long_share_run"] == pytest.approx(100 / 380)
+    assert second["length_bias/trained_to_generated_run"] == pytest.approx((100 / 380) / 0.5)
+
+
+def test_no_length_bias_figures_before_the_queue_has_measured_lengths():
+    feed, _ = _feed([_group("a", 0), _group("b", 0)])
+    assert not any(key.startswith("length_bias/") for key in feed.next_batch(step=0, version=0).metrics)
