@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import kubernetes_validate
@@ -42,8 +43,7 @@ def test_fake_objects_are_valid_endpointslices() -> None:
 async def test_lists_ready_endpoints_then_follows_adds_and_removals(api: FakeKubeAPI) -> None:
     api.put(endpoint_slice("rollout-a", SERVICE, {"rollout-0": "10.0.0.5"}, namespace="rl"))
     api.put(endpoint_slice("other", "someone-else", {"x-0": "10.9.9.9"}, namespace="rl"))
-    updates = discovery(api).watch()
-    try:
+    async with contextlib.aclosing(discovery(api).watch()) as updates:
         assert await next_set(updates) == {"rollout-0": "http://10.0.0.5:30000"}
 
         # A scaled-up replica starts not ready, so it is not a replica yet...
@@ -60,14 +60,11 @@ async def test_lists_ready_endpoints_then_follows_adds_and_removals(api: FakeKub
 
         api.delete("rollout-a")
         assert await next_set(updates) == {}
-    finally:
-        await updates.aclose()
 
 
 async def test_resumes_from_last_resource_version_after_the_watch_times_out(api: FakeKubeAPI) -> None:
     api.put(endpoint_slice("rollout-a", SERVICE, {"rollout-0": "10.0.0.5"}, namespace="rl"))
-    updates = discovery(api, watch_timeout_s=1).watch()
-    try:
+    async with contextlib.aclosing(discovery(api, watch_timeout_s=1).watch()) as updates:
         assert await next_set(updates) == {"rollout-0": "http://10.0.0.5:30000"}
         version = api.put(endpoint_slice("rollout-a", SERVICE, {"rollout-0": "10.0.0.7"}, namespace="rl"))
         assert await next_set(updates) == {"rollout-0": "http://10.0.0.7:30000"}
@@ -82,39 +79,33 @@ async def test_resumes_from_last_resource_version_after_the_watch_times_out(api:
         assert all(int(q["resourceVersion"][0]) >= version for q in watches[1:])
         lists = [q for q in api.requests if q.get("watch") != ["true"]]
         assert len(lists) == 1
-    finally:
-        await updates.aclose()
 
 
 async def test_relists_when_history_is_compacted(api: FakeKubeAPI) -> None:
     api.put(endpoint_slice("rollout-a", SERVICE, {"rollout-0": "10.0.0.5"}, namespace="rl"))
-    updates = discovery(api, watch_timeout_s=1).watch()
-    try:
+    async with contextlib.aclosing(discovery(api, watch_timeout_s=1).watch()) as updates:
         assert await next_set(updates) == {"rollout-0": "http://10.0.0.5:30000"}
         api.compact()  # the next re-watch from our old version is answered with 410 Gone
         while sum(1 for q in api.requests if q.get("watch") != ["true"]) < 2:
             await asyncio.sleep(0.1)
         api.put(endpoint_slice("rollout-a", SERVICE, {"rollout-2": "10.0.0.9"}, namespace="rl"))
         assert await next_set(updates) == {"rollout-2": "http://10.0.0.9:30000"}
-    finally:
-        await updates.aclose()
 
 
 async def test_survives_an_api_server_outage() -> None:
     first = FakeKubeAPI(namespace="rl").start()
     first.put(endpoint_slice("rollout-a", SERVICE, {"rollout-0": "10.0.0.5"}, namespace="rl"))
-    updates = discovery(first).watch()
     second = None
     try:
-        assert await next_set(updates) == {"rollout-0": "http://10.0.0.5:30000"}
-        first.stop()
-        await asyncio.sleep(0.5)  # discovery retries against a closed port meanwhile
-        # The API server comes back (same address) with state that moved on while it was away.
-        second = FakeKubeAPI(namespace="rl", port=first.port)
-        second.put(endpoint_slice("rollout-b", SERVICE, {"rollout-3": "10.0.1.3"}, namespace="rl"))
-        second.start()
-        assert await next_set(updates) == {"rollout-3": "http://10.0.1.3:30000"}
+        async with contextlib.aclosing(discovery(first).watch()) as updates:
+            assert await next_set(updates) == {"rollout-0": "http://10.0.0.5:30000"}
+            first.stop()
+            await asyncio.sleep(0.5)  # discovery retries against a closed port meanwhile
+            # The API server comes back (same address) with state that moved on while it was away.
+            second = FakeKubeAPI(namespace="rl", port=first.port)
+            second.put(endpoint_slice("rollout-b", SERVICE, {"rollout-3": "10.0.1.3"}, namespace="rl"))
+            second.start()
+            assert await next_set(updates) == {"rollout-3": "http://10.0.1.3:30000"}
     finally:
-        await updates.aclose()
         if second is not None:
             second.stop()

@@ -81,11 +81,16 @@ async def test_corrupt_bytes_are_refused_and_the_previous_version_stays_served()
         assert same(await ps.fetch(2), weights(2))
 
 
+def version_one() -> tuple[list, Manifest, bytes]:
+    """Version 1's tensors, its manifest and its bytes as one upload body, for a raw data-plane upload."""
+    pairs = as_pairs(weights(1))
+    return pairs, build_manifest(1, pairs, 0, "xxh3_128"), b"".join(bytes(raw_bytes(t)) for _, t in pairs)
+
+
 async def test_a_fetch_receives_bytes_while_the_upload_is_still_arriving():
     async with running_service() as (address, service), ParamSyncClient(address) as ps:
         plane = data_plane_of(service)
-        pairs = as_pairs(weights(1))
-        manifest = build_manifest(1, pairs, 0, "xxh3_128")
+        pairs, manifest, _ = version_one()
         first = bytes(raw_bytes(pairs[0][1]))
         rest = b"".join(bytes(raw_bytes(t)) for _, t in pairs[1:])
 
@@ -178,9 +183,7 @@ async def test_a_paramsync_without_data_plane_is_reached_over_grpc():
 async def test_cancelling_a_fetch_stops_it_at_once_and_paramsync_serves_on():
     async with running_service() as (address, service), ParamSyncClient(address) as ps:
         plane = data_plane_of(service)
-        pairs = as_pairs(weights(1))
-        manifest = build_manifest(1, pairs, 0, "xxh3_128")
-        payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
+        _, manifest, payload = version_one()
 
         # The rest is held back: the fetch below waits for it.
         uploader = await asyncio.to_thread(start_upload, plane, manifest, payload[:100])
@@ -212,9 +215,7 @@ async def test_tensors_a_replica_holds_are_never_overwritten_by_later_fetches():
 async def test_only_forward_streams_fetches_are_fed_while_the_upload_runs(forward_streams):
     async with running_service(forward_streams=forward_streams) as (_, service):
         plane = data_plane_of(service)
-        pairs = as_pairs(weights(1))
-        manifest = build_manifest(1, pairs, 0, "xxh3_128")
-        payload = b"".join(bytes(raw_bytes(t)) for _, t in pairs)
+        _, manifest, payload = version_one()
         half = len(payload) // 2
 
         def start_fetch() -> socket.socket:
