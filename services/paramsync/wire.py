@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.v1 import paramsync_pb2 as pb
+from relayrl.varint import decode_varint, encode_varint
 
 _CHUNK_FIELD = 0x12  # WeightStreamMessage.chunk: field 2, length-delimited
 _NAME_FIELD = 0x0A  # WeightChunk.tensor_name: field 1, length-delimited
@@ -28,46 +29,23 @@ class RawChunk:
     data: memoryview
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64 two's complement, as protobuf writes negative numbers
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
 def encode_chunk(tensor_name: str, offset: int, data: bytes | memoryview) -> bytes:
     name = tensor_name.encode()
-    body = [_NAME_FIELD.to_bytes(1, "little"), _varint(len(name)), name] if name else []
+    body = [_NAME_FIELD.to_bytes(1, "little"), encode_varint(len(name)), name] if name else []
     if offset:
-        body += [_OFFSET_FIELD.to_bytes(1, "little"), _varint(offset)]
+        body += [_OFFSET_FIELD.to_bytes(1, "little"), encode_varint(offset)]
     size = len(data) if isinstance(data, bytes) else data.nbytes
     if size:
-        body += [_DATA_FIELD.to_bytes(1, "little"), _varint(size), data]
+        body += [_DATA_FIELD.to_bytes(1, "little"), encode_varint(size), data]
     inner = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
-    return b"".join([_CHUNK_FIELD.to_bytes(1, "little"), _varint(inner), *body])
+    return b"".join([_CHUNK_FIELD.to_bytes(1, "little"), encode_varint(inner), *body])
 
 
 def _decode_chunk(buf: memoryview) -> RawChunk | None:
     """The chunk in ``buf``, or None when it holds anything else (then protobuf decodes it)."""
     if not buf.nbytes or buf[0] != _CHUNK_FIELD:
         return None
-    inner, pos = _read_varint(buf, 1)
+    inner, pos = decode_varint(buf, 1)
     end = pos + inner
     if end != buf.nbytes:
         return None
@@ -76,11 +54,11 @@ def _decode_chunk(buf: memoryview) -> RawChunk | None:
         tag = buf[pos]
         pos += 1
         if tag == _OFFSET_FIELD:
-            offset, pos = _read_varint(buf, pos)
+            offset, pos = decode_varint(buf, pos)
             if offset >= 1 << 63:
                 offset -= 1 << 64
         elif tag in (_NAME_FIELD, _DATA_FIELD):
-            length, pos = _read_varint(buf, pos)
+            length, pos = decode_varint(buf, pos)
             if pos + length > end:
                 raise ValueError("field runs past the end of the message")
             if tag == _NAME_FIELD:

@@ -17,6 +17,7 @@ import grpc
 
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
+from relayrl.varint import decode_varint, encode_varint
 from services.queue.trajectories import PullResult
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -30,38 +31,16 @@ class RawPushRequest:
     timeout_s: float
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def parse_push_request(data: bytes) -> RawPushRequest:
     """Splits a serialized ``PushRequest``; raises ValueError on a broken encoding."""
     groups: list[bytes] = []
     timeout_s = 0.0
     pos = 0
     while pos < len(data):
-        key, pos = _read_varint(data, pos)
+        key, pos = decode_varint(data, pos)
         field, wire_type = key >> 3, key & 7
         if wire_type == _LEN:
-            size, pos = _read_varint(data, pos)
+            size, pos = decode_varint(data, pos)
             if pos + size > len(data):
                 raise ValueError("length-delimited field runs past the end of the message")
             if field == 1:
@@ -74,7 +53,7 @@ def parse_push_request(data: bytes) -> RawPushRequest:
                 (timeout_s,) = struct.unpack_from("<d", data, pos)
             pos += 8
         elif wire_type == _VARINT:
-            _, pos = _read_varint(data, pos)
+            _, pos = decode_varint(data, pos)
         elif wire_type == _I32:
             pos += 4
         else:
@@ -100,9 +79,9 @@ def encode_pull_response(reply: PullResult) -> bytes:
         head = qpb.DeliveredGroup(
             entry_id=d.entry_id, delivery_count=d.delivery_count, age_versions=d.age_versions
         ).SerializeToString()
-        payload_key = _varint(2 << 3 | _LEN) + _varint(len(d.payload))
+        payload_key = encode_varint(2 << 3 | _LEN) + encode_varint(len(d.payload))
         size = len(head) + len(payload_key) + len(d.payload)
-        parts += (_varint(1 << 3 | _LEN), _varint(size), head, payload_key, d.payload)
+        parts += (encode_varint(1 << 3 | _LEN), encode_varint(size), head, payload_key, d.payload)
     parts.append(qpb.PullResponse(dropped_stale=reply.dropped_stale).SerializeToString())
     return b"".join(parts)
 
