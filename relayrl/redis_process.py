@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relayrl.net import free_port, wait_for_port
+from relayrl.subprocesses import stop_process
 
 INSTALL_HINT = "install it with `apt-get install redis-server` (or run `make setup` as root)"
 
@@ -76,13 +77,7 @@ class RedisProcess:
         """Graceful stop (SIGTERM): Redis flushes its AOF before exiting."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s)
         self.process = None
 
     def kill(self) -> None:

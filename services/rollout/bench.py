@@ -12,7 +12,6 @@ rounds, so load from other processes on a shared machine hits both alike.
 from __future__ import annotations
 
 import asyncio
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from relayrl.net import free_port
+from relayrl.subprocesses import stop_process
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +166,5 @@ def run_bench(prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: 
             url = f"http://127.0.0.1:{port}"
             return asyncio.run(_measure(url, redis.url, prompts, n, max_new_tokens, inflight, rounds))
         finally:
-            engine.send_signal(signal.SIGTERM)
-            try:
-                engine.wait(15)
-            except subprocess.TimeoutExpired:
-                engine.kill()
-                engine.wait()
+            stop_process(engine, 15)
             redis.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import yaml
 from relayrl.models.loading import load_causal_lm
 from relayrl.models.tiny import TinyModelSpec, init_tiny
 from relayrl.net import free_port, wait_for_port
+from relayrl.subprocesses import stop_process
 from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
 from tests.integration.deploy._fakes import FakeKubeAPI, endpoint_slice
@@ -43,13 +43,7 @@ def process(args: list[str], log: Path, env: dict[str, str]) -> Iterator[subproc
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 15)
 
 
 def kubeconfig(path: Path, server: str) -> Path:

@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from relayrl.net import free_port
+from relayrl.subprocesses import stop_process
 from tests.waiting import WaitTimeout, wait_until
 
 SCRAPE_INTERVAL_S = 1
@@ -91,13 +92,8 @@ class PrometheusServer:
 
     def stop(self) -> None:
         self._http.close()
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            stop_process(self._process)
         self._log.close()
 
     def log_tail(self, lines: int = 20) -> str:

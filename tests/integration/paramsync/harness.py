@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
+from relayrl.subprocesses import stop_process
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
 from services.paramsync.dataplane.server import DataPlaneServer
@@ -76,10 +76,4 @@ def serve_process(tmp_path: Path, **env: str) -> Iterator[tuple[str, int, subpro
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, timeout_s)

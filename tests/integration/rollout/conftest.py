@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from relayrl.net import free_port
+from relayrl.subprocesses import stop_process
 from services.engine.launch import EngineExited, launch_engine, wait_engine_healthy
 
 HERE = Path(__file__).parent
@@ -48,12 +48,8 @@ class EngineProcess:
             self.process.wait(10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process is not None:
+            stop_process(self.process)
         if self.process is not None and self.process.stderr is not None:
             self.process.stderr.close()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ import pytest
 from relayrl.net import free_port
 from relayrl.redis_process import RedisProcess
 from relayrl.serving import grpc_channel
+from relayrl.subprocesses import stop_process
 from relayrl.v1 import rollout_pb2 as pb
 from relayrl.v1 import rollout_pb2_grpc as pb_grpc
 from services.queue.client import QueueClient
@@ -67,12 +67,7 @@ async def rollout(engine: EngineProcess, redis_server: RedisProcess, run_id: str
         yield RolloutProcess(http, f"127.0.0.1:{grpc_port}", queue)
     finally:
         await http.aclose()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        await asyncio.to_thread(stop_process, proc, 15)
         await queue.stop()
     assert proc.returncode == 0, "rollout did not stop cleanly on SIGTERM"
 
