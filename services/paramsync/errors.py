@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 
 from relayrl.retry import GRPC_TRANSIENT_CODES, grpc_transient
+from relayrl.status_errors import StatusError, error_for_status
 from services.paramsync.store import StoreError
 
 # The status each refusal is answered with, over gRPC and over the bulk data plane alike.
@@ -27,15 +28,8 @@ def status_of(err: StoreError) -> grpc.StatusCode:
     return STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
 
 
-class ParamSyncError(RuntimeError):
+class ParamSyncError(StatusError):
     """Any paramsync failure; ``code`` is the gRPC status it came with."""
-
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class VersionConflict(ParamSyncError):
@@ -68,8 +62,7 @@ TRANSIENT_CODES = GRPC_TRANSIENT_CODES
 
 
 def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
-    cls = _BY_CODE.get(err.code(), ParamSyncError)
-    return cls(f"{err.code().name}: {err.details()}", err.code())
+    return error_for_status(ParamSyncError, _BY_CODE, err.code(), f"{err.code().name}: {err.details()}")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -83,4 +76,4 @@ _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 def from_status(number: int, message: str) -> ParamSyncError:
     """The error for a status the bulk data plane reported as a number (``BulkReply.code``)."""
     code = _CODES_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
-    return _BY_CODE.get(code, ParamSyncError)(f"{code.name}: {message}", code)
+    return error_for_status(ParamSyncError, _BY_CODE, code, f"{code.name}: {message}")

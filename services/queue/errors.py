@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import grpc
 
+from relayrl.status_errors import StatusError, error_for_status
 
-class QueueError(RuntimeError):
+
+class QueueError(StatusError):
     """Any failure of a queue call; ``code`` is its gRPC status, ``details`` the server's message."""
-
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-
-    def __init__(self, details: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(details)
-        self.details = details
-        if code is not None:
-            self.code = code
 
 
 class BadRequest(QueueError, ValueError):
@@ -52,7 +46,7 @@ _BY_CODE: dict[grpc.StatusCode, type[QueueError]] = {
 
 def from_rpc_error(err: grpc.aio.AioRpcError) -> QueueError:
     """The queue error for a failed call's status (the base class for codes no caller handles)."""
-    return _BY_CODE.get(err.code(), QueueError)(err.details() or "", err.code())
+    return error_for_status(QueueError, _BY_CODE, err.code(), err.details() or "")
 
 
 def is_transient(exc: BaseException) -> bool:
