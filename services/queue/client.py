@@ -42,6 +42,10 @@ class DeliveredGroup:
     # consumer version − group's min policy version at delivery.
     age_versions: int
 
+    @classmethod
+    def from_proto(cls, d: qpb.DeliveredGroup) -> DeliveredGroup:
+        return cls(d.entry_id, Group.from_proto(d.group), d.delivery_count, d.age_versions)
+
 
 @dataclass(frozen=True, slots=True)
 class PromptLease:
@@ -52,6 +56,10 @@ class PromptLease:
     expires_at: float
     # 1 on first lease; higher when the prompt was re-issued after an expired lease.
     delivery_count: int
+
+    @classmethod
+    def from_proto(cls, lease: qpb.Lease) -> PromptLease:
+        return cls(lease.lease_id, PromptSpec.from_proto(lease.prompt), lease.expires_at_unix_s, lease.delivery_count)
 
 
 @dataclass
@@ -112,15 +120,7 @@ class QueueClient:
             session_id=self.session_id,
         )
         reply = await _call(self._trajectories.Pull, request, _deadline(block_timeout_s, default_s=60.0))
-        return [
-            DeliveredGroup(
-                entry_id=d.entry_id,
-                group=Group.from_proto(d.group),
-                delivery_count=d.delivery_count,
-                age_versions=d.age_versions,
-            )
-            for d in reply.groups
-        ]
+        return [DeliveredGroup.from_proto(d) for d in reply.groups]
 
     async def ack(self, consumer: str, entry_ids: list[str]) -> int:
         """Acknowledges entries whose training step is durable; returns how many were pending."""
@@ -148,15 +148,7 @@ class QueueClient:
             replica_id=replica_id, max_prompts=max_prompts, held_version=held_version, block_timeout_s=block_timeout_s
         )
         reply = await _call(self._prompts.Lease, request, _deadline(block_timeout_s, default_s=60.0))
-        return [
-            PromptLease(
-                lease_id=lease.lease_id,
-                prompt=PromptSpec.from_proto(lease.prompt),
-                expires_at=lease.expires_at_unix_s,
-                delivery_count=lease.delivery_count,
-            )
-            for lease in reply.leases
-        ]
+        return [PromptLease.from_proto(lease) for lease in reply.leases]
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
         """Marks leases done (their groups were pushed); returns how many prompts it finished."""
