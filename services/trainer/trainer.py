@@ -85,6 +85,19 @@ def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | N
     return [(k, v.detach().to("cpu", copy=True)) for k, v in full.items()]
 
 
+def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None:
+    """The actor as a Hugging Face directory shaped like ``base_dir`` (collective; rank 0 writes it,
+    as ``relayrl export`` does)."""
+    from relayrl.models.loading import load_causal_lm, save_hf_dir
+
+    weights = gather_weights(actor)
+    if weights is None:
+        return
+    model = load_causal_lm(base_dir)
+    model.load_state_dict(dict(weights))
+    save_hf_dir(model, base_dir, out_dir)
+
+
 class Trainer:
     def __init__(
         self,
@@ -245,14 +258,7 @@ class Trainer:
 
     def write_hf_model(self, checkpoint: Path) -> None:
         """``hf/`` in the checkpoint being written: the actor as ``relayrl export`` writes it (collective)."""
-        from relayrl.models.loading import load_causal_lm, save_hf_dir
-
-        weights = gather_weights(self.models.actor)
-        if weights is None:
-            return
-        model = load_causal_lm(self.s.model_dir)
-        model.load_state_dict(dict(weights))
-        save_hf_dir(model, self.s.model_dir, checkpoint / "hf")
+        save_hf_model(self.models.actor, self.s.model_dir, checkpoint / "hf")
 
     def resume(self) -> None:
         """Restores the latest checkpoint, and settles which version its weights are.

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from services.trainer import distributed as D
 from services.trainer.model import build_optimizer, load_actor, shard_model
 from services.trainer.sft.config import SftSettings
 from services.trainer.sft.data import RowFormat, SftExample, encode_rows, epoch_batches, load_rows
 from services.trainer.sft.step import StepResult, train_step
+from services.trainer.trainer import save_hf_model
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +96,6 @@ class StepLog:
         )
 
 
-def write_model(model: nn.Module, s: SftSettings) -> None:
-    """Gathers the sharded weights (collective) and writes them on rank 0 through the trainer's HF writer."""
-    from relayrl.models.loading import load_causal_lm, save_hf_dir
-    from services.trainer.trainer import gather_weights
-
-    weights = gather_weights(model)
-    if weights is None:
-        return
-    hf_model = load_causal_lm(s.model_dir)
-    hf_model.load_state_dict(dict(weights))
-    save_hf_dir(hf_model, s.model_dir, s.out_dir)
-
-
 def run_sft(s: SftSettings) -> SftSummary:
     from relayrl.models.loading import load_tokenizer
 
@@ -134,7 +121,7 @@ def run_sft(s: SftSettings) -> SftSummary:
             losses.append(result.loss)
             if step_log is not None:
                 step_log.record(step, epoch, result, time.perf_counter() - started)
-        write_model(model, s)
+        save_hf_model(model, s.model_dir, s.out_dir)
         D.barrier()
         return SftSummary(len(losses), losses[0], losses[-1], str(s.out_dir))
     finally:
