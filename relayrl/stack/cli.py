@@ -74,9 +74,13 @@ def up(
     if run_id:
         stack_config.stack.run_id = run_id
     if model_dir is not None:
-        if not (model_dir / "config.json").is_file():
-            typer.echo(f"--model-dir: {model_dir} is not a Hugging Face model directory (no config.json)", err=True)
-            raise typer.Exit(BAD_CONFIG_EXIT)
+        from relayrl.models.loading import check_model_dir
+
+        try:
+            check_model_dir(model_dir)
+        except FileNotFoundError as err:
+            typer.echo(f"--model-dir: {err}", err=True)
+            raise typer.Exit(BAD_CONFIG_EXIT) from None
         stack_config.stack.model_dir = model_dir
     _run(stack_config, verbose, keep_alive, title="RelayRL", monitor=monitor)
 

@@ -344,8 +344,12 @@ def bench(
 
     base = _load_config(config)
     if model_dir is not None:
-        if not (model_dir / "config.json").is_file():
-            raise typer.BadParameter(f"{model_dir} is not a Hugging Face model directory", param_hint="--model-dir")
+        from relayrl.models.loading import check_model_dir
+
+        try:
+            check_model_dir(model_dir)
+        except FileNotFoundError as err:
+            raise typer.BadParameter(str(err), param_hint="--model-dir") from None
         base.stack.model_dir = model_dir.resolve()
     out = (out or base.stack.runs_dir / time.strftime("bench-learning-%Y%m%d-%H%M%S")).resolve()
     chosen = [first_seed + i for i in range(seeds)]

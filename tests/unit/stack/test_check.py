@@ -149,7 +149,10 @@ def test_up_with_a_model_dir_that_is_no_model_exits_2_on_one_line_and_starts_not
         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == f"--model-dir: {tmp_path} is not a Hugging Face model directory (no config.json)"
+    assert done.stderr.strip() == (
+        f"--model-dir: {tmp_path} is not a model directory (no config.json);"
+        f" create one with `relayrl model init-tiny {tmp_path}`"
+    )
     assert not runs.exists(), "a run directory means the stack started"
 
 

@@ -221,6 +221,6 @@ def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkey
     assert done.exit_code == 0, done.output
     assert started_from == [model_dir.resolve()] * 2
     done = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "other"), "--model-dir", str(tmp_path)])
-    assert done.exit_code == 2 and "not a Hugging Face model directory" in " ".join(
+    assert done.exit_code == 2 and "is not a model directory (no config.json)" in " ".join(
         done.output.replace("│", " ").split()
     )
