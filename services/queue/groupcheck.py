@@ -43,11 +43,14 @@ class GroupHeader:
     min_policy_version: int
     max_policy_version: int
     samples: int
-    response_tokens: int
     created_at_unix_s: float
     is_eval: bool
     # Each sample's response length, in the group's order.
     response_lengths: tuple[int, ...]
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.response_lengths)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,6 @@ def _slow_inspection(payload: bytes) -> Inspection:
         min_policy_version=msg.min_policy_version,
         max_policy_version=msg.max_policy_version,
         samples=len(msg.trajectories),
-        response_tokens=sum(len(t.response_token_ids) for t in msg.trajectories),
         created_at_unix_s=msg.created_at_unix_s,
         is_eval=msg.is_eval,
         response_lengths=tuple(len(t.response_token_ids) for t in msg.trajectories),
@@ -174,7 +176,6 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         min_policy_version=versions_range[0],
         max_policy_version=versions_range[1],
         samples=len(trajectories),
-        response_tokens=sum(lengths),
         created_at_unix_s=view.created_at_unix_s,
         is_eval=view.is_eval,
         response_lengths=tuple(per_sample),
