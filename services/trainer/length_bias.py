@@ -21,12 +21,13 @@ class LengthBias:
 
     def record(self, lengths: list[int], threshold: float, generated_share: float) -> dict[str, float]:
         """The metrics of one trained batch with response ``lengths``; none before the queue has a threshold."""
-        if threshold <= 0 or not sum(lengths):
+        total = sum(lengths)
+        if threshold <= 0 or not total:
             return {}
         long = sum(n for n in lengths if n >= threshold)
         self.long_tokens += long
-        self.tokens += sum(lengths)
-        trained_share = long / sum(lengths)
+        self.tokens += total
+        trained_share = long / total
         run_share = self.long_tokens / self.tokens
         metrics = {
             "length_bias/long_threshold_tokens": threshold,
