@@ -50,6 +50,7 @@ from services.paramsync.errors import (
     ParamSyncError,
     from_rpc_error,
     is_transient,
+    sync_retry_policy,
 )
 from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion
 from services.paramsync.memory import RecycledMemory
@@ -155,11 +156,7 @@ class ParamSyncClient:
 
     async def _with_retries(self, call: Any) -> Any:
         """Runs ``call()`` retrying link failures; any gRPC error left becomes a ParamSyncError."""
-        policy = RetryPolicy(
-            attempts=self.max_sync_retries + 1,
-            first_wait_s=self.sync_retry_delay,
-            max_wait_s=30 * self.sync_retry_delay + 1,
-        )
+        policy = sync_retry_policy(self.max_sync_retries, self.sync_retry_delay)
         try:
             return await call_with_retries(f"paramsync call to {self.address}", call, is_transient, policy, log)
         except grpc.aio.AioRpcError as err:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from relayrl.retry import GRPC_TRANSIENT_CODES, grpc_transient
+from relayrl.retry import GRPC_TRANSIENT_CODES, RetryPolicy, grpc_transient
 from relayrl.status_errors import StatusError, error_for_status
 from services.paramsync.store import StoreError
 
@@ -63,6 +63,14 @@ TRANSIENT_CODES = GRPC_TRANSIENT_CODES
 
 def from_rpc_error(err: grpc.aio.AioRpcError) -> ParamSyncError:
     return error_for_status(ParamSyncError, _BY_CODE, err.code(), f"{err.code().name}: {err.details()}")
+
+
+def sync_retry_policy(max_sync_retries: int, sync_retry_delay: float) -> RetryPolicy:
+    """verl's sync retries: ``max_sync_retries`` tries after the first, ``sync_retry_delay`` seconds
+    apart at first and doubling (capped, so a large retry count never waits for hours)."""
+    return RetryPolicy(
+        attempts=max_sync_retries + 1, first_wait_s=sync_retry_delay, max_wait_s=30 * sync_retry_delay + 1
+    )
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from relayrl.net import free_port
-from relayrl.retry import RetryPolicy, retrying
+from relayrl.retry import retrying
 from services.engine.client import EngineClient
 from services.paramsync.endpoints import ReplicaEndpoint
+from services.paramsync.errors import sync_retry_policy
 from services.paramsync.manifest import Announcement, TensorSpec
 from services.paramsync.store import StoredVersion
 from services.paramsync.table import VersionTable
@@ -74,11 +75,7 @@ class DistributedTransport(WeightTransport):
 
     async def deliver(self, stored: StoredVersion, replicas: Sequence[ReplicaEndpoint]) -> Announcement:
         pending = self._behind(stored, [r for r in replicas if r.engine_url])
-        policy = RetryPolicy(
-            attempts=self.max_sync_retries + 1,
-            first_wait_s=self.sync_retry_delay,
-            max_wait_s=30 * self.sync_retry_delay + 1,
-        )
+        policy = sync_retry_policy(self.max_sync_retries, self.sync_retry_delay)
         with contextlib.suppress(RoundIncomplete):
             async for attempt in retrying(f"broadcast of version {stored.version}", _incomplete, policy, log):
                 with attempt:
