@@ -4,7 +4,9 @@ A single run's reward cannot tell a bug from bad luck: runs of one config differ
 This bench runs the same stack config once per seed, one run after another (a demo run already
 keeps both cores of a CI-class machine busy), and reports the distribution of ``reward_first``,
 ``reward_last``, steps and wall time over the runs, how many reached ``--threshold``, and one plot
-with every seed's reward curve.
+with every seed's reward curve. With ``--val-threshold`` it also reports, per held-out score, the
+first trainer step at which each run's score reached it: the figure that says whether a recipe
+gets to the same accuracy in fewer steps.
 
 Seed ``k`` sets every source of randomness of a run: the trainer's ``seed`` (dataset rows, their
 shuffled order, torch), the built-in model's initialisation (``stack.tiny_seed``) and the
@@ -21,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,7 +31,7 @@ import typer
 
 from relayrl.stack.config import StackConfig
 from relayrl.stack.progress import REWARD_KEY
-from relayrl.stack.report import RunReport, read_metrics, training_rows
+from relayrl.stack.report import RunReport, read_metrics, training_rows, validation_series
 
 if TYPE_CHECKING:
     from relayrl.stack.run import RunOutcome
@@ -53,9 +55,15 @@ class SeedRun:
     # (trainer step, mean reward) of every step the run recorded, finished or not.
     curve: tuple[tuple[int, float], ...]
     error: str = ""
+    # (trainer step, held-out score) per val/test_score/<data_source> key; step 0 is before training.
+    val_curve: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
     def reached(self, threshold: float) -> bool:
         return self.report is not None and self.report.reward_last >= threshold
+
+    def val_reached_at(self, key: str, threshold: float) -> int | None:
+        """The first step whose held-out ``key`` score is at least ``threshold``; None if none was."""
+        return next((step for step, score in self.val_curve.get(key, ()) if score >= threshold), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,11 @@ class LearningResult:
     # Per held-out key (val/test_score/<data_source>), over the finished runs that validated.
     val_first: dict[str, Distribution]
     val_last: dict[str, Distribution]
+    # With a val_threshold: per held-out key, the first step each finished run reached it, over the
+    # runs that did, and how many did.
+    val_threshold: float | None
+    val_steps_to_threshold: dict[str, Distribution]
+    val_reached: dict[str, int]
     reached: int
     failed: int
     plot: Path
@@ -101,8 +114,20 @@ def held_out(reports: list[RunReport], which: str) -> dict[str, Distribution]:
     return {key: d for key, d in spreads.items() if d is not None}
 
 
-def summarize(config: str, threshold: float, runs: list[SeedRun], plot: Path, out: Path) -> LearningResult:
+def steps_to_threshold(runs: list[SeedRun], val_threshold: float | None) -> dict[str, list[int | None]]:
+    """Per held-out key, each run's first step at ``val_threshold`` or above (None: never); {} without one."""
+    if val_threshold is None:
+        return {}
+    keys = sorted({key for run in runs for key in run.val_curve})
+    return {key: [run.val_reached_at(key, val_threshold) for run in runs] for key in keys}
+
+
+def summarize(
+    config: str, threshold: float, runs: list[SeedRun], plot: Path, out: Path, val_threshold: float | None = None
+) -> LearningResult:
     reports = [run.report for run in runs if run.report is not None]
+    at = steps_to_threshold([run for run in runs if run.report is not None], val_threshold)
+    to_threshold = {key: distribution([float(s) for s in steps if s is not None]) for key, steps in at.items()}
     return LearningResult(
         config=config,
         threshold=threshold,
@@ -113,6 +138,9 @@ def summarize(config: str, threshold: float, runs: list[SeedRun], plot: Path, ou
         wall_s=distribution([r.wall_s for r in reports]),
         val_first=held_out(reports, "val_first"),
         val_last=held_out(reports, "val_last"),
+        val_threshold=val_threshold,
+        val_steps_to_threshold={key: d for key, d in to_threshold.items() if d is not None},
+        val_reached={key: sum(s is not None for s in steps) for key, steps in at.items()},
         reached=sum(run.reached(threshold) for run in runs),
         failed=len(runs) - len(reports),
         plot=plot,
@@ -133,13 +161,23 @@ def seeded_config(base: StackConfig, seed: int, out: Path, steps: int | None) ->
     return config
 
 
-def read_curve(run_dir: Path) -> tuple[tuple[int, float], ...]:
+@dataclass(frozen=True, slots=True)
+class Curves:
+    reward: tuple[tuple[int, float], ...]
+    val: dict[str, tuple[tuple[int, float], ...]]
+
+
+def read_curves(run_dir: Path) -> Curves:
+    """Mean reward per trainer step and each held-out score per validation step, from metrics.jsonl."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
-        return ()
-    return tuple(
-        (int(r["trainer/global_steps"]), float(r[REWARD_KEY])) for r in training_rows(read_metrics(path), REWARD_KEY)
-    )
+        return Curves((), {})
+    rows = read_metrics(path)
+    reward = tuple((int(r["trainer/global_steps"]), float(r[REWARD_KEY])) for r in training_rows(rows, REWARD_KEY))
+    val = {
+        key: tuple((step, score) for step, _, score in points) for key, points in validation_series(rows, 0.0).items()
+    }
+    return Curves(reward, val)
 
 
 @contextmanager
@@ -165,13 +203,16 @@ def run_seed(config: StackConfig, seed: int, runner: Runner, timeout_s: float) -
         with deadline(timeout_s):
             outcome = runner(config)
     except Exception as err:  # a failed seed is a result of the bench, not the end of it
-        return SeedRun(seed, run_dir, None, read_curve(run_dir), f"{type(err).__name__}: {err}")
+        curves = read_curves(run_dir)
+        return SeedRun(seed, run_dir, None, curves.reward, f"{type(err).__name__}: {err}", curves.val)
     if outcome.exit_code == INTERRUPTED:
         raise KeyboardInterrupt
     if outcome.report is None:
         reason = outcome.error or f"trainer exited with code {outcome.exit_code}; logs in {run_dir / 'logs'}"
-        return SeedRun(seed, run_dir, None, read_curve(run_dir), reason)
-    return SeedRun(seed, outcome.run_dir, outcome.report, read_curve(outcome.run_dir))
+        curves = read_curves(run_dir)
+        return SeedRun(seed, run_dir, None, curves.reward, reason, curves.val)
+    curves = read_curves(outcome.run_dir)
+    return SeedRun(seed, outcome.run_dir, outcome.report, curves.reward, val_curve=curves.val)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +278,9 @@ def result_json(result: LearningResult) -> dict[str, Any]:
         "wall_s": _rounded(result.wall_s, 1),
         "val_first": {key: _rounded(d, 3) for key, d in result.val_first.items()},
         "val_last": {key: _rounded(d, 3) for key, d in result.val_last.items()},
+        "val_threshold": result.val_threshold,
+        "val_steps_to_threshold": {key: _rounded(d, 1) for key, d in result.val_steps_to_threshold.items()},
+        "val_reached": result.val_reached,
         "runs": [
             {
                 "seed": run.seed,
@@ -247,6 +291,10 @@ def result_json(result: LearningResult) -> dict[str, Any]:
                 "wall_s": round(run.report.wall_s, 1) if run.report else None,
                 "val_first": {k: round(v, 3) for k, v in run.report.val_first.items()} if run.report else None,
                 "val_last": {k: round(v, 3) for k, v in run.report.val_last.items()} if run.report else None,
+                "val_curve": {k: [[step, round(score, 3)] for step, score in v] for k, v in run.val_curve.items()},
+                "val_steps_to_threshold": {k: run.val_reached_at(k, result.val_threshold) for k in result.val_reached}
+                if result.val_threshold is not None and run.report
+                else None,
                 "reached": run.reached(result.threshold),
                 "error": run.error or None,
             }
@@ -288,6 +336,11 @@ def render_table(result: LearningResult) -> str:
     console.print(table)
     reached = f"{result.reached} of {len(result.runs)} runs ({result.failed} failed)"
     console.print(f"reached reward_last ≥ {result.threshold:g}: {reached}")
+    for key, count in result.val_reached.items():
+        finished = len(result.runs) - result.failed
+        spread = result.val_steps_to_threshold.get(key)
+        steps = f"; steps to it: median {spread.median:g}, values {list(spread.values)}" if spread else ""
+        console.print(f"{key} ≥ {result.val_threshold:g}: {count} of {finished} finished runs{steps}")
     console.print(f"plot: {result.plot}\nruns: {result.out}")
     return out.getvalue()
 
@@ -337,6 +390,10 @@ def bench(
     timeout_s: Annotated[
         float, typer.Option(min=1, help="Longest run per seed, seconds; a slower one counts as failed.")
     ] = 1800,
+    val_threshold: Annotated[
+        float | None,
+        typer.Option(help="Also report the first trainer step at which each run's held-out score reached this."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
 ) -> None:
     """One training config run with N seeds: spread of reward_first, reward_last, steps, wall time; runs ≥ threshold."""
@@ -363,7 +420,7 @@ def bench(
     plotted = plot_seeds(
         runs, threshold, out / PLOT_NAME, title=f"bench learning: {name}, seeds {chosen[0]}–{chosen[-1]}"
     )
-    result = summarize(name, threshold, runs, plotted.path, out)
+    result = summarize(name, threshold, runs, plotted.path, out, val_threshold)
     typer.echo(json.dumps(result_json(result)) if json_output else render_table(result))
     if result.failed == len(runs):
         raise typer.Exit(1)

@@ -81,6 +81,31 @@ def test_held_out_scores_are_spread_over_the_runs_that_validated(tmp_path: Path)
     assert printed["runs"][2]["val_last"] == {}
 
 
+def test_steps_to_a_held_out_threshold_count_the_first_validation_at_or_above_it(tmp_path: Path) -> None:
+    def validated(seed: int, points: tuple[tuple[int, float], ...], report: RunReport | None) -> SeedRun:
+        return SeedRun(seed, tmp_path, report, ((1, 0.1),), "" if report else "late", val_curve={VAL: points})
+
+    runs = [
+        # Dips below again after reaching it: the first step counts.
+        validated(0, ((0, 0.375), (10, 0.6), (20, 0.91), (30, 0.85), (40, 0.95)), _report(0.2, 0.5)),
+        validated(1, ((0, 0.375), (10, 0.9), (20, 0.97)), _report(0.2, 0.5)),
+        validated(2, ((0, 0.375), (10, 0.5), (20, 0.89)), _report(0.2, 0.5)),
+        # A failed run is no evidence either way.
+        validated(3, ((0, 0.375), (10, 0.95)), None),
+    ]
+    result = summarize("long_add", 0.9, runs, tmp_path / "p.png", tmp_path, val_threshold=0.9)
+    assert result.val_reached == {VAL: 2}
+    assert result.val_steps_to_threshold[VAL].values == (20.0, 10.0)
+    printed = result_json(result)
+    assert printed["val_threshold"] == 0.9 and printed["val_steps_to_threshold"][VAL]["median"] == 15.0
+    assert [run["val_steps_to_threshold"] for run in printed["runs"]] == [{VAL: 20}, {VAL: 10}, {VAL: None}, None]
+    assert printed["runs"][1]["val_curve"] == {VAL: [[0, 0.375], [10, 0.9], [20, 0.97]]}
+    assert f"{VAL} ≥ 0.9: 2 of 3 finished runs; steps to it: median 15" in " ".join(render_table(result).split())
+    # Without a threshold nothing about it is reported.
+    plain = result_json(summarize("long_add", 0.9, runs, tmp_path / "p.png", tmp_path))
+    assert plain["val_steps_to_threshold"] == {} and plain["runs"][0]["val_steps_to_threshold"] is None
+
+
 def test_no_finished_run_gives_no_spread(tmp_path: Path) -> None:
     result = summarize("demo", 0.9, [_run(0, None, "TimeoutError: late")], tmp_path / "p.png", tmp_path)
     assert result.reward_last is None and result.wall_s is None
@@ -142,6 +167,7 @@ def _finishing_runner(calls: list[int]):
         run_dir = (config.stack.runs_dir / config.stack.run_id).resolve()
         run_dir.mkdir(parents=True)
         rows = [{"trainer/global_steps": s, "critic/score/mean": 0.2 * s, "time": float(s)} for s in (1, 2)]
+        rows[1][VAL] = 0.5
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         if seed == 1:
             return RunOutcome(1, run_dir, error="engine-0: exited with code 1")
@@ -160,6 +186,7 @@ def test_a_failed_or_late_run_is_recorded_and_the_next_seed_still_runs(tmp_path:
     assert runs[1].error == "engine-0: exited with code 1"
     assert runs[2].error == "TimeoutError: the run did not finish within 0.5s"
     assert runs[0].curve == ((1, 0.2), (2, 0.4)) and runs[2].curve == ((1, 0.2), (2, 0.4))
+    assert runs[0].val_curve == {VAL: ((2, 0.5),)} and runs[1].val_curve == {VAL: ((2, 0.5),)}
     assert runs[0].run_dir == (tmp_path / "seed-0").resolve()
 
 
