@@ -380,6 +380,10 @@ def bench(
         float, typer.Option(help="A run reaches it when its reward_last is at least this.")
     ] = DEMO_TARGET,
     steps: Annotated[int | None, typer.Option(min=1, help="Override trainer.total_steps of every run.")] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(min=0, help="Override stack.max_staleness (η) of every run: 0 trains synchronously."),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder of the runs (seed-<k>/) and the plot; default runs/bench-learning-<time>."),
@@ -408,6 +412,8 @@ def bench(
         except FileNotFoundError as err:
             raise typer.BadParameter(str(err), param_hint="--model-dir") from None
         base.stack.model_dir = model_dir.resolve()
+    if max_staleness is not None:
+        base.stack.max_staleness = max_staleness
     out = (out or base.stack.runs_dir / time.strftime("bench-learning-%Y%m%d-%H%M%S")).resolve()
     chosen = [first_seed + i for i in range(seeds)]
     taken = [f"seed-{k}" for k in chosen if (out / f"seed-{k}").exists()]

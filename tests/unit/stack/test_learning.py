@@ -251,3 +251,20 @@ def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkey
     assert done.exit_code == 2 and "is not a model directory (no config.json)" in " ".join(
         done.output.replace("│", " ").split()
     )
+
+
+def test_max_staleness_overrides_the_configs_for_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl.cli import app
+
+    staleness = []
+
+    def runner(config: StackConfig) -> RunOutcome:
+        staleness.append(config.stack.max_staleness)
+        return RunOutcome(0, tmp_path, _report(0.1, 0.95))
+
+    monkeypatch.setattr(learning, "_stack_runner", runner)
+    argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json"]
+    assert CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "a"), "--max-staleness", "0"]).exit_code == 0
+    assert CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "b")]).exit_code == 0
+    default = StackConfig.from_yaml(DEMO).stack.max_staleness
+    assert default != 0 and staleness == [0, 0, default, default]
