@@ -54,6 +54,7 @@ BENCHMARKS: dict[str, str] = {
     "trainer": "services.trainer.cli:bench",
     "e2e": "relayrl.stack.bench:bench",
     "learning": "relayrl.stack.learning:bench",
+    "compare": "relayrl.stack.compare:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
