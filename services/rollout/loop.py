@@ -82,7 +82,7 @@ class RolloutLoop:
         prompt = lease.prompt
         try:
             await self._wait_for_version(prompt.min_start_version, lease.expires_at)
-            results = await self._generate_all(prompt)
+            results = await self._generate(prompt)
             group = await self.groups.build(lease.lease_id, prompt, results)
             if not self.groups.fresh(group, self.state.latest_version):
                 # Started again only by a replica whose weights keep it within the bound.
@@ -120,6 +120,14 @@ class RolloutLoop:
                     raise TimeoutError(f"engine still at version {self.state.held_version} < {min_start_version}")
                 wait.tick()
                 await self.state.version_changed(min(remaining, STALL_CHECK_S))
+
+    async def _generate(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
+        """Validation prompts first: a training prompt waits while any validation prompt is generating."""
+        if prompt.is_eval:
+            with self.state.validating():
+                return await self._generate_all(prompt)
+        await self.state.training_may_start()
+        return await self._generate_all(prompt)
 
     async def _generate_all(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
         """The n samples of one prompt, asked of the engine as one request with ``n``."""

@@ -62,6 +62,14 @@ class RolloutMetrics:
             "weight_update_duration", "Announcement to weights live in the engine (fetch + switch)."
         )
         self.weight_version = m.gauge("weight_version", "Policy version the engine holds.")
+        self.validation_prompts = m.gauge(
+            "validation_prompts", "Validation prompts in flight; training generation is held while any are."
+        )
+        self.held_for_validation = m.counter(
+            "held_for_validation_seconds",
+            "Seconds training prompts waited to start generating because validation prompts were in flight.",
+            "total",
+        )
         self.generated_tokens = m.counter("generated_tokens", "Response tokens generated.", "total")
         self.tokens_per_s = m.gauge("tokens_per_s", "Generated tokens per second over the last minute.")
         self.in_flight = m.gauge("in_flight_requests", "Generation requests in flight to the engine.")

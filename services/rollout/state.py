@@ -7,7 +7,10 @@ and change it only through its methods, which keep its rules:
 - the held version only moves forward, except when the engine comes back from a restart
   holding an older one (then the weight sync is told to re-subscribe);
 - the latest version seen never moves back, and is never below the held one;
-- prompts are leased only while the engine is ready and no operator pause is in force.
+- prompts are leased only while the engine is ready and no operator pause is in force;
+- no training prompt starts generating while a validation prompt is in flight (ROLL's pause of
+  sampling for validation: the held-out score is taken on an engine not shared with training
+  samples, and training resumes as soon as the last validation prompt is done).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.rollout.metrics import RolloutMetrics
@@ -75,6 +79,9 @@ class ReplicaState:
         self._lease_added = asyncio.Event()
         self._in_flight = 0
         self._busy_since = time.monotonic()
+        self._validating = 0
+        self._training_open = asyncio.Event()
+        self._training_open.set()
         self._generated = 0
         self._errors = 0
 
@@ -229,6 +236,28 @@ class ReplicaState:
         self._lease_added.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._lease_added.wait(), timeout_s)
+
+    @contextlib.contextmanager
+    def validating(self) -> Iterator[None]:
+        """Around one validation prompt's generation: training generation is held until the last ends."""
+        self._validating += 1
+        self._training_open.clear()
+        self._metrics.validation_prompts.set(self._validating)
+        try:
+            yield
+        finally:
+            self._validating -= 1
+            self._metrics.validation_prompts.set(self._validating)
+            if self._validating == 0:
+                self._training_open.set()
+
+    async def training_may_start(self) -> None:
+        """Returns once no validation prompt is in flight; the time waited is counted."""
+        if self._training_open.is_set():
+            return
+        started = time.monotonic()
+        await self._training_open.wait()
+        self._metrics.held_for_validation.inc(time.monotonic() - started)
 
     def change_in_flight(self, delta: int) -> None:
         """Tracks requests in flight and the time the engine had work (for the rollout idle ratio)."""

@@ -320,7 +320,9 @@ class Feed:
     def validate(self, rows: list[PromptRow], step: int, version: int) -> dict[str, float]:
         """Greedy generation of ``rows`` at ``version`` after ``step``; ``val/test_score/<data_source>``.
 
-        No training prompts are released meanwhile; training groups that arrive are kept.
+        No training prompts are released meanwhile, and a rollout replica holding a validation prompt
+        starts no training generation until its validation prompts are done (ROLL pauses sampling for
+        validation the same way); training groups that arrive are kept.
         """
         s, v = self.settings, version
         tag = f"eval/{step}/"

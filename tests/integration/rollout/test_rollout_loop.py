@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -58,6 +60,43 @@ async def test_each_prompt_becomes_one_group_with_per_token_versions(engine: Eng
             assert len(sample.behavior_logprobs) == n and all(lp <= 0 for lp in sample.behavior_logprobs)
             assert 0.0 <= sample.reward <= 1.0 and not sample.reward_error
             assert sample.replica_id == "r-loop"
+
+
+async def test_no_training_generation_starts_while_validation_prompts_generate(
+    engine: EngineProcess, queue: QueueServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.rollout import loop
+
+    spans: list[tuple[str, float, float]] = []
+    generate = loop.generate_group
+
+    async def timed(*args: Any, rid: str, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return await generate(*args, rid=rid, **kwargs)
+        finally:
+            spans.append(("eval" if "-val/" in rid else "train", started, time.monotonic()))
+
+    monkeypatch.setattr(loop, "generate_group", timed)
+    # Training and validation prompts interleaved in the queue, all leased at once.
+    prompts = []
+    for i in range(4):
+        prompts.append(prompt(i, n=2))
+        held_out = prompt(10 + i, n=1, is_eval=True, temperature=0.0, max_new_tokens=16)
+        prompts.append(replace(held_out, prompt_id=f"val/{i}"))
+    async with QueueClient(queue.grpc_address) as q:
+        await q.release(prompts)
+        async with running_replica(engine.url, queue.grpc_address, max_inflight_prompts=8) as replica:
+            groups = await pull_groups(queue.grpc_address, len(prompts))
+            held = sample_value(replica, "held_for_validation_seconds_total")
+    assert sorted(g.prompt_id for g in groups) == sorted(p.prompt_id for p in prompts)
+    evals = [(start, end) for kind, start, end in spans if kind == "eval"]
+    starts = [start for kind, start, _ in spans if kind == "train"]
+    assert len(evals) == 4 and len(starts) == 4
+    overlapping = [s for s in starts if any(a < s < b for a, b in evals)]
+    assert overlapping == [], "a training prompt started generating while validation was generating"
+    # Training prompts were leased beside the validation ones and had to wait: the hold engaged.
+    assert held > 0
 
 
 async def test_pause_stops_leasing_and_resume_finishes_the_work(engine: EngineProcess, queue: QueueServer) -> None:

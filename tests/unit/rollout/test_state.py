@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.state import ReplicaState
 
@@ -92,3 +94,28 @@ async def test_status_counts_work_in_flight_pushed_and_failed() -> None:
     assert (status.in_flight, status.total_generated_samples, status.generation_errors) == (3, 2, 1)
     state.change_in_flight(-3)
     assert state.status().in_flight == 0
+
+
+async def test_training_generation_waits_for_the_last_validation_prompt() -> None:
+    state, metrics = _state()
+    await asyncio.wait_for(state.training_may_start(), 1.0)
+    with state.validating():
+        with state.validating():
+            assert _gauge(metrics, "validation_prompts") == 2
+            waiter = asyncio.create_task(state.training_may_start())
+            await asyncio.sleep(0)
+        # One validation prompt is still generating: training stays held whatever else runs.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not waiter.done() and _gauge(metrics, "validation_prompts") == 1
+    await asyncio.wait_for(waiter, 1.0)
+    assert _gauge(metrics, "validation_prompts") == 0
+    held = _gauge(metrics, "held_for_validation_seconds_total")
+    assert held is not None and held > 0
+
+
+async def test_a_failed_validation_prompt_still_releases_training() -> None:
+    state, _ = _state()
+    with pytest.raises(RuntimeError), state.validating():
+        raise RuntimeError("engine gone")
+    await asyncio.wait_for(state.training_may_start(), 1.0)
