@@ -138,6 +138,14 @@ class TrainerSettings(ServiceSettings):
     critic_lr: float = Field(1e-5, gt=0, description="Critic learning rate (PPO with gae).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    lr_scheduler_type: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="verl optim.lr_scheduler_type: after the warm-up the rate stays at lr (constant) or decays"
+        " along a half cosine to min_lr_ratio × lr at total_steps (cosine).",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="verl optim.min_lr_ratio: the cosine schedule's last rate, as a share of lr."
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
 
     # --- algorithm -------------------------------------------------------------------------

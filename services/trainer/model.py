@@ -107,8 +107,27 @@ def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float)
     return norm_f, stepped
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float, warmup_steps: int):
-    """AdamW with a linear warm-up to ``lr`` then constant (verl's default schedule)."""
+@dataclass(frozen=True, slots=True)
+class LrSchedule:
+    """verl's actor schedules: a linear warm-up, then ``constant`` or a ``cosine`` decay that reaches
+    ``min_lr_ratio`` × lr at ``total_steps``."""
+
+    warmup_steps: int = 0
+    kind: str = "constant"
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def factor(self, step: int) -> float:
+        """The multiple of lr used by update ``step + 1`` (LambdaLR counts the updates already made)."""
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        if self.kind == "constant" or self.total_steps <= self.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: LrSchedule):
+    """AdamW with ``schedule`` on its learning rate."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / (warmup_steps + 1)))
-    return opt, sched
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)

@@ -25,7 +25,7 @@ from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_
 from services.trainer.feed import Batch, Feed
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
-from services.trainer.model import build_optimizer, load_actor, load_critic, shard_model
+from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
 from services.trainer.state import TrainerState
 from services.trainer.status import TrainerStatus
 from services.trainer.step import Models, train_step
@@ -56,13 +56,12 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
         return shard_model(m, ctx.device.type) if fsdp else m
 
     actor = wrap(load_actor(s.model_dir, ctx.device))
-    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, s.warmup_steps)
+    schedule = LrSchedule(s.warmup_steps, s.lr_scheduler_type, s.total_steps, s.min_lr_ratio)
+    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule)
     models = Models(actor, opt, sched)
     if s.needs_critic:
         models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed))
-        models.critic_opt, models.critic_sched = build_optimizer(
-            models.critic, s.critic_lr, s.weight_decay, s.warmup_steps
-        )
+        models.critic_opt, models.critic_sched = build_optimizer(models.critic, s.critic_lr, s.weight_decay, schedule)
     if s.needs_reference:
         ref = load_actor(s.model_dir, ctx.device).eval()
         ref.requires_grad_(False)

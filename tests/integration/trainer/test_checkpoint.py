@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from services.trainer import checkpoint as ckpt
-from services.trainer.model import build_optimizer
+from services.trainer.model import LrSchedule, build_optimizer
 from services.trainer.step import Models
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,7 +45,7 @@ ckpt.save(root, 2, m, {"step": 2, "version": 2, "released": 16}, keep=2)
 def models(seed: int) -> Models:
     torch.manual_seed(seed)
     actor = torch.nn.Linear(4, 3)
-    opt, sched = build_optimizer(actor, lr=0.1, weight_decay=0.01, warmup_steps=3)
+    opt, sched = build_optimizer(actor, lr=0.1, weight_decay=0.01, schedule=LrSchedule(warmup_steps=3))
     return Models(actor, opt, sched)
 
 
