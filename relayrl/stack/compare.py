@@ -22,7 +22,6 @@ import typer
 
 from relayrl.stack.learning import Curves, read_curves
 from relayrl.stack.progress import REWARD_KEY
-from relayrl.stack.report import VALIDATION_PREFIX, read_metrics
 
 PLOT_NAME = "compare.png"
 # Points of the common wall-time grid each group's runs are interpolated onto.
@@ -51,8 +50,9 @@ class Group:
 
 def band_by_step(curves: list[tuple[tuple[int, float], ...]]) -> Band:
     """At each step every run recorded: mean, min and max over the runs."""
-    steps = sorted(set.intersection(*(set(step for step, _ in c) for c in curves))) if curves else []
-    values = [[dict(c)[step] for c in curves] for step in steps]
+    by_step = [dict(c) for c in curves]
+    steps = sorted(set.intersection(*(set(points) for points in by_step))) if by_step else []
+    values = [[points[step] for points in by_step] for step in steps]
     return Band(
         tuple(float(s) for s in steps),
         tuple(statistics.fmean(v) for v in values),
@@ -80,32 +80,15 @@ def band_by_time(curves: list[tuple[tuple[float, float], ...]]) -> Band:
     )
 
 
-def timed_curves(run_dir: Path) -> dict[str, tuple[tuple[float, float], ...]]:
-    """Reward and held-out scores against seconds since the run's first logged row."""
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    if not rows:
-        return {}
-    start = float(rows[0]["time"])
-    curves: dict[str, list[tuple[float, float]]] = {}
-    for row in rows:
-        if "trainer/global_steps" not in row:
-            continue
-        for key, value in row.items():
-            if key == REWARD_KEY or key.startswith(VALIDATION_PREFIX):
-                curves.setdefault(key, []).append((float(row["time"]) - start, float(value)))
-    return {key: tuple(points) for key, points in curves.items()}
-
-
 def read_group(name: str, folder: Path) -> Group:
     runs = sorted(p for p in folder.glob("seed-*") if (p / "metrics.jsonl").is_file())
     if not runs:
         raise typer.BadParameter(f"{folder} holds no seed-*/metrics.jsonl", param_hint="--runs")
     curves: list[Curves] = [read_curves(run) for run in runs]
-    timed = [timed_curves(run) for run in runs]
     keys = sorted(set.intersection(*(set(c.val) for c in curves)))
     by_step = {REWARD_KEY: band_by_step([c.reward for c in curves])}
     by_step.update({key: band_by_step([c.val[key] for c in curves]) for key in keys})
-    by_time = {key: band_by_time([t.get(key, ()) for t in timed]) for key in (REWARD_KEY, *keys)}
+    by_time = {key: band_by_time([c.by_time.get(key, ()) for c in curves]) for key in (REWARD_KEY, *keys)}
     return Group(name, folder, tuple(run.name for run in runs), by_step, by_time)
 
 

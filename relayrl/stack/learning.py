@@ -31,7 +31,7 @@ import typer
 
 from relayrl.stack.config import StackConfig
 from relayrl.stack.progress import REWARD_KEY
-from relayrl.stack.report import RunReport, read_metrics, training_rows, validation_series
+from relayrl.stack.report import RunReport, elapsed_s, read_metrics, training_rows, validation_series
 
 if TYPE_CHECKING:
     from relayrl.stack.run import RunOutcome
@@ -165,19 +165,25 @@ def seeded_config(base: StackConfig, seed: int, out: Path, steps: int | None) ->
 class Curves:
     reward: tuple[tuple[int, float], ...]
     val: dict[str, tuple[tuple[int, float], ...]]
+    # The reward (REWARD_KEY) and each held-out score against seconds since the run's first logged row.
+    by_time: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
 def read_curves(run_dir: Path) -> Curves:
-    """Mean reward per trainer step and each held-out score per validation step, from metrics.jsonl."""
+    """Mean reward per trainer step and each held-out score per validation step, by step and by
+    seconds, from one read of metrics.jsonl."""
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    rows = read_metrics(path) if path.exists() else []
+    if not rows:
         return Curves((), {})
-    rows = read_metrics(path)
-    reward = tuple((int(r["trainer/global_steps"]), float(r[REWARD_KEY])) for r in training_rows(rows, REWARD_KEY))
-    val = {
-        key: tuple((step, score) for step, _, score in points) for key, points in validation_series(rows, 0.0).items()
-    }
-    return Curves(reward, val)
+    started_at = float(rows[0]["time"])
+    trained = training_rows(rows, REWARD_KEY)
+    reward = tuple((int(r["trainer/global_steps"]), float(r[REWARD_KEY])) for r in trained)
+    series = validation_series(rows, started_at)
+    val = {key: tuple((step, score) for step, _, score in points) for key, points in series.items()}
+    by_time = {REWARD_KEY: tuple((elapsed_s(r, started_at), float(r[REWARD_KEY])) for r in trained)}
+    by_time.update({key: tuple((seconds, score) for _, seconds, score in points) for key, points in series.items()})
+    return Curves(reward, val, by_time)
 
 
 @contextmanager
