@@ -20,6 +20,7 @@ PgVariant = Literal["vanilla", "decoupled", "tis", "cispo", "topr", "kimi15"]
 RolloutIsLevel = Literal["token", "sequence", "geometric"]
 RolloutIsMode = Literal["truncate", "mask"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+LrSchedulerType = Literal["constant", "cosine"]
 KlType = Literal["k1", "k2", "k3"]
 LoggerBackend = Literal["console", "tensorboard", "wandb"]
 
@@ -138,7 +139,7 @@ class TrainerSettings(ServiceSettings):
     critic_lr: float = Field(1e-5, gt=0, description="Critic learning rate (PPO with gae).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
-    lr_scheduler_type: Literal["constant", "cosine"] = Field(
+    lr_scheduler_type: LrSchedulerType = Field(
         "constant",
         description="verl optim.lr_scheduler_type: after the warm-up the rate stays at lr (constant) or decays"
         " along a half cosine to min_lr_ratio × lr at total_steps (cosine).",

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from services.trainer.batching import MicroBatch, gather_response
+from services.trainer.config import LrSchedulerType
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -113,7 +114,7 @@ class LrSchedule:
     ``min_lr_ratio`` × lr at ``total_steps``."""
 
     warmup_steps: int = 0
-    kind: str = "constant"
+    kind: LrSchedulerType = "constant"
     total_steps: int = 0
     min_lr_ratio: float = 0.0
 
