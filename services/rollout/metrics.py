@@ -61,6 +61,12 @@ class RolloutMetrics:
         self.weight_update_duration = m.histogram(
             "weight_update_duration", "Announcement to weights live in the engine (fetch + switch)."
         )
+        self.weight_fetch = m.histogram(
+            "weight_fetch", "Seconds to receive and verify one version from paramsync (generation goes on)."
+        )
+        self.weight_apply = m.histogram(
+            "weight_apply", "Seconds the engine took to apply one version (the update call alone)."
+        )
         self.weight_version = m.gauge("weight_version", "Policy version the engine holds.")
         self.validation_prompts = m.gauge(
             "validation_prompts", "Validation prompts in flight; training generation is held while any are."

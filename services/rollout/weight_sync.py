@@ -165,7 +165,9 @@ class WeightSync:
             if ann.transport == "distributed":
                 await self._await_engine_version(ann.version)
             else:
+                fetch_started = time.perf_counter()
                 path = await self._materialise(ann)
+                self.metrics.weight_fetch.observe(time.perf_counter() - fetch_started)
                 await self._switch(str(path), ann.version)
         except Exception as exc:
             log.warning("could not load version %d: %r", ann.version, exc)
@@ -199,9 +201,11 @@ class WeightSync:
                 if not user_paused:
                     await self.engine.pause_generation("in_place" if in_place else "abort")
                 # SGLang cannot flush its cache while requests sit frozen in the running batch.
+                applying = time.perf_counter()
                 result = await self.engine.update_weights_from_disk(
                     path, weight_version=version, flush_cache=not in_place
                 )
+                self.metrics.weight_apply.observe(time.perf_counter() - applying)
             finally:
                 # Also when the pause itself failed: its answer may be what was lost, not the pause.
                 if not user_paused:

@@ -13,6 +13,7 @@ import pytest
 from services.engine.client import EngineClient, SamplingParams
 from services.paramsync.client import ParamSyncClient
 from services.rollout.generation import generate_group
+from services.rollout.weight_sync import WeightSync
 from tests.integration.rollout.conftest import EngineProcess
 from tests.integration.rollout.replica_harness import bare_weight_sync, new_policy, paramsync_service
 from tests.waiting import wait_until_async
@@ -43,6 +44,7 @@ async def test_partial_rollout_records_per_token_versions(
         with contextlib.suppress(asyncio.CancelledError):
             await syncing
         table = await paramsync.list_replicas()
+        stages = _stage_seconds(sync)
         assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=old + 2)).success
 
     new = old + 1
@@ -60,6 +62,22 @@ async def test_partial_rollout_records_per_token_versions(
             assert result.versions[0] == old, "tokens generated before the switch keep their version"
             assert result.resubmits == (1 if mode == "abort_resume" else 0)
     assert [(r.replica_id, r.version) for r in table.replicas] == [("r-partial", new)]
+    # One version fetched and applied; the pause holds the apply and nothing of the fetch.
+    assert {k: count for k, (count, _) in stages.items()} == {
+        "weight_fetch": 1,
+        "weight_apply": 1,
+        "generation_paused": 1,
+    }
+    assert 0 < stages["weight_apply"][1] <= stages["generation_paused"][1]
+
+
+def _stage_seconds(sync: WeightSync) -> dict[str, tuple[float, float]]:
+    """(count, sum) of each stage histogram the switch records."""
+    sample = sync.metrics.registry.registry.get_sample_value
+    return {
+        stage: (sample(f"relayrl_rollout_{stage}_seconds_count"), sample(f"relayrl_rollout_{stage}_seconds_sum"))
+        for stage in ("weight_fetch", "weight_apply", "generation_paused")
+    }
 
 
 async def _generated_since(client: EngineClient, start: int, count: int) -> bool:
