@@ -1,4 +1,4 @@
-"""The chaos run: a training stack under seeded random faults, then the same run without faults.
+"""The chaos run: a training stack under seeded random faults, then runs of the same length without faults.
 
 Faults come one at a time, at seeded random gaps, each once the one before has recovered: a
 SIGKILL (the stack restarts the component; the trainer resumes from its checkpoint), a SIGSTOP
@@ -69,6 +69,20 @@ class RunResult:
     steps: int
     reward_end: float | None
     wall_s: float
+    seed: int
+
+
+def fault_free_figures(chaos_reward: float | None, baselines: list[RunResult]) -> dict[str, Any]:
+    """The fault-free runs, their reward spread, and whether the chaos run's reward lies inside it."""
+    rewards = [b.reward_end for b in baselines if b.reward_end is not None]
+    spread = (
+        {"min": min(rewards), "max": max(rewards), "mean": round(statistics.fmean(rewards), 4)} if rewards else None
+    )
+    within = None if spread is None or chaos_reward is None else spread["min"] <= chaos_reward <= spread["max"]
+    runs = [
+        {"seed": b.seed, "steps": b.steps, "reward_end": b.reward_end, "wall_s": round(b.wall_s)} for b in baselines
+    ]
+    return {"fault_free": {"runs": runs, "reward_end": spread}, "reward_within_spread": within}
 
 
 class Progress:
@@ -144,8 +158,12 @@ class Injector:
         return fault
 
 
-def run_chaos(base: StackConfig, duration_s: float, seed: int, sink: TextIO | None = sys.stderr) -> dict[str, Any]:
-    """The chaos run, then a fault-free run of the same number of steps and seed; the figures."""
+def run_chaos(
+    base: StackConfig, duration_s: float, seed: int, sink: TextIO | None = sys.stderr, fault_free_runs: int = 3
+) -> dict[str, Any]:
+    """The chaos run, then ``fault_free_runs`` fault-free runs of the same number of steps (seeds
+    ``seed``, ``seed + 1``, ...), whose spread the chaos run's reward at the end is judged against:
+    one fault-free run says nothing about how far apart two healthy runs end."""
     run_id = base.stack.run_id or time.strftime("chaos-%Y%m%d-%H%M%S")
     rng = random.Random(seed)
     fleet = ProxyFleet()
@@ -182,14 +200,16 @@ def run_chaos(base: StackConfig, duration_s: float, seed: int, sink: TextIO | No
                 time.sleep(0.5)
             _stop_trainer(stack, tracker)
             result = verdict(stack.run_dir, stack.endpoints.queue_grpc, stack.settings.max_staleness, watch, ended_at)
-            chaos = RunResult(result.steps, _reward_end(stack), time.time() - run_started)
+            chaos = RunResult(result.steps, _reward_end(stack), time.time() - run_started, seed)
             restarts = {name: r.restarts for name, r in supervisor.restarts.items()}
             run_dir = str(stack.run_dir)
     finally:
         fleet.close()
-    progress.say(tracker, f"chaos run done at step {chaos.steps}; fault-free run of {chaos.steps} steps next")
-    baseline = run_fault_free(base, f"{run_id}-fault-free", seed, chaos.steps)
-    return report(duration_s, seed, tracker.faults, result, chaos, baseline, restarts, run_dir)
+    baselines = []
+    for i in range(fault_free_runs):
+        progress.say(tracker, f"fault-free run {i + 1} of {fault_free_runs}: {chaos.steps} steps, seed {seed + i}")
+        baselines.append(run_fault_free(base, f"{run_id}-fault-free-{i}", seed + i, chaos.steps))
+    return report(duration_s, seed, tracker.faults, result, chaos, baselines, restarts, run_dir)
 
 
 def run_fault_free(base: StackConfig, run_id: str, seed: int, steps: int) -> RunResult:
@@ -203,7 +223,7 @@ def run_fault_free(base: StackConfig, run_id: str, seed: int, steps: int) -> Run
             time.sleep(0.5)
         assert stack.trainer_exit_code() == 0
         return RunResult(max(Lineage.read(stack.run_dir / "groups.jsonl").steps, default=0), _reward_end(stack),
-                         time.time() - started)  # fmt: skip
+                         time.time() - started, seed)  # fmt: skip
 
 
 def _pid(stack: LocalStack, name: str) -> int | None:
@@ -217,7 +237,7 @@ def report(
     faults: list[Fault],
     result: Any,
     chaos: RunResult,
-    baseline: RunResult,
+    baselines: list[RunResult],
     restarts: dict[str, int],
     run_dir: str,
 ) -> dict[str, Any]:
@@ -244,7 +264,7 @@ def report(
         "max_step_gap_s": v.pop("max_step_gap_s"),
         "steps": v.pop("steps"),
         "reward_end": chaos.reward_end,
-        "fault_free": {"steps": baseline.steps, "reward_end": baseline.reward_end, "wall_s": round(baseline.wall_s)},
+        **fault_free_figures(chaos.reward_end, baselines),
         "accounting": v,
         "restarts": restarts,
         "run_dir": run_dir,

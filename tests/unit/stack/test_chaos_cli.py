@@ -2,7 +2,7 @@ import pytest
 import typer
 
 from relayrl.stack.chaos.cli import parse_duration
-from relayrl.stack.chaos.run import passed
+from relayrl.stack.chaos.run import RunResult, fault_free_figures, passed
 
 
 def test_durations_read_as_users_write_them():
@@ -19,3 +19,14 @@ def test_a_run_passes_only_with_every_zero_and_every_fault_recovered():
     assert not passed({**zeros, "unrecovered": 1})
     for key in zeros:
         assert not passed({**zeros, key: 1, "unrecovered": 0})
+
+
+def test_the_chaos_reward_is_judged_against_the_spread_of_the_fault_free_runs():
+    healthy = [RunResult(800, r, 600.0, seed) for seed, r in enumerate((0.97, 0.99, 0.95))]
+    inside = fault_free_figures(0.96, healthy)
+    assert inside["fault_free"]["reward_end"] == {"min": 0.95, "max": 0.99, "mean": 0.97}
+    assert [run["seed"] for run in inside["fault_free"]["runs"]] == [0, 1, 2]
+    assert inside["reward_within_spread"] is True
+    assert fault_free_figures(0.94, healthy)["reward_within_spread"] is False
+    assert fault_free_figures(0.995, healthy)["reward_within_spread"] is False
+    assert fault_free_figures(None, healthy)["reward_within_spread"] is None
