@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.staleness import oldest_model_version
 from relayrl.v1 import trajectory_pb2 as pb
 
 FINISH_REASONS = {
@@ -28,7 +29,13 @@ FINISH_REASON_NAMES = {v: k for k, v in FINISH_REASONS.items()}
 
 @dataclass(slots=True)
 class Sample:
-    """One generated response with everything the trainer needs from it."""
+    """One generated response with everything the trainer needs from it.
+
+    A multi-turn episode is one sample: ``response_token_ids`` is everything after the first
+    prompt (model turns and the observations between them), ``loss_mask`` marks the model's
+    tokens (empty: all of them) and ``turn_ends`` where each model turn ends. The per-token
+    lists all have the response's length; see ``Trajectory`` in trajectory.proto.
+    """
 
     prompt_token_ids: list[int]
     response_token_ids: list[int]
@@ -45,6 +52,20 @@ class Sample:
     finished_at_unix_s: float = 0.0
     generation_s: float = 0.0
     reward_s: float = 0.0
+    loss_mask: list[int] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+
+    @property
+    def model_versions(self) -> list[int]:
+        """The policy versions of the model's tokens (observation tokens left out)."""
+        if not self.loss_mask:
+            return list(self.policy_versions)
+        return [v for v, m in zip(self.policy_versions, self.loss_mask, strict=True) if m]
+
+    @property
+    def total_reward(self) -> float:
+        """The episode's return: the final ``reward`` plus every per-turn reward."""
+        return self.reward + sum(self.token_rewards)
 
     def to_proto(self) -> pb.Trajectory:
         return pb.Trajectory(
@@ -65,6 +86,8 @@ class Sample:
                 generation_s=self.generation_s,
                 reward_s=self.reward_s,
             ),
+            loss_mask=self.loss_mask,
+            turn_ends=self.turn_ends,
         )
 
     @classmethod
@@ -85,6 +108,8 @@ class Sample:
             finished_at_unix_s=msg.timings.finished_at_unix_s,
             generation_s=msg.timings.generation_s,
             reward_s=msg.timings.reward_s,
+            loss_mask=list(msg.loss_mask),
+            turn_ends=list(msg.turn_ends),
         )
 
 
@@ -120,11 +145,13 @@ class Group:
 
     @property
     def min_policy_version(self) -> int:
-        return min(v for s in self.samples for v in s.policy_versions)
+        """The oldest policy behind any model token of the group: what staleness is judged on."""
+        oldest = [oldest_model_version(s.policy_versions, s.loss_mask) for s in self.samples]
+        return min(v for v in oldest if v is not None)
 
     @property
     def max_policy_version(self) -> int:
-        return max(v for s in self.samples for v in s.policy_versions)
+        return max(v for s in self.samples for v in s.model_versions)
 
     def to_proto(self) -> pb.TrajectoryGroup:
         return pb.TrajectoryGroup(
@@ -240,6 +267,8 @@ def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
     for i, traj in enumerate(msg.trajectories):
         problems.extend(f"trajectory {i}: {p}" for p in _trajectory_problems(traj))
         versions = np.asarray(traj.policy_versions, dtype=np.int64)
+        if traj.loss_mask and len(traj.loss_mask) == versions.size:
+            versions = versions[np.asarray(traj.loss_mask, dtype=np.int64) != 0]
         if versions.size:
             low = int(versions.min()) if low is None else min(low, int(versions.min()))
             high = int(versions.max()) if high is None else max(high, int(versions.max()))
@@ -250,7 +279,7 @@ def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
     if (msg.min_policy_version, msg.max_policy_version) != (low, high):
         problems.append(
             f"header versions [{msg.min_policy_version}, {msg.max_policy_version}] do not match"
-            f" token versions [{low}, {high}]"
+            f" model token versions [{low}, {high}]"
         )
     return problems
 
@@ -278,4 +307,67 @@ def _trajectory_problems(traj: pb.Trajectory) -> list[str]:
     versions = np.asarray(traj.policy_versions, dtype=np.int64)
     if versions.size and versions.min() < 0:
         problems.append("negative policy version")
+    mask = np.asarray(traj.loss_mask, dtype=np.int64)
+    problems.extend(loss_mask_problems(mask, n))
+    if mask.size == n and not problems:
+        problems.extend(_observation_problems(traj, mask == 0))
+    problems.extend(turn_ends_problems(np.asarray(traj.turn_ends, dtype=np.int64), mask, n))
     return problems
+
+
+def loss_mask_problems(mask: np.ndarray, n: int) -> list[str]:
+    """Why ``mask`` is not the loss mask of ``n`` response tokens (empty stands for all ones)."""
+    if not mask.size:
+        return []
+    if mask.size != n:
+        return [f"{mask.size} loss_mask for {n} response tokens"]
+    if ((mask != 0) & (mask != 1)).any():
+        return ["loss_mask values must be 0 or 1"]
+    if not mask.any():
+        return ["loss_mask is all zeros: no model token to train on"]
+    return []
+
+
+def _observation_problems(traj: pb.Trajectory, observed: np.ndarray) -> list[str]:
+    """Observation tokens were not sampled: nothing may claim a log-prob or a reward for them."""
+    problems = []
+    logprobs = np.asarray(traj.behavior_logprobs, dtype=np.float64)
+    if (logprobs[observed] != 0).any():
+        at = int(np.flatnonzero(observed & (logprobs != 0))[0])
+        problems.append(f"behavior_logprobs must be 0.0 where loss_mask is 0; position {at} has {logprobs[at]:g}")
+    rewards = np.asarray(traj.token_rewards, dtype=np.float64)
+    if rewards.size and (rewards[observed] != 0).any():
+        at = int(np.flatnonzero(observed & (rewards != 0))[0])
+        problems.append(
+            f"token_rewards must be 0 where loss_mask is 0 (a turn's reward sits on its last token); position {at}"
+        )
+    return problems
+
+
+def turn_ends_problems(turn_ends: np.ndarray, mask: np.ndarray, n: int) -> list[str]:
+    """Why ``turn_ends`` are not the ends of the model turns under ``mask`` (empty: all ones).
+
+    Each end must close a model turn (its last token is a model token), and every model turn
+    must have its end: a run of model tokens that stops where an observation (or the response)
+    begins. Two turns may meet without an observation between them (an empty one).
+    """
+    if not turn_ends.size:
+        return []
+    if (np.diff(turn_ends) <= 0).any():
+        return ["turn_ends must be strictly increasing"]
+    if turn_ends[0] < 1 or turn_ends[-1] > n:
+        return [f"turn_ends must lie in [1, {n}], got [{int(turn_ends[0])}, {int(turn_ends[-1])}]"]
+    if not mask.size:
+        model = np.ones(n, dtype=bool)
+    elif loss_mask_problems(mask, n):
+        return []
+    else:
+        model = mask != 0
+    if not model[turn_ends - 1].all():
+        at = int(turn_ends[~model[turn_ends - 1]][0])
+        return [f"turn_ends entry {at} does not end a model turn: loss_mask[{at - 1}] is 0"]
+    ends = np.flatnonzero(model & ~np.append(model[1:], False)) + 1
+    missing = np.setdiff1d(ends, turn_ends)
+    if missing.size:
+        return [f"turn_ends lacks the model turn that ends at {int(missing[0])}"]
+    return []

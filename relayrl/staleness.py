@@ -14,6 +14,7 @@ How the names users know map onto η:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -33,6 +34,15 @@ class StalenessCheck:
     @property
     def ok(self) -> bool:
         return self.verdict is Verdict.FRESH
+
+
+def oldest_model_version(policy_versions: Sequence[int], loss_mask: Sequence[int]) -> int | None:
+    """The oldest policy version among a sample's model tokens (``loss_mask`` 1; an empty mask
+    is all ones); None when it has none. Observation tokens were sampled by no policy, so they
+    never make a sample older than its model tokens are."""
+    if not loss_mask:
+        return min(policy_versions, default=None)
+    return min((v for v, m in zip(policy_versions, loss_mask, strict=True) if m), default=None)
 
 
 def oldest_allowed_version(consumer_version: int, max_staleness: int) -> int:

@@ -31,7 +31,7 @@ class SampleTimings(_message.Message):
     def __init__(self, started_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., generation_s: _Optional[float] = ..., reward_s: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "policy_versions", "reward", "token_rewards", "finish_reason", "replica_id", "timings", "response_text", "reward_extra", "reward_error")
+    __slots__ = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "policy_versions", "reward", "token_rewards", "finish_reason", "replica_id", "timings", "response_text", "reward_extra", "reward_error", "loss_mask", "turn_ends")
     class RewardExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class Trajectory(_message.Message):
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
     REWARD_EXTRA_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
     behavior_logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -63,7 +65,9 @@ class Trajectory(_message.Message):
     response_text: str
     reward_extra: _containers.ScalarMap[str, float]
     reward_error: bool
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., token_rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., replica_id: _Optional[str] = ..., timings: _Optional[_Union[SampleTimings, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_extra: _Optional[_Mapping[str, float]] = ..., reward_error: _Optional[bool] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    turn_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., token_rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., replica_id: _Optional[str] = ..., timings: _Optional[_Union[SampleTimings, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_extra: _Optional[_Mapping[str, float]] = ..., reward_error: _Optional[bool] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turn_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
     __slots__ = ("group_id", "prompt_id", "trajectories", "data_source", "ground_truth", "extra_info_json", "min_policy_version", "max_policy_version", "lease_id", "created_at_unix_s", "is_eval")

@@ -1,9 +1,12 @@
 """Advantage estimators on padded response tensors.
 
-Shapes: ``B`` sequences, ``T`` response positions (right-padded); ``mask_BT`` is 1 on real
-response tokens. Rewards arrive per token (``token_rewards_BT``: the sequence reward sits on
-the last real token unless the rollout gave token-level rewards). Formulas follow verl's
-``core_algos`` so numbers compare one to one.
+Shapes: ``B`` sequences, ``T`` response positions (right-padded); ``mask_BT`` is 1 on the
+model's response tokens, 0 on padding and on the observation tokens of a multi-turn episode
+(verl's ``response_mask`` as its agent loop sets it). Rewards arrive per token
+(``token_rewards_BT``: per-turn rewards on the last token of their turn, the sequence reward
+on the last model token). Nothing outside the mask is read: scores sum model positions only,
+and the recurrences below skip the rest. Formulas follow verl's ``core_algos`` so numbers
+compare one to one.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     count = mask.sum()
     if count < 2:
         return torch.zeros_like(x)
+    inside = mask > 0
     mean = masked_mean(x, mask)
-    var = ((x - mean) ** 2 * mask).sum() / (count - 1)
-    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+    var = torch.where(inside, (x - mean) ** 2, torch.zeros_like(x)).sum() / (count - 1)
+    return torch.where(inside, (x - mean) * torch.rsqrt(var + 1e-8), torch.zeros_like(x))
 
 
 def _group_stats(scores_B: torch.Tensor, group_ids: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -71,15 +75,20 @@ def rloo(scores_B: torch.Tensor, mask_BT: torch.Tensor, group_ids: Sequence[int]
 
 
 def discounted_returns(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = r_t + γ G_{t+1} over the response, 0 on padding."""
+    """G_t = r_t + γ G_{t+1} over the response, 0 outside the mask.
+
+    As verl's REINFORCE++, the running return restarts at every position outside the mask:
+    padding, and also each observation of a multi-turn episode, so a model turn's return
+    holds the rewards of its own turn only (a turn is credited through its per-turn reward;
+    the sequence reward reaches the last turn).
+    """
     returns_BT = torch.zeros_like(token_rewards_BT)
     running_B = torch.zeros_like(token_rewards_BT[:, 0])
     for t in reversed(range(token_rewards_BT.shape[1])):
-        running_B = token_rewards_BT[:, t] + gamma * running_B
+        inside = mask_BT[:, t] > 0
+        running_B = torch.where(inside, token_rewards_BT[:, t] + gamma * running_B, torch.zeros_like(running_B))
         returns_BT[:, t] = running_B
-        # Padding never feeds into earlier positions.
-        running_B = running_B * mask_BT[:, t]
-    return returns_BT * mask_BT
+    return returns_BT
 
 
 def reinforce_plus_plus(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -92,16 +101,22 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation; returns (whitened advantages, returns = A + V).
 
-    δ_t = r_t + γ V_{t+1} − V_t, A_t = δ_t + γλ A_{t+1}; the value after the last real token is 0.
+    δ_t = r_t + γ V_next − V_t, A_t = δ_t + γλ A_next, where "next" is the next position inside
+    the mask: as verl's ``compute_gae_advantage_return``, positions outside it (observation
+    tokens, padding) are skipped, V_next and A_next carrying across them unchanged, and their
+    own rewards and values are never read. So a turn's last token bootstraps from the value of
+    the next turn's first token, and the value after the last model token is 0. Advantages and
+    returns are 0 outside the mask (verl leaves the carried values there, which no loss reads).
     """
-    values_BT = values_BT * mask_BT
-    T = token_rewards_BT.shape[1]
+    next_v_B = torch.zeros_like(token_rewards_BT[:, 0])
+    last_B = torch.zeros_like(next_v_B)
     adv_BT = torch.zeros_like(token_rewards_BT)
-    last_B = torch.zeros_like(token_rewards_BT[:, 0])
-    for t in reversed(range(T)):
-        next_v_B = values_BT[:, t + 1] if t + 1 < T else torch.zeros_like(last_B)
+    for t in reversed(range(token_rewards_BT.shape[1])):
+        inside = mask_BT[:, t] > 0
         delta_B = token_rewards_BT[:, t] + gamma * next_v_B - values_BT[:, t]
-        last_B = (delta_B + gamma * lam * last_B) * mask_BT[:, t]
-        adv_BT[:, t] = last_B
-    returns_BT = (adv_BT + values_BT) * mask_BT
+        # where(), not a blend with the mask: a non-finite value on a skipped position stays out.
+        last_B = torch.where(inside, delta_B + gamma * lam * last_B, last_B)
+        next_v_B = torch.where(inside, values_BT[:, t], next_v_B)
+        adv_BT[:, t] = torch.where(inside, last_B, torch.zeros_like(last_B))
+    returns_BT = torch.where(mask_BT > 0, adv_BT + values_BT, torch.zeros_like(adv_BT))
     return masked_whiten(adv_BT, mask_BT), returns_BT

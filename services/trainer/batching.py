@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 import torch
 
 from relayrl.schema import Group
+from relayrl.staleness import oldest_model_version
 
 
 @dataclass(slots=True)
 class TrainSample:
-    """One response as the trainer needs it; ``group`` indexes the batch's groups."""
+    """One response as the trainer needs it; ``group`` indexes the batch's groups.
+
+    ``loss_mask`` is 1 on the model's tokens and 0 on observation tokens of a multi-turn
+    episode; empty means every response token is the model's (a single-turn sample).
+    """
 
     group: int
     prompt_ids: list[int]
@@ -26,24 +31,34 @@ class TrainSample:
     reward: float
     min_version: int
     truncated: bool = False  # the engine stopped it at the length budget (finish_reason "length")
+    loss_mask: list[int] = field(default_factory=list)
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def model_mask(self) -> list[int]:
+        """1 on each response token the model generated, 0 on observation tokens."""
+        return list(self.loss_mask) if self.loss_mask else [1] * len(self.response_ids)
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.model_mask)
+
 
 def samples_from_groups(groups: list[Group]) -> list[TrainSample]:
-    """Flattens groups into samples; the sequence reward sits on the last token when no token rewards came."""
+    """Flattens groups into samples. Token rewards are the per-turn rewards that came (each on
+    its turn's last model token), plus the sequence reward on the last model token."""
     samples = []
     for gi, group in enumerate(groups):
         for s in group.samples:
             n = len(s.response_token_ids)
-            if s.token_rewards:
-                token_rewards = list(s.token_rewards)
-            else:
-                token_rewards = [0.0] * n
-                if n:
-                    token_rewards[-1] = s.reward
+            token_rewards = list(s.token_rewards) if s.token_rewards else [0.0] * n
+            model = [i for i, m in enumerate(s.loss_mask) if m] if s.loss_mask else list(range(n))
+            if model:
+                token_rewards[model[-1]] += s.reward
+            oldest = oldest_model_version(s.policy_versions, s.loss_mask)
             samples.append(
                 TrainSample(
                     group=gi,
@@ -51,9 +66,10 @@ def samples_from_groups(groups: list[Group]) -> list[TrainSample]:
                     response_ids=list(s.response_token_ids),
                     behav_logp=list(s.behavior_logprobs),
                     token_rewards=token_rewards,
-                    reward=sum(token_rewards) if s.token_rewards else s.reward,
-                    min_version=min(s.policy_versions) if s.policy_versions else -1,
+                    reward=s.total_reward,
+                    min_version=-1 if oldest is None else oldest,
                     truncated=s.finish_reason == "length",
+                    loss_mask=list(s.loss_mask),
                 )
             )
     return samples
@@ -111,7 +127,10 @@ class MicroBatch:
     """Padded tensors of a few sequences. ``L`` is prompt+response length, ``T`` the response part.
 
     ``response_start_B`` is where each response begins in ``input_ids_BL``; the log-prob of
-    response token t comes from the logits at position response_start + t − 1.
+    response token t comes from the logits at position response_start + t − 1. ``mask_BT`` is
+    1 on the model's response tokens only (response positions × loss mask): every loss and
+    estimator reads it, so padding and observation tokens count for nothing.
+    ``response_lens`` holds each response's full length, observation tokens included.
     """
 
     input_ids_BL: torch.Tensor
@@ -121,6 +140,7 @@ class MicroBatch:
     behav_logp_BT: torch.Tensor
     token_rewards_BT: torch.Tensor
     index: list[int] = field(default_factory=list)  # positions of these samples in the batch
+    response_lens: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -144,10 +164,12 @@ def collate(samples: list[TrainSample], index: list[int], pad_id: int) -> MicroB
         input_ids[b, : len(ids)] = torch.tensor(ids)
         attention[b, : len(ids)] = 1
         starts[b] = len(s.prompt_ids)
-        mask[b, :n] = 1
+        mask[b, :n] = torch.tensor(s.model_mask, dtype=torch.float32)
         behav[b, :n] = torch.tensor(s.behav_logp, dtype=torch.float32)
         rewards[b, :n] = torch.tensor(s.token_rewards, dtype=torch.float32)
-    return MicroBatch(input_ids, attention, starts, mask, behav, rewards, list(index))
+    return MicroBatch(
+        input_ids, attention, starts, mask, behav, rewards, list(index), [len(s.response_ids) for s in chosen]
+    )
 
 
 def dummy_micro_batch(pad_id: int) -> MicroBatch:

@@ -9,12 +9,13 @@ from relayrl.schema import Group, Sample
 
 def metric_value(sample: Sample, metric: str) -> float:
     """verl's names: ``score`` (the stored, possibly penalised score), ``seq_reward`` (the sum of
-    token rewards when they came, else the score); anything else is a ``reward_extra`` key
-    (``acc``, ``raw_score``, ...), falling back to the score when a sample lacks it."""
+    the token-level rewards: the score plus an episode's per-turn rewards); anything else is a
+    ``reward_extra`` key (``acc``, ``raw_score``, ...), falling back to the score when a sample
+    lacks it."""
     if metric == "score":
         return sample.reward
     if metric == "seq_reward":
-        return sum(sample.token_rewards) if sample.token_rewards else sample.reward
+        return sample.total_reward
     return sample.reward_extra.get(metric, sample.reward)
 
 

@@ -112,8 +112,8 @@ def plan_mini_batch(samples: list[TrainSample], index: list[int], s: TrainerSett
     return Plan(
         micro=micro,
         norm=Normaliser(
-            tokens=float(sum(len(x.response_ids) for x in chosen)),
-            sequences=float(sum(1 for x in chosen if x.response_ids)),
+            tokens=float(sum(x.model_tokens for x in chosen)),
+            sequences=float(sum(1 for x in chosen if x.model_tokens)),
         ),
         rows=list(index),
         padding=padding,
@@ -166,7 +166,10 @@ def skips_old_log_prob(plans: list[Plan], s: TrainerSettings) -> bool:
 
 
 def _rows_of(mb: MicroBatch, t_BT: torch.Tensor) -> dict[int, list[float]]:
-    return {i: t_BT[b].detach().float().cpu()[mb.mask_BT[b] > 0].tolist() for b, i in enumerate(mb.index)}
+    """Each sample's entries over its whole response, observation tokens included, so that a
+    row keeps its positions (the mask has holes in a multi-turn episode)."""
+    rows = t_BT.detach().float().cpu()
+    return {i: rows[b, : mb.response_lens[b]].tolist() for b, i in enumerate(mb.index)}
 
 
 def _gather_rows(mine: dict[str, dict[int, list[float]]], n: int, T: int) -> dict[str, torch.Tensor]:
@@ -213,10 +216,11 @@ def compute_advantages(
     if s.use_kl_in_reward:
         rewards = rewards - s.kl_coef * kl_estimate(extras["prox"], extras["ref"], s.kl_penalty) * mask
     groups = [x.group for x in samples]
+    scores = torch.where(mask > 0, rewards, torch.zeros_like(rewards)).sum(-1)
     if s.adv_estimator == "grpo":
-        return adv_lib.grpo((rewards * mask).sum(-1), mask, groups, s.norm_adv_by_std), None, rewards
+        return adv_lib.grpo(scores, mask, groups, s.norm_adv_by_std), None, rewards
     if s.adv_estimator == "rloo":
-        return adv_lib.rloo((rewards * mask).sum(-1), mask, groups), None, rewards
+        return adv_lib.rloo(scores, mask, groups), None, rewards
     if s.adv_estimator == "reinforce_plus_plus":
         return adv_lib.reinforce_plus_plus(rewards, mask, s.gamma), None, rewards
     advantages, returns = adv_lib.gae(rewards, extras["values"], mask, s.gamma, s.lam)
@@ -334,10 +338,10 @@ def update_critic(
 def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, pad_id: int) -> dict[str, float]:
     """Trains on ``samples`` (the whole batch, identical on every rank); returns verl-named metrics.
 
-    A batch without a single response token is skipped (``trainer/skipped_empty_batch`` = 1):
+    A batch without a single model token is skipped (``trainer/skipped_empty_batch`` = 1):
     there is nothing to learn from and every mean would divide by zero.
     """
-    n_tokens = sum(len(x.response_ids) for x in samples)
+    n_tokens = sum(x.model_tokens for x in samples)
     if n_tokens == 0:
         return {"trainer/skipped_empty_batch": 1.0}
     full = collate(samples, list(range(len(samples))), pad_id)

@@ -1,6 +1,12 @@
 import pytest
 
-from relayrl.staleness import Verdict, check_staleness, min_start_version, oldest_allowed_version
+from relayrl.staleness import (
+    Verdict,
+    check_staleness,
+    min_start_version,
+    oldest_allowed_version,
+    oldest_model_version,
+)
 
 
 def test_exactly_at_the_bound_is_fresh():
@@ -39,3 +45,9 @@ def test_min_start_version_never_negative_and_matches_the_check():
     floor = min_start_version(train_version=10, max_staleness=3)
     assert check_staleness(floor, 10, 3).ok
     assert not check_staleness(floor - 1, 10, 3).ok
+
+
+def test_a_samples_age_is_its_oldest_model_token():
+    assert oldest_model_version([3, 3, 1, 5], [1, 1, 0, 1]) == 3
+    assert oldest_model_version([3, 1, 5], []) == 1  # no mask: every token is the model's
+    assert oldest_model_version([], []) is None

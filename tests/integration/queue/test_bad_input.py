@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import grpc
 import httpx
 import pytest
 
+from relayrl.schema import Group, Sample
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from relayrl.v1 import trajectory_pb2 as tpb
@@ -179,3 +182,78 @@ async def test_nan_waits_get_invalid_argument(start_queue):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nan" in err.value.details()
+
+
+def _episode_group(i: int) -> Group:
+    """Two samples of a two-turn episode: model 0-1, observation 2-3, model 4-5."""
+    sample = Sample(
+        prompt_token_ids=[1, 2, 3],
+        response_token_ids=[10, 11, 50, 51, 12, 13],
+        behavior_logprobs=[-0.5, -0.5, 0.0, 0.0, -0.25, -0.25],
+        # Observation tokens carry no policy's version that counts: 0 there must not age the episode.
+        policy_versions=[1, 1, 0, 0, 2, 2],
+        reward=1.0,
+        token_rewards=[0.0, 0.5, 0.0, 0.0, 0.0, 0.0],
+        loss_mask=[1, 1, 0, 0, 1, 1],
+        turn_ends=[2, 6],
+    )
+    return Group(group_id=f"e{i}", prompt_id=f"ds/{i}", samples=[sample, copy.deepcopy(sample)])
+
+
+def _mask_too_long(t: tpb.Trajectory) -> None:
+    t.loss_mask.append(1)
+
+
+def _mask_not_binary(t: tpb.Trajectory) -> None:
+    t.loss_mask[2] = 3
+
+
+def _mask_all_zeros(t: tpb.Trajectory) -> None:
+    t.loss_mask[:] = [0] * 6
+
+
+def _logprob_on_observation(t: tpb.Trajectory) -> None:
+    t.behavior_logprobs[2] = -1.5
+
+
+def _turn_end_on_observation(t: tpb.Trajectory) -> None:
+    t.turn_ends[:] = [3, 6]
+
+
+def _turn_ends_past_the_response(t: tpb.Trajectory) -> None:
+    t.turn_ends[:] = [2, 7]
+
+
+async def test_malformed_episodes_are_dead_lettered_with_the_field_at_fault(start_queue, raw_redis):
+    server = await start_queue()
+    cases = [
+        (_mask_too_long, "trajectory 1: 7 loss_mask for 6 response tokens"),
+        (_mask_not_binary, "trajectory 1: loss_mask values must be 0 or 1"),
+        (_mask_all_zeros, "trajectory 1: loss_mask is all zeros"),
+        (_logprob_on_observation, "trajectory 1: behavior_logprobs must be 0.0 where loss_mask is 0; position 2"),
+        (_turn_end_on_observation, "trajectory 1: turn_ends entry 3 does not end a model turn"),
+        (_turn_ends_past_the_response, "trajectory 1: turn_ends must lie in [1, 6]"),
+    ]
+    async with QueueClient(server.grpc_address) as client:
+        for i, (spoil, reason) in enumerate(cases):
+            bad = _episode_group(i).to_proto()
+            spoil(bad.trajectories[1])
+            with pytest.raises(BadRequest) as err:
+                await client.push_protos([bad])
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and reason in err.value.details
+        stats = await client.stats()
+        assert stats.total_produced == 0 and stats.dropped_by_reason["malformed"] == len(cases)
+    dead = [fields for _, fields in await raw_redis.xrange(Keys(server.settings.run_id).dead_letter)]
+    assert [f[b"reason"] for f in dead] == [b"malformed"] * len(cases)
+    for fields, (_, reason) in zip(dead, cases, strict=True):
+        assert reason in fields[b"detail"].decode()
+
+
+async def test_a_well_formed_episode_is_delivered_token_exact(start_queue):
+    server = await start_queue()
+    sent = _episode_group(0)
+    async with QueueClient(server.grpc_address) as client:
+        await client.push([sent])
+        # Judged on its oldest model token (version 1), the episode is fresh at 2 with η = 1.
+        got = await client.pull("trainer-0", current_version=2, max_staleness=1, max_groups=1)
+    assert [d.group.samples for d in got] == [sent.samples]

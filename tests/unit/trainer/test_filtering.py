@@ -26,3 +26,11 @@ def test_metric_may_be_a_reward_extra_key() -> None:
     assert no_signal_reason(g, "raw_score") == "all_solved"
     # A sample without the key is judged by its score.
     assert no_signal_reason(group(0.0, 0.0), "acc") == "all_failed"
+
+
+def test_seq_reward_adds_an_episodes_per_turn_rewards_to_its_score() -> None:
+    # Both episodes end solved, but only one earned its first turn's reward: a signal to keep.
+    solved = [Sample([1], [2, 3], [-0.1, -0.1], [0, 0], reward=1.0, token_rewards=t) for t in ([0.5, 0.0], [0.0, 0.0])]
+    g = Group(group_id="g", prompt_id="p", samples=solved)
+    assert no_signal_reason(g, "score") == "all_solved"
+    assert no_signal_reason(g, "seq_reward") is None
