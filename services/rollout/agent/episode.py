@@ -133,7 +133,9 @@ class Episode:
         r.turn_ends.append(len(r.output_ids))
         r.text += turn.text
         r.solution_text = turn.text
-        r.finish_reason = turn.finish_reason
+        # "length" is kept for an episode whose budget ran out; a turn cut by the per-turn cap ended normally.
+        cut_by_turn_cap = turn.finish_reason == "length" and self._remaining() > 0
+        r.finish_reason = "stop" if cut_by_turn_cap else turn.finish_reason
         r.engine_s += turn.engine_s
         r.resubmits += turn.resubmits
         self.messages.append({"role": "assistant", "content": turn.text})

@@ -163,14 +163,14 @@ async def test_an_episode_records_exactly_the_engines_ids_and_the_observations(
 @pytest.mark.parametrize(
     ("budget", "end_after", "turns", "finish"),
     [
-        (400, 2, 2, None),  # the interaction ends it
-        (400, None, 3, None),  # max_assistant_turns
+        (400, 2, 2, "stop"),  # the interaction ends it
+        (400, None, 3, "stop"),  # max_assistant_turns
         (35, None, 2, "length"),  # 6 + 23 observation tokens + 6 more fill the budget exactly
         (20, None, 1, "length"),  # no room for the observation and another model token
     ],
 )
 async def test_an_episode_ends_by_interaction_turns_or_budget(
-    engine: EngineProcess, tokenizer: Any, budget: int, end_after: int | None, turns: int, finish: str | None
+    engine: EngineProcess, tokenizer: Any, budget: int, end_after: int | None, turns: int, finish: str
 ) -> None:
     async with EngineClient(engine.url) as client:
         version = int(await client.weight_version())
@@ -190,8 +190,7 @@ async def test_an_episode_ends_by_interaction_turns_or_budget(
     assert len(result.output_ids) == len(result.loss_mask) == len(result.logprobs) == len(result.versions) <= budget
     assert sum(result.loss_mask) == 6 * turns
     assert result.loss_mask[-1] == 1, "an episode ends on a model token"
-    if finish:
-        assert result.finish_reason == finish
+    assert result.finish_reason == finish, "'length' only when the episode's budget ran out"
     if budget == 35:
         assert len(result.output_ids) == 35
 
