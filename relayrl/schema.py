@@ -52,7 +52,9 @@ class Sample:
     finished_at_unix_s: float = 0.0
     generation_s: float = 0.0
     reward_s: float = 0.0
+    # Multi-turn episodes: 1 on model tokens, 0 on observation tokens; empty means all ones.
     loss_mask: list[int] = field(default_factory=list)
+    # One past the last model token of each model turn, indexes into response_token_ids; empty: single turn.
     turn_ends: list[int] = field(default_factory=list)
 
     @property

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.tasks import long_add
+from relayrl.tasks import guess, long_add
 
 DATA_SOURCE_PREFIX = "relayrl/"
 TRAIN_SPLIT = "train"
@@ -49,6 +49,8 @@ class Task:
     solve: Callable[[str], str] | None = None
     # question -> whether it belongs to the held-out splits; None: splits differ only by their seed.
     held_out: Callable[[str], bool] | None = None
+    # (question, answer, difficulty) -> more extra_info for the row (a multi-turn task's interaction_kwargs).
+    extra_info: Callable[[str, str, int], dict[str, Any]] | None = None
 
     @property
     def data_source(self) -> str:
@@ -110,6 +112,14 @@ TASKS: dict[str, Task] = {
             solve=long_add.solve,
             held_out=long_add.is_held_out,
         ),
+        Task(
+            "guess",
+            "agent",
+            guess.generate,
+            guess.score,
+            "Multi-turn: find a secret number in `difficulty` guesses from the interaction's 'higher'/'lower'.",
+            extra_info=guess.interaction_kwargs,
+        ),
     )
 }
 
@@ -142,13 +152,14 @@ def make_rows(
     rows = []
     for index in range(count):
         question, answer = _draw(task, rng, difficulty, split)
+        extra = task.extra_info(question, answer, difficulty) if task.extra_info else {}
         rows.append(
             {
                 "data_source": task.data_source,
                 "prompt": [{"role": "user", "content": question}],
                 "ability": task.ability,
                 "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": index, "difficulty": difficulty},
+                "extra_info": {"split": split, "index": index, "difficulty": difficulty, **extra},
             }
         )
     return rows

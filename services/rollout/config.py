@@ -73,3 +73,49 @@ class RolloutSettings(ServiceSettings):
         "", description="Where weights fetched over gRPC are written for the engine; empty: a temporary dir."
     )
     push_timeout_s: float = Field(60.0, gt=0, description="Longest wait for queue capacity on a push, seconds.")
+
+    # --- multi-turn episodes: tools and interactions (verl's actor_rollout_ref.rollout.multi_turn.*) ---
+    multi_turn_enable: bool = Field(
+        False,
+        description="verl multi_turn.enable: each sample is an agent episode (generate, run tool calls or the"
+        " interaction, append their answer as observation tokens, generate again); off: single-turn samples.",
+    )
+    multi_turn_max_assistant_turns: int = Field(
+        5, ge=1, description="verl multi_turn.max_assistant_turns: model turns after which an episode ends."
+    )
+    multi_turn_max_tokens_per_turn: int = Field(
+        0,
+        ge=0,
+        description="Most tokens one model turn may generate (a cut-off turn is closed by masked template tokens"
+        " and answered); 0: a turn may use the episode's remaining budget. The episode's budget, every token"
+        " after the prompt, is max_new_tokens (verl's response_length).",
+    )
+    multi_turn_max_parallel_calls: int = Field(
+        1,
+        ge=1,
+        description="verl multi_turn.max_parallel_calls: tool calls of one turn that run; later ones are ignored.",
+    )
+    multi_turn_tool_config_path: str = Field(
+        "", description="verl multi_turn.tool_config_path: YAML of `tools: - class_name, config, tool_schema`."
+    )
+    multi_turn_interaction_config_path: str = Field(
+        "",
+        description="verl multi_turn.interaction_config_path: YAML of `interaction: - name, class_name, config`;"
+        " a row talks to the one its extra_info.interaction_kwargs.name picks.",
+    )
+    multi_turn_tool_concurrency: int = Field(
+        64, ge=1, description="Tool and interaction calls running at once on this replica, over all episodes."
+    )
+    multi_turn_tool_timeout_s: float = Field(
+        30.0, gt=0, description="Longest one tool call may run; then the model is told it timed out."
+    )
+    multi_turn_max_tool_response_length: int = Field(
+        256,
+        ge=1,
+        description="verl multi_turn.max_tool_response_length: characters of a tool's answer kept (cut on the right).",
+    )
+    tokenizer_path: str = Field(
+        "",
+        description="Tokenizer directory for rendering observations with the model's chat template; empty: the"
+        " tokenizer_path the engine reports in /get_model_info (multi-turn only).",
+    )

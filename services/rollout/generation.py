@@ -37,6 +37,14 @@ class SampleResult:
     engine_s: float = 0.0
     # How many times the sample was resubmitted after an abort.
     resubmits: int = 0
+    # Multi-turn episodes only (empty otherwise), as in relayrl.schema.Sample.
+    loss_mask: list[int] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    token_rewards: list[float] = field(default_factory=list)
+    # What the reward function scores; None: ``text``. An episode's is its last model turn.
+    solution_text: str | None = None
+    # Episode-level extras (tool rewards), merged into the sample's reward_extra.
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def parse_version(version: str, fallback: int) -> int:

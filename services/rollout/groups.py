@@ -32,7 +32,8 @@ class GroupBuilder:
 
     async def _sample(self, prompt: PromptSpec, result: SampleResult, started: float) -> Sample:
         reward_started = time.perf_counter()
-        outcome = await self.rewards.score(prompt.data_source, result.text, prompt.ground_truth, prompt.extra_info)
+        solution = result.text if result.solution_text is None else result.solution_text
+        outcome = await self.rewards.score(prompt.data_source, solution, prompt.ground_truth, prompt.extra_info)
         if self.settings.overlong_buffer_enable:
             budget = prompt.max_new_tokens or self.settings.max_new_tokens
             buffer = OverlongBuffer(self.settings.overlong_buffer_len, self.settings.overlong_buffer_penalty_factor)
@@ -49,12 +50,15 @@ class GroupBuilder:
             finish_reason=result.finish_reason,
             replica_id=self.settings.replica_id,
             response_text=result.text,
-            reward_extra=outcome.extra,
+            reward_extra={**result.extra, **outcome.extra},
             reward_error=bool(outcome.error),
             started_at_unix_s=started,
             finished_at_unix_s=time.time(),
             generation_s=result.engine_s,
             reward_s=time.perf_counter() - reward_started,
+            token_rewards=result.token_rewards,
+            loss_mask=result.loss_mask,
+            turn_ends=result.turn_ends,
         )
 
     def fresh(self, group: Group, latest_version: int) -> bool:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from relayrl.schema import PromptSpec, validate_group
 from relayrl.stalls import StallWatch
 from services.engine.client import EngineClient, EngineError, EngineUnavailableError, SamplingParams
+from services.rollout.agent.episode import Episode
+from services.rollout.agent.runtime import AgentRuntime
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import GenerationError, SampleResult, generate_group
 from services.rollout.groups import GroupBuilder
@@ -39,6 +41,8 @@ class RolloutLoop:
     groups: GroupBuilder
     metrics: RolloutMetrics
     stalls: StallWatch
+    # Set when multi_turn_enable: each sample is an episode instead of one generation.
+    agent: AgentRuntime | None = None
 
     async def run(self) -> None:
         """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""
@@ -130,22 +134,13 @@ class RolloutLoop:
         return await self._generate_all(prompt)
 
     async def _generate_all(self, prompt: PromptSpec) -> list[tuple[SampleResult, float]]:
-        """The n samples of one prompt, asked of the engine as one request with ``n``."""
+        """The n samples of one prompt: n episodes, or one request with ``n`` to the engine."""
         started = time.time()
-        n = prompt.n_samples
-        self.state.change_in_flight(n)
-        try:
-            results = await generate_group(
-                self.engine,
-                prompt.prompt_token_ids,
-                self._sampling(prompt),
-                n,
-                self.settings.partial_rollout_mode,
-                self.state.held_version,
-                rid=f"{self.settings.replica_id}-{prompt.prompt_id}-{uuid.uuid4().hex[:8]}",
-            )
-        finally:
-            self.state.change_in_flight(-n)
+        rid = f"{self.settings.replica_id}-{prompt.prompt_id}-{uuid.uuid4().hex[:8]}"
+        if self.agent is not None:
+            results = await self._episodes(prompt, self.agent, rid)
+        else:
+            results = await self._single_turn(prompt, rid)
         for result in results:
             self.metrics.engine_latency.observe(result.engine_s)
             self.metrics.generated_tokens.inc(len(result.output_ids))
@@ -153,6 +148,41 @@ class RolloutLoop:
             self.metrics.response_length.observe(len(result.output_ids))
         self.metrics.tokens_per_s.set(self.metrics.token_rate.rate())
         return [(result, started) for result in results]
+
+    async def _single_turn(self, prompt: PromptSpec, rid: str) -> list[SampleResult]:
+        n = prompt.n_samples
+        self.state.change_in_flight(n)
+        try:
+            return await generate_group(
+                self.engine,
+                prompt.prompt_token_ids,
+                self._sampling(prompt),
+                n,
+                self.settings.partial_rollout_mode,
+                self.state.held_version,
+                rid=rid,
+            )
+        finally:
+            self.state.change_in_flight(-n)
+
+    async def _episodes(self, prompt: PromptSpec, agent: AgentRuntime, rid: str) -> list[SampleResult]:
+        """The n episodes of one prompt, side by side; each holds an engine request only while it generates."""
+        env = await agent.env(self.engine)
+        episodes = [
+            Episode(
+                env,
+                self.engine,
+                list(prompt.prompt_token_ids),
+                self._sampling(prompt),
+                self.settings.partial_rollout_mode,
+                lambda: self.state.held_version,
+                f"{rid}-{i}",
+                prompt.extra_info,
+                self.state.change_in_flight,
+            )
+            for i in range(prompt.n_samples)
+        ]
+        return list(await asyncio.gather(*(episode.run() for episode in episodes)))
 
     def _sampling(self, prompt: PromptSpec) -> SamplingParams:
         s = self.settings

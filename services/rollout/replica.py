@@ -9,6 +9,7 @@ from pathlib import Path
 
 from relayrl.stalls import StallWatch
 from services.engine.client import EngineClient
+from services.rollout.agent.runtime import AgentRuntime
 from services.rollout.config import RolloutSettings
 from services.rollout.control import ReplicaControl
 from services.rollout.engine_watch import EngineWatch
@@ -42,7 +43,8 @@ class Replica:
             self.state, queue, self.metrics, stalls, settings.lease_block_timeout_s, settings.push_timeout_s
         )
         groups = GroupBuilder(settings, rewards, self.metrics)
-        self.loop = RolloutLoop(settings, self.state, engine, leases, groups, self.metrics, stalls)
+        agent = AgentRuntime(settings) if settings.multi_turn_enable else None
+        self.loop = RolloutLoop(settings, self.state, engine, leases, groups, self.metrics, stalls, agent)
         self.engine_watch = EngineWatch(self.state, engine, settings.engine_check_interval_s)
         self.control = ReplicaControl(self.state, engine)
         self.weight_sync: WeightSync | None = None
