@@ -303,14 +303,18 @@ async def test_a_replica_pushes_scored_guess_episodes(
             multi_turn_interaction_config_path=str(REPO / "relayrl" / "tasks" / "guess_interaction.yaml"),
         ):
             groups = await pull_groups(queue.grpc_address, 3, version=version)
-    # loss_mask and turn_ends cross the wire once the protos carry them (the trajectory contract's
-    # other half); what crosses today is checked here.
+    # The episode crosses the queue token-exact: the mask, the turns and the zero log-probs of
+    # observation tokens arrive as the replica recorded them.
     for group in groups:
         for sample in group.samples:
             turns = int(sample.reward_extra["episode/turns"])
             text = tokenizer.decode(sample.response_token_ids, skip_special_tokens=False)
             assert 1 <= turns <= 3
             assert text.count("<|im_start|>user\n") == text.count("<|im_start|>assistant\n") == turns - 1
-            assert len(sample.behavior_logprobs) == len(sample.response_token_ids)
+            assert len(sample.behavior_logprobs) == len(sample.response_token_ids) == len(sample.loss_mask)
+            assert len(sample.turn_ends) == turns and sample.loss_mask[sample.turn_ends[-1] - 1] == 1
+            observation = [i for i, m in enumerate(sample.loss_mask) if m == 0]
+            assert (len(observation) > 0) == (turns > 1)
+            assert all(sample.behavior_logprobs[i] == 0.0 for i in observation)
             # The reward path scores the last guess; the interaction knows whether the game was won.
             assert sample.reward == sample.reward_extra["interaction/score"]
