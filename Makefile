@@ -55,6 +55,7 @@ bench: setup
 	$(BIN)/relayrl bench trainer --json
 	$(BIN)/relayrl bench paramsync --size-mb 512 --replicas 1,4 --json
 	$(BIN)/relayrl bench e2e --json
+	$(BIN)/relayrl bench weights --preset small --replicas 1,2 --json
 
 # Async GRPO of the built-in tiny model on a built-in task; writes runs/<id>/report.json and reward.png.
 demo: setup

@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, str] = {
     "paramsync": "services.paramsync.cli:bench",
     "trainer": "services.trainer.cli:bench",
     "e2e": "relayrl.stack.bench:bench",
+    "weights": "relayrl.stack.bench_weights:bench",
     "learning": "relayrl.stack.learning:bench",
     "compare": "relayrl.stack.compare:bench",
 }

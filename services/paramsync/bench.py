@@ -83,7 +83,7 @@ def _raw_receiver(port: int, size_bytes: int) -> None:
         sock.sendall(b"k")
 
 
-def _raw_seconds(payload: memoryview) -> float:
+def raw_seconds(payload: memoryview) -> float:
     """Seconds to move ``payload`` over loopback TCP into another process (until it has every byte)."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -175,7 +175,7 @@ def run_bench(
     tensors = _payload(size_bytes, seed=0)
     # The same bytes, back to back, for the raw baseline (one extra copy, freed right after).
     flat = b"".join(bytes(raw_bytes(t)) for _, t in as_pairs(tensors))
-    raw_s = _raw_seconds(memoryview(flat))
+    raw_s = raw_seconds(memoryview(flat))
     del flat
 
     grpc_port, http_port = free_port(), free_port()

@@ -1,0 +1,151 @@
+"""The trainer side of ``relayrl bench weights``: one rank of a torchrun job that publishes versions
+of the FSDP2-sharded model through the trainer's own publish code, one version per command.
+
+Run as ``torchrun --nproc-per-node 2 -m services.trainer.publish_bench MODEL_DIR CONTROL_PORT``.
+Rank 0 connects to the bench on ``CONTROL_PORT`` (loopback), says hello with its pid (the bench
+reads its peak memory) and reads ``{"paramsync": "host:port"}``: the job loads the model while
+the bench starts the stack. Then for each line ``{"version": v}`` every rank perturbs its shard (so
+each version differs, as after an optimizer step), and the job publishes; rank 0 answers one
+:class:`~relayrl.stack.weights_figures.PublishedVersion` as a JSON line. ``{"stop": true}`` ends
+the job. No optimizer and no data: the step is the perturbation alone, so the bench times the
+weight path and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from services.trainer.links import Publisher
+
+# The longest rank 0 waits for the bench's next command, and for one upload.
+COMMAND_TIMEOUT_S = 600.0
+UPLOAD_TIMEOUT_S = 600.0
+# Added to every weight per version: changes every tensor's bytes, keeps the model sane.
+PERTURBATION = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedVersion:
+    """Rank 0's answer to one ``{"version": v}`` command, sent as a JSON object field for field.
+
+    Defined here, with torch imported only inside the functions, so the bench reads it light.
+    """
+
+    version: int
+    # When the (perturbed) weights were final, as a training step ends.
+    step_end_unix_s: float
+    gather_s: float
+    upload_s: float
+    # Bytes the publish moved, and the most of them rank 0 held gathered at once.
+    model_bytes: int
+    bucket_bytes: int
+
+
+def publish_version(actor: torch.nn.Module, publisher: Publisher | None, version: int) -> PublishedVersion | None:
+    """Publishes the actor's weights as ``version`` the way the trainer does (collective); rank 0
+    returns the timings once paramsync holds the version, the other ranks None.
+
+    The trainer's publish path changes (issue #18: bucketed, streamed): this is the one place
+    the bench calls it.
+    """
+    from services.trainer.trainer import gather_weights
+
+    step_end = time.time()
+    started = time.perf_counter()
+    weights = gather_weights(actor)
+    gather_s = time.perf_counter() - started
+    if weights is None:
+        return None
+    assert publisher is not None
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    publisher.publish(version, weights, trainer_step=version)
+    del weights  # the upload holds them until it is done; afterwards nothing does
+    publisher.drain(UPLOAD_TIMEOUT_S)
+    record = publisher.records[-1]
+    if not record.ok:
+        raise RuntimeError(f"publishing version {version} to paramsync failed: {record.error}")
+    # Today the gather holds the whole model on rank 0 at once: one bucket of every byte.
+    return PublishedVersion(version, step_end, gather_s, record.seconds, nbytes, nbytes)
+
+
+def perturb(actor: torch.nn.Module) -> None:
+    import torch
+
+    with torch.no_grad():
+        for param in actor.parameters():
+            param.add_(PERTURBATION)
+
+
+async def _open_sink(address: str) -> Any:
+    # gRPC asyncio channels belong to the loop that creates them: build it on the I/O loop.
+    from services.paramsync.client import ParamSyncClient
+
+    return ParamSyncClient(address)
+
+
+class BenchLink:
+    """Rank 0's line-delimited JSON connection to the bench."""
+
+    def __init__(self, port: int) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=COMMAND_TIMEOUT_S)
+        self._lines = self._sock.makefile("r")
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._sock.sendall((json.dumps(message) + "\n").encode())
+
+    def command(self) -> dict[str, Any]:
+        line = self._lines.readline()
+        if not line:
+            raise ConnectionError("the bench closed the control connection")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self._lines.close()
+        self._sock.close()
+
+
+def run(model_dir: Path, control_port: int) -> None:
+    import torch
+
+    from services.trainer import distributed as D
+    from services.trainer.links import IoThread, Publisher
+    from services.trainer.model import load_actor, shard_model
+
+    ctx = D.init_distributed("cpu")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    actor = shard_model(load_actor(model_dir, ctx.device), ctx.device.type)
+    io = sink = link = publisher = None
+    try:
+        if ctx.is_main:
+            link = BenchLink(control_port)
+            link.send({"pid": os.getpid()})
+            io = IoThread()
+            sink = io.call(_open_sink(link.command()["paramsync"]))
+            publisher = Publisher(io, sink)
+        while not (command := D.broadcast_object(link.command() if link else None)).get("stop"):
+            perturb(actor)
+            published = publish_version(actor, publisher, int(command["version"]))
+            if link is not None and published is not None:
+                link.send(asdict(published))
+    finally:
+        if link is not None:
+            link.close()
+        if io is not None:
+            if sink is not None:
+                io.call(sink.close(), timeout_s=30)
+            io.stop()
+        D.shutdown()
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,52 @@
+"""`relayrl bench weights` end to end on the tiny model: every stage of every version is measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+STAGES = ("gather_s", "upload_s", "fetch_s", "apply_s", "paused_s", "first_token_s", "applied_s", "total_s")
+TARGETS = {
+    "ratio_to_raw_tcp_le_3",
+    "pause_le_apply",
+    "pause_le_25pct_of_total",
+    "rank0_peak_le_shard_bucket_10pct",
+    "tiny_total_le_50ms",
+}
+
+
+def _positive_stages(figures: dict, replica: str, engine: str) -> None:
+    assert figures.keys() == set(STAGES)
+    for stage in ("gather_s", "upload_s", "total_s"):
+        assert figures[stage] > 0, stage
+    for stage in ("fetch_s", "apply_s", "paused_s", "applied_s"):
+        assert figures[stage].keys() == {replica} and figures[stage][replica] > 0, stage
+    assert figures["first_token_s"].keys() == {engine} and figures["first_token_s"][engine] > 0
+    assert figures["total_s"] == figures["applied_s"][replica]
+
+
+def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
+    done = subprocess.run([*argv, "--versions", "2", "--json"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["benchmark"], result["preset"], result["versions"]) == ("weights", "tiny", 2)
+    assert result["by_replicas"].keys() == {"1"}
+    run = result["by_replicas"]["1"]
+    _positive_stages(run["median"], "rollout-0", "engine-0")
+    _positive_stages(run["first_version"], "rollout-0", "engine-0")
+    # The tiny model's bytes as published: ~260 k fp32 parameters.
+    assert 0.5e6 < result["model_bytes"] == run["model_bytes"] < 2e6
+    assert run["peak_memory"].keys() == {"trainer_rank0", "paramsync", "engine-0"}
+    for peak in run["peak_memory"].values():
+        assert peak["bytes"] > 0
+        assert peak["x_model"] == pytest.approx(peak["bytes"] / result["model_bytes"], rel=1e-4)
+    assert result["raw_tcp_s"] > 0 and result["memcpy_s"] > 0
+    assert run["ratio_to_raw_tcp"] == pytest.approx(run["median"]["total_s"] / result["raw_tcp_s"], rel=1e-4)
+    assert result["targets"].keys() == TARGETS
+    assert all(isinstance(met, bool) for met in result["targets"].values())
+    # Stages are announced on stderr while they run.
+    assert "version 2 applied at every replica" in done.stderr
