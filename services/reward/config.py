@@ -29,7 +29,7 @@ DEFAULT_JUDGE_TEMPLATE = (
     "<|im_start|>assistant\n"
 )
 # The first number, or a yes / no, in the judge's output.
-DEFAULT_VERDICT_REGEX = r"(?i)\b(yes|no|-?\d+(?:\.\d+)?)\b"
+DEFAULT_VERDICT_REGEX = r"(?i)(?<![\w.])(yes|no|-?\d+(?:\.\d+)?)\b"
 
 
 class RewardSettings(ServiceSettings):
