@@ -32,6 +32,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "queue": "services.queue.cli",
     "paramsync": "services.paramsync.cli",
     "trainer": "services.trainer.cli",
+    "reward": "services.reward.cli",
     "ctl": "relayrl.ctl.cli",
 }
 
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout": "services.rollout.cli:bench",
     "paramsync": "services.paramsync.cli:bench",
     "trainer": "services.trainer.cli:bench",
+    "reward": "services.reward.cli:bench",
     "e2e": "relayrl.stack.bench:bench",
     "weights": "relayrl.stack.bench_weights:bench",
     "learning": "relayrl.stack.learning:bench",

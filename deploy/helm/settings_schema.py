@@ -33,6 +33,7 @@ SETTINGS_CLASSES = {
     "rollout": "services.rollout.config:RolloutSettings",
     "engine": "services.engine.config:EngineSettings",
     "trainer": "services.trainer.config:TrainerSettings",
+    "reward": "services.reward.config:RewardSettings",
 }
 
 CHART_OWNED = frozenset({"host", "grpc_port", "http_port", "data_port"})

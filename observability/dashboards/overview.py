@@ -4,7 +4,13 @@ queue depth and who is waiting for whom."""
 from __future__ import annotations
 
 from observability.dashboards.common import Board, Query, stat_panel, timeseries_panel
-from observability.dashboards.promql import ROLLOUT_IDLE_BY_INSTANCE, counter_rate, per_instance, total_rate
+from observability.dashboards.promql import (
+    ROLLOUT_IDLE_BY_INSTANCE,
+    counter_rate,
+    per_instance,
+    quantiles,
+    total_rate,
+)
 from observability.dashboards.trainer import verl
 from relayrl.metrics import key_to_metric_name
 
@@ -91,6 +97,26 @@ def build() -> Board:
                 Query("sum(relayrl_queue_pending_groups)", "pending"),
                 Query("sum(relayrl_queue_capacity_groups)", "capacity"),
             ],
+        ),
+        timeseries_panel(
+            "Reward service",
+            "Latency of the rollouts' /score calls (one per group) and the service's own batches, seconds;"
+            " failed calls per second by kind (unavailable, timeout, rejected). Empty without a reward model.",
+            [
+                *(
+                    Query(q.expr, f"/score {q.legend}")
+                    for q in quantiles("relayrl_rollout_reward_service_latency_seconds", levels=(0.5, 0.99))
+                ),
+                *(
+                    Query(q.expr, f"batch {q.legend}")
+                    for q in quantiles("relayrl_reward_forward_latency_seconds", levels=(0.5,))
+                ),
+                Query(
+                    f"sum by (kind) ({counter_rate('relayrl_rollout_reward_service_errors_total')})", "errors {{kind}}"
+                ),
+                Query(f"sum({counter_rate('relayrl_reward_errors_total')})", "service errors"),
+            ],
+            min_value=0,
         ),
         timeseries_panel(
             "Weight versions",

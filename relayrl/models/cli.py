@@ -16,7 +16,10 @@ def init_tiny_command(
     directory: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer into.")],
     preset: Annotated[
         str,
-        typer.Option(help="Size: tiny (~260 k parameters), small (~13 M) or base (Qwen2.5-0.5B's shape, ~494 M)."),
+        typer.Option(
+            help="Size: tiny (~260 k parameters), small (~13 M) or base (Qwen2.5-0.5B's shape, ~494 M);"
+            " tiny-rm: tiny as a one-label sequence-classification reward model (for `relayrl reward serve`)."
+        ),
     ] = "tiny",
     arch: Annotated[str, typer.Option(help="Hugging Face architecture: qwen2 or llama.")] = "qwen2",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,

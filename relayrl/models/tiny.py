@@ -6,7 +6,9 @@ loading, training, serving and weight updates run the same code as with a real m
 
 Presets: ``tiny`` (~260 k parameters, tests and toy runs), ``small`` (~13 M, real-shaped runs
 on a CPU machine) and ``base`` (the exact shape of Qwen2.5-0.5B, ~494 M, so weight sizes,
-memory and compute are those of a real model without a download). Every preset keeps the
+memory and compute are those of a real model without a download). ``tiny-rm`` is ``tiny``'s
+backbone as a reward model (``*ForSequenceClassification`` with one label), what the reward
+service serves in tests and demos. Every preset keeps the
 byte-level tokenizer: its 259 ids are a prefix of ``base``'s 151,936-row vocabulary, whose
 other rows no text produces.
 """
@@ -44,10 +46,13 @@ class TinyModelSpec:
     rms_norm_eps: float | None = None
     seed: int = 0
     dtype: Dtype = "float32"
+    # 0: a causal LM; n: a sequence-classification head with n labels (a reward model has 1).
+    num_labels: int = 0
 
 
 PRESETS: dict[str, TinyModelSpec] = {
     "tiny": TinyModelSpec(),
+    "tiny-rm": TinyModelSpec(num_labels=1),
     "small": TinyModelSpec(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1536),
     # Qwen2.5-0.5B's config.json, randomly initialised.
     "base": TinyModelSpec(
@@ -99,6 +104,8 @@ def hf_config(spec: TinyModelSpec):
         common["rope_theta"] = spec.rope_theta
     if spec.rms_norm_eps is not None:
         common["rms_norm_eps"] = spec.rms_norm_eps
+    if spec.num_labels:
+        common["num_labels"] = spec.num_labels
     if spec.arch == "qwen2":
         return Qwen2Config(**common)
     if spec.arch == "llama":
@@ -119,15 +126,18 @@ def count_parameters(config: Any) -> int:
 def init_tiny(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Writes a model of ``spec`` and its tokenizer to ``directory`` and returns it."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
     config = hf_config(spec)
     torch.manual_seed(spec.seed)
     # Built directly in the target dtype: a bf16 ``base`` never holds a 2 GB fp32 copy.
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, spec.dtype))
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
-    )
+    if spec.num_labels:
+        model = AutoModelForSequenceClassification.from_config(config, dtype=getattr(torch, spec.dtype))
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, spec.dtype))
+        model.generation_config = GenerationConfig(
+            eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+        )
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory), safe_serialization=True)
     save_byte_tokenizer(directory)

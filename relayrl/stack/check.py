@@ -31,6 +31,7 @@ SETTINGS_MODELS: dict[str, str] = {
     "engine": "services.engine.config:EngineSettings",
     "rollout": "services.rollout.config:RolloutSettings",
     "trainer": "services.trainer.config:TrainerSettings",
+    "reward": "services.reward.config:RewardSettings",
 }
 
 REWARD_SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra_info=None)"
@@ -83,8 +84,16 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
         value = config.trainer.get(name)
         if isinstance(value, str) and value and not value.startswith("builtin:"):
             config.trainer[name] = str(_resolve(value, base))
+    if config.uses_reward_model():
+        config.reward["model_path"] = str(_resolve(str(config.reward["model_path"]), base))
     for section in SERVICE_SECTIONS:
-        problems += _section_problems(section, getattr(config, section))
+        values = getattr(config, section)
+        if section == "rollout" and config.uses_reward_model():
+            # The stack wires the reward service's URL into the rollouts when it starts it.
+            values = {"reward_kind": "model", **values, "reward_model_url": "http://reward"}
+        problems += _section_problems(section, values)
+    if config.uses_reward_model() and not (Path(config.reward["model_path"]) / "config.json").is_file():
+        problems.append(f"reward.model_path: {config.reward['model_path']} is not a Hugging Face model directory")
     if not problems:
         problems += _dataset_problems(config)
         problems += _reward_problems(config)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from relayrl.stack.cpus import CpusSetting
 from relayrl.stack.restart import RestartMode, RestartPolicy
 
-SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer")
+SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer", "reward")
 
 
 class StackSettings(BaseModel):
@@ -91,6 +91,11 @@ class StackConfig(BaseModel):
     engine: dict[str, Any] = Field(default_factory=dict)
     rollout: dict[str, Any] = Field(default_factory=dict)
     trainer: dict[str, Any] = Field(default_factory=dict)
+    reward: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The reward service's settings; with a model_path the stack starts it and every rollout"
+        " scores with it (rollout.reward_kind 'model' unless the rollout section says 'rule+model').",
+    )
 
     @classmethod
     def from_yaml(cls, path: Path) -> StackConfig:
@@ -98,6 +103,10 @@ class StackConfig(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping with sections stack, {', '.join(SERVICE_SECTIONS)}")
         return cls.model_validate(data)
+
+    def uses_reward_model(self) -> bool:
+        """Whether the config names a reward model, so the stack runs the reward service."""
+        return bool(self.reward.get("model_path"))
 
     def section_env(self, service: str) -> dict[str, str]:
         """A service section as the environment variables its settings model reads."""

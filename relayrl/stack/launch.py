@@ -3,6 +3,7 @@
     redis-server (unless RELAYRL_REDIS_URL / stack.redis_url names one)
     queue, paramsync
     engine-0..N-1            built-in CPU engines speaking SGLang's native API
+    reward                   the reward service, when the config names a reward model (with the engines)
     rollout-0..N-1           one rollout replica per engine
     trainer                  torchrun with P processes (gloo on CPU)
 
@@ -40,12 +41,15 @@ class Endpoints:
     paramsync_grpc: str = ""
     paramsync_http: str = ""
     engines: list[str] = field(default_factory=list)
+    reward_http: str = ""
     rollouts_http: list[str] = field(default_factory=list)
     trainer_http: str = ""
 
     def http_services(self) -> dict[str, str]:
         """Every component's HTTP base URL by name (what Prometheus scrapes, what `relayrl ctl` talks to)."""
         urls = {"queue": self.queue_http, "paramsync": self.paramsync_http, "trainer": self.trainer_http}
+        if self.reward_http:
+            urls["reward"] = self.reward_http
         urls.update({f"engine-{i}": url for i, url in enumerate(self.engines)})
         urls.update({f"rollout-{i}": url for i, url in enumerate(self.rollouts_http)})
         return urls
@@ -188,7 +192,8 @@ class LocalStack:
         )
 
     def _start_engines(self, model_dir: Path) -> None:
-        specs = []
+        """The engines, and the reward service beside them: the rollouts start once all are ready."""
+        specs = self._reward_specs()
         for i in range(self.settings.rollout_replicas):
             port = free_port(HOST)
             url = f"http://{HOST}:{port}"
@@ -204,6 +209,18 @@ class LocalStack:
             specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health", self.cpus.engine_cpus))
         self.supervisor.start_all(specs)
 
+    def _reward_specs(self) -> list[ComponentSpec]:
+        if not self.config.uses_reward_model():
+            return []
+        port = free_port(HOST)
+        self.endpoints.reward_http = f"http://{HOST}:{port}"
+        wiring = {"RELAYRL_REWARD_HOST": HOST, "RELAYRL_REWARD_HTTP_PORT": str(port)}
+        if "torch_threads" not in self.config.reward:
+            # Its forward passes are small; one thread keeps it off the engines' and trainer's cores.
+            wiring["RELAYRL_REWARD_TORCH_THREADS"] = "1"
+        ready = f"{self.endpoints.reward_http}/readyz"
+        return [self._spec("reward", [*RELAYRL, "reward", "serve"], "reward", wiring, ready, self.cpus.service_cpus)]
+
     def _start_rollouts(self) -> None:
         specs = []
         for i, engine_url in enumerate(self.endpoints.engines):
@@ -217,6 +234,11 @@ class LocalStack:
                 "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
                 "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
             }
+            if self.endpoints.reward_http:
+                wiring |= {
+                    "RELAYRL_ROLLOUT_REWARD_MODEL_URL": self._routed_url("reward", self.endpoints.reward_http),
+                    "RELAYRL_ROLLOUT_REWARD_KIND": str(self.config.rollout.get("reward_kind", "model")),
+                }
             specs.append(
                 self._spec(
                     f"rollout-{i}",

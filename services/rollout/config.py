@@ -4,13 +4,21 @@ verl names: ``partial_rollout_mode`` selects what happens to a generation that a
 interrupts (verl's fully-async ``partial_rollout``); ``max_inflight_prompts`` is the
 replica's share of verl's ``max_concurrent_samples`` divided by ``n``; ``generation_timeout``
 is ``engine_timeout_s``.
+
+Rewards come from rule functions (``reward_function``), from a reward-model service, or both
+(``reward_kind``). The issue's nested ``reward: {kind: model, url, timeout}`` is spelled flat
+here, as every other setting: ``reward_kind``, ``reward_model_url``, ``reward_model_timeout_s``
+(``RELAYRL_ROLLOUT_REWARD_KIND`` ...). A model-scored group never falls back to reward 0: while
+the service is down the group waits (bounded retries with backoff) for up to
+``reward_model_deadline_s``, then its prompt is given back to the queue (reason
+``reward_unavailable``) and the replica leases nothing until the service is ready again.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from relayrl.config import ServiceSettings, shared_field
 
@@ -53,6 +61,32 @@ class RolloutSettings(ServiceSettings):
         " compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict.",
     )
     reward_timeout_s: float = Field(10.0, gt=0, description="Longest a reward call may take; then reward 0.")
+
+    # --- reward model (services/reward; the issue's reward: {kind, url, timeout}) ---
+    reward_kind: Literal["rule", "model", "rule+model"] = Field(
+        "rule",
+        description="'rule': reward_function alone; 'model': the reward service's score alone;"
+        " 'rule+model': reward_rule_weight × rule + reward_model_weight × model (a weighted sum).",
+    )
+    reward_model_url: str = Field(
+        "", description="Base URL of the reward service (POST /score); required when reward_kind uses the model."
+    )
+    reward_model_timeout_s: float = Field(
+        30.0, gt=0, description="Longest one /score call may take, seconds; a call that times out is retried."
+    )
+    reward_model_deadline_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest a group waits for its scores while the reward service fails (retries with backoff),"
+        " seconds; then its prompt is given back to the queue, never scored 0.",
+    )
+    reward_model_retry_wait_s: float = Field(
+        0.5, gt=0, description="First wait between /score retries, doubled per retry up to 5 s."
+    )
+    reward_rule_weight: float = Field(1.0, description="Weight of the rule reward in 'rule+model'.")
+    reward_model_weight: float = Field(
+        1.0, description="Weight of the reward model's score in 'model' and 'rule+model'."
+    )
 
     # --- recipe: DAPO soft overlong punishment (verl reward_model.overlong_buffer.*) ---
     overlong_buffer_enable: bool = Field(
@@ -119,3 +153,12 @@ class RolloutSettings(ServiceSettings):
         description="Tokenizer directory for rendering observations with the model's chat template; empty: the"
         " tokenizer_path the engine reports in /get_model_info (multi-turn only).",
     )
+
+    @model_validator(mode="after")
+    def _model_reward_has_a_url(self) -> RolloutSettings:
+        if self.reward_kind != "rule" and not self.reward_model_url:
+            raise ValueError(
+                f"reward_kind {self.reward_kind!r} needs reward_model_url"
+                " (RELAYRL_ROLLOUT_REWARD_MODEL_URL): the reward service's base URL"
+            )
+        return self

@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from relayrl.schema import Group, PromptSpec, Sample
 from relayrl.staleness import check_staleness
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import SampleResult
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.rewards import RewardRunner
+from services.rollout.rewards import RewardOutcome, RewardRunner
+from services.rollout.rewards.model import ModelReward, combine
 from services.rollout.rewards.overlong import OverlongBuffer, apply_overlong
 
 log = logging.getLogger(__name__)
@@ -23,17 +25,44 @@ class GroupBuilder:
     settings: RolloutSettings
     rewards: RewardRunner
     metrics: RolloutMetrics
+    model_reward: ModelReward | None = None
 
     async def build(self, lease_id: str, prompt: PromptSpec, results: list[tuple[SampleResult, float]]) -> Group:
-        """Scores each ``(result, started_at_unix_s)`` and wraps them in the group of ``lease_id``."""
-        samples = [await self._sample(prompt, result, started) for result, started in results]
+        """Scores each ``(result, started_at_unix_s)`` and wraps them in the group of ``lease_id``.
+
+        With a reward model the group is scored by it first, all samples in one call; a
+        :class:`~services.rollout.rewards.model.RewardServiceError` leaves the group unbuilt.
+        """
+        model_started = time.perf_counter()
+        model_scores: list[Any] = [None] * len(results)
+        if self.model_reward is not None:
+            responses = [result.output_ids for result, _ in results]
+            model_scores = await self.model_reward.score_group(prompt.prompt_token_ids, responses)
+        model_s = time.perf_counter() - model_started
+        samples = [
+            await self._sample(prompt, result, started, score, model_s)
+            for (result, started), score in zip(results, model_scores, strict=True)
+        ]
         self.metrics.reward_mean.set(sum(s.reward for s in samples) / max(len(samples), 1))
         return Group.answering(prompt, samples, lease_id)
 
-    async def _sample(self, prompt: PromptSpec, result: SampleResult, started: float) -> Sample:
+    async def _outcome(self, prompt: PromptSpec, result: SampleResult, model_score: float | None) -> RewardOutcome:
+        s = self.settings
+        rule = None
+        if s.reward_kind != "model":
+            # A multi-turn episode is scored on its last model turn; a single-turn sample on its text.
+            solution = result.text if result.solution_text is None else result.solution_text
+            rule = await self.rewards.score(prompt.data_source, solution, prompt.ground_truth, prompt.extra_info)
+        if model_score is None:
+            assert rule is not None, "reward_kind 'model' always has a model score"
+            return rule
+        return combine(rule, model_score, s.reward_rule_weight, s.reward_model_weight)
+
+    async def _sample(
+        self, prompt: PromptSpec, result: SampleResult, started: float, model_score: float | None, model_s: float
+    ) -> Sample:
         reward_started = time.perf_counter()
-        solution = result.text if result.solution_text is None else result.solution_text
-        outcome = await self.rewards.score(prompt.data_source, solution, prompt.ground_truth, prompt.extra_info)
+        outcome = await self._outcome(prompt, result, model_score)
         if self.settings.overlong_buffer_enable:
             budget = prompt.max_new_tokens or self.settings.max_new_tokens
             buffer = OverlongBuffer(self.settings.overlong_buffer_len, self.settings.overlong_buffer_penalty_factor)
@@ -55,7 +84,8 @@ class GroupBuilder:
             started_at_unix_s=started,
             finished_at_unix_s=time.time(),
             generation_s=result.engine_s,
-            reward_s=time.perf_counter() - reward_started,
+            # The group's one reward-model call is waited for by each of its samples.
+            reward_s=time.perf_counter() - reward_started + model_s,
             token_rewards=result.token_rewards,
             loss_mask=result.loss_mask,
             turn_ends=result.turn_ends,

@@ -2,8 +2,8 @@
 
 The loop only starts a prompt the engine's version may start (``min_start_version``), keeps
 up to ``max_inflight_prompts`` prompts in flight while :class:`~services.rollout.leases.LeaseKeeper`
-renews their leases, and gives a prompt back at once when its group is stale or its generation
-fails.
+renews their leases, and gives a prompt back at once when its group is stale, its generation
+fails or the reward service cannot score it (then leasing waits for the service too).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from services.rollout.generation import GenerationError, SampleResult, generate_
 from services.rollout.groups import GroupBuilder
 from services.rollout.leases import Lease, LeaseKeeper
 from services.rollout.metrics import RolloutMetrics
+from services.rollout.rewards.model import RewardServiceError
 from services.rollout.state import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class RolloutLoop:
             with self.stalls.waiting("prompts", "trainer") as prompts:
                 while True:
                     await self._wait_leasable()
+                    if self.groups.model_reward is not None:
+                        await self.groups.model_reward.wait_ready(self.stalls)
                     free = self.settings.max_inflight_prompts - self.state.leases_held
                     if free <= 0:
                         prompts.progress()  # busy, not waiting
@@ -104,6 +107,11 @@ class RolloutLoop:
                 # now would come straight back to this replica and fail again.
                 self.state.set_engine_ready(False)
             await self.leases.give_back(lease, "generation_error")
+            return
+        except RewardServiceError as exc:
+            # Never pushed with a made-up reward: the prompt goes back to be generated and scored again.
+            log.warning("prompt %s not scored (%s): %s", prompt.prompt_id, lease.lease_id, exc)
+            await self.leases.give_back(lease, exc.reason)
             return
         except asyncio.CancelledError:
             raise

@@ -92,6 +92,18 @@ class RolloutMetrics:
         )
         self.reward_mean = m.gauge("reward_mean", "Mean reward of the last pushed group.")
         self.reward_errors = m.counter("reward_errors", "Reward calls that raised or timed out (reward 0).", "total")
+        self.reward_service_latency = m.histogram(
+            "reward_service_latency", "Seconds of one /score call to the reward service (one group)."
+        )
+        self.reward_service_errors = m.counter(
+            "reward_service_errors",
+            "Failed /score calls to the reward service, by kind: unavailable, timeout, rejected (4xx).",
+            "total",
+            labels=("kind",),
+        )
+        self.reward_service_up = m.gauge(
+            "reward_service_up", "1 while the reward service scores; 0 after a group gave up on it, until /readyz."
+        )
         self.engine_latency = m.histogram("engine_latency", "Latency of one /generate call.")
         self.engine_ready = m.gauge("engine_ready", "1 when the engine answers /health.")
         self.pushed_groups = m.counter("pushed_groups", "Trajectory groups accepted by the queue.", "total")

@@ -18,6 +18,7 @@ from services.rollout.leases import LeaseKeeper, ReplicaQueue
 from services.rollout.loop import RolloutLoop
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.rewards import RewardRunner
+from services.rollout.rewards.model import ModelReward
 from services.rollout.state import ReplicaState
 from services.rollout.weight_sync import WeightSource, WeightSync
 
@@ -42,7 +43,8 @@ class Replica:
         leases = LeaseKeeper(
             self.state, queue, self.metrics, stalls, settings.lease_block_timeout_s, settings.push_timeout_s
         )
-        groups = GroupBuilder(settings, rewards, self.metrics)
+        self.model_reward = ModelReward.from_settings(settings, self.metrics)
+        groups = GroupBuilder(settings, rewards, self.metrics, self.model_reward)
         agent = AgentRuntime(settings) if settings.multi_turn_enable else None
         self.loop = RolloutLoop(settings, self.state, engine, leases, groups, self.metrics, stalls, agent)
         self.engine_watch = EngineWatch(self.state, engine, settings.engine_check_interval_s)
@@ -62,3 +64,8 @@ class Replica:
         if self.weight_sync is not None:
             tasks.append(asyncio.create_task(self.weight_sync.run_forever(), name="weight-sync"))
         return tasks
+
+    async def aclose(self) -> None:
+        """Closes what the replica opened itself (the reward service's client)."""
+        if self.model_reward is not None:
+            await self.model_reward.aclose()

@@ -32,6 +32,7 @@ async def serve(settings: RolloutSettings) -> None:
 class RunningReplica:
     servers: Servers
     tasks: list[asyncio.Task[None]]
+    replica: Replica
     engine: EngineClient
     rewards: RewardRunner
     weights_tmp: tempfile.TemporaryDirectory[str] | None
@@ -44,6 +45,7 @@ class RunningReplica:
                 await task
         await self.servers.stop()
         await self.engine.aclose()
+        await self.replica.aclose()
         self.rewards.close()
         if self.weights_tmp is not None:
             self.weights_tmp.cleanup()
@@ -72,4 +74,4 @@ async def start_rollout(settings: RolloutSettings) -> RunningReplica:
         [SERVICE_NAME],
     )
     log.info("rollout %s: engine %s, queue %s", settings.replica_id, settings.engine_url, settings.queue_address)
-    return RunningReplica(servers, tasks, engine, rewards, weights_tmp)
+    return RunningReplica(servers, tasks, replica, engine, rewards, weights_tmp)

@@ -56,6 +56,7 @@ async def running_replica(engine_url: str, queue_address: str, **overrides: Any)
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await engine.aclose()
+        await replica.aclose()
         await queue.close()
         if source is not None:
             await source.close()
