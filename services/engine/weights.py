@@ -20,42 +20,24 @@ same ``tcp://`` address.
 
 from __future__ import annotations
 
-import json
-import math
-import mmap
-import os
-import struct
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-
-# safetensors' dtype codes (https://github.com/huggingface/safetensors, ``Dtype``).
-_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 
 def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's ``*.safetensors`` files, as views into the mapped files.
+    """Every tensor of the directory's ``*.safetensors`` files, as views of the mapped files.
 
-    Nothing is copied here: applying the update is the one copy (into the parameters). A file
-    under ``/dev/shm`` is memory already; a file on disk is read from the page cache as it is copied.
+    safetensors maps each file copy-on-write and its tensors view the mapping (a unit test
+    checks this), so nothing is copied here: applying the update is the one copy. A file under
+    ``/dev/shm`` is memory already; a file on disk is read from the page cache as it is copied.
+    ValueError if a file is not a well-formed safetensors file.
     """
     directory = Path(directory)
     files = sorted(directory.glob("*.safetensors"))
@@ -63,52 +45,11 @@ def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{directory} holds no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
-        tensors.update(map_safetensors(path))
+        try:
+            tensors.update(load_file(str(path)))
+        except SafetensorError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
     return tensors
-
-
-def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file as zero-copy views of a private mapping of it.
-
-    The mapping is copy-on-write (``ACCESS_COPY``), so a write through a view never reaches the
-    file, which its writer may reuse; each view keeps the mapping alive. ValueError if the file
-    is not a well-formed safetensors file.
-    """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise ValueError(f"{path} is too short for a safetensors file ({size} bytes)")
-        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-    (header_len,) = struct.unpack("<Q", mapping[:8])
-    if header_len > size - 8:
-        raise ValueError(f"{path}: header of {header_len} bytes in a file of {size}")
-    try:
-        header = json.loads(mapping[8 : 8 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: unreadable header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: the header is not a JSON object")
-    data_start, data_len = 8 + header_len, size - 8 - header_len
-    return {
-        name: _view(mapping, data_start, data_len, name, entry, path)
-        for name, entry in header.items()
-        if name != "__metadata__"
-    }
-
-
-def _view(mapping: mmap.mmap, data_start: int, data_len: int, name: str, entry: Any, path: Path) -> torch.Tensor:
-    try:
-        dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-        shape = tuple(int(d) for d in entry["shape"])
-        begin, end = (int(o) for o in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: bad header entry for {name!r}: {exc!r}") from exc
-    numel = math.prod(shape)
-    if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len or end - begin != numel * dtype.itemsize:
-        raise ValueError(f"{path}: {name!r} of shape {list(shape)} does not fit bytes [{begin}, {end}) of {data_len}")
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(mapping, dtype=dtype, count=numel, offset=data_start + begin).view(shape)
 
 
 def _dtype(name: str) -> torch.dtype:
