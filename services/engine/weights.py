@@ -1,5 +1,10 @@
 """Replacing the served model's weights: from a safetensors directory, or by torch.distributed broadcast.
 
+A directory's files are mapped, not read: every tensor is a view into its file's mapping, and
+the update copies each straight into its parameter. A version the rollout replica received
+into ``/dev/shm`` (``services/paramsync/memfile.py``) thus reaches the parameters with that one
+copy, and a real SGLang server can load the same file.
+
 Both paths check every tensor's name and shape against the model before writing any of them,
 so a bad update leaves the old weights fully in place. An update may carry a subset of the
 tensors (as SGLang allows); the rest keep their values.
@@ -22,17 +27,28 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 
 def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's ``*.safetensors`` files, as views of the mapped files.
+
+    safetensors maps each file copy-on-write and its tensors view the mapping (a unit test
+    checks this), so nothing is copied here: applying the update is the one copy. A file under
+    ``/dev/shm`` is memory already; a file on disk is read from the page cache as it is copied.
+    ValueError if a file is not a well-formed safetensors file.
+    """
     directory = Path(directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{directory} holds no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
-        tensors.update(load_file(str(path)))
+        try:
+            tensors.update(load_file(str(path)))
+        except SafetensorError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
     return tensors
 
 
@@ -62,7 +78,8 @@ def apply_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -
     check_compatible(model, {name: t.shape for name, t in tensors.items()})
     params = model.state_dict()
     for name, tensor in tensors.items():
-        params[name].copy_(tensor.to(params[name].dtype))
+        # copy_ converts the dtype on the way: one copy, whatever the received dtype.
+        params[name].copy_(tensor)
     return len(tensors)
 
 

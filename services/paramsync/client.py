@@ -12,6 +12,8 @@ Replica side::
             if ann.transport == "grpc":
                 weights = await ps.fetch(ann.version)     # verified against the manifest
                 ...apply to the engine...
+                # or, for an engine that loads a path: received straight into a safetensors file
+                path = await ps.fetch_to_file(ann.version, VersionFiles(Path("/dev/shm/replica")))
             await ps.report_version("rollout-0", ann.version, ok=True, sync_s=elapsed)
 
 Weights travel over paramsync's bulk data plane (plain TCP, see ``BulkRequest`` in the proto)
@@ -31,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -42,7 +45,7 @@ from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
 from services.paramsync.dataplane import client as dataplane_client
-from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable
+from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable, Place
 from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
 from services.paramsync.errors import (
     TRANSIENT_CODES,
@@ -53,6 +56,7 @@ from services.paramsync.errors import (
     sync_retry_policy,
 )
 from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion
+from services.paramsync.memfile import VersionFiles
 from services.paramsync.memory import RecycledMemory
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
 
@@ -276,6 +280,33 @@ class ParamSyncClient:
 
         return await self._with_retries(call)
 
+    async def fetch_to_file(
+        self, version: int, files: VersionFiles, replica_id: str = "", reusable_below: int = 0
+    ) -> Path:
+        """Receives ``version`` (0: the latest) straight into a safetensors file of ``files`` and
+        returns its directory, which an engine loads with ``/update_weights_from_disk``.
+
+        Each tensor is verified against the manifest's checksum as it lands; on any mismatch
+        (ChecksumMismatch) or other failure no file of the version is left. ``reusable_below``:
+        files of versions older than this are no longer read and their memory may be reused.
+        """
+        request = pb.FetchRequest(replica_id=replica_id, version=version)
+
+        async def call() -> Path:
+            with files.receiving(reusable_below) as landing:
+                address = await self._data_plane_address()
+                if address is not None:
+                    try:
+                        await dataplane_client.fetch_into(address, request, self.sync_timeout, landing.place)
+                    except DataPlaneUnreachable as exc:
+                        self._give_up_data_plane(exc)
+                    else:
+                        return landing.commit()
+                await _receive_into(self._fetch(request, timeout=self.sync_timeout), landing.place)
+                return landing.commit()
+
+        return await self._with_retries(call)
+
     async def report_version(
         self, replica_id: str, version: int, ok: bool = True, error: str = "", sync_s: float = 0.0
     ) -> int:
@@ -299,15 +330,29 @@ async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChu
     """Assembles a Fetch stream into tensors, checking order, sizes and every checksum."""
     from services.paramsync.tensors import empty_like_spec, typed_view
 
-    manifest: Manifest | None = None
     buffers: list[torch.Tensor] = []
+
+    def place(manifest: Manifest) -> list[memoryview]:
+        buffers.extend(empty_like_spec(spec) for spec in manifest.tensors)
+        return [memoryview(buf.numpy()) for buf in buffers]
+
+    manifest = await _receive_into(stream, place)
+    tensors = {spec.name: typed_view(buf, spec) for spec, buf in zip(manifest.tensors, buffers, strict=True)}
+    return FetchedVersion(manifest, tensors)
+
+
+async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk], place: Place) -> Manifest:
+    """Writes a Fetch stream into the views ``place`` gives, checking order, sizes and every checksum."""
+    manifest: Manifest | None = None
+    views: Sequence[memoryview] = []
     index, filled, hasher = 0, 0, None
     async for msg in stream:
         if manifest is None:
             if isinstance(msg, RawChunk) or not msg.HasField("manifest"):
                 raise ParamSyncError("Fetch stream did not start with a manifest")
             manifest = Manifest.from_proto(msg.manifest)
-            buffers = [empty_like_spec(spec) for spec in manifest.tensors]
+            # Making a version file claims its memory up front: not on the event loop.
+            views = await asyncio.to_thread(place, manifest)
             hasher = new_hasher(manifest.checksum_algorithm)
             continue
         chunk = msg if isinstance(msg, RawChunk) else msg.chunk
@@ -321,7 +366,7 @@ async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChu
         end = filled + len(chunk.data)
         if chunk.offset != filled or end > spec.num_bytes:
             raise ChecksumMismatch(f"chunk of {spec.name!r} at offset {chunk.offset} out of order or past its end")
-        buffers[index].numpy()[filled:end] = chunk.data
+        views[index][filled:end] = chunk.data
         hasher.update(chunk.data)
         filled = end
     if manifest is None:
@@ -334,8 +379,7 @@ async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChu
             )
         _finish_tensor(manifest, index, hasher)
         index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
-    tensors = {spec.name: typed_view(buf, spec) for spec, buf in zip(manifest.tensors, buffers, strict=True)}
-    return FetchedVersion(manifest, tensors)
+    return manifest
 
 
 def _finish_tensor(manifest: Manifest, index: int, hasher: Any) -> None:

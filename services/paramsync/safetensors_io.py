@@ -26,7 +26,8 @@ def version_dir(root: Path, version: int) -> Path:
     return root / f"{_DIR_PREFIX}{version:012d}"
 
 
-def _header(manifest: Manifest) -> bytes:
+def safetensors_header(manifest: Manifest) -> bytes:
+    """The JSON header of the file holding ``manifest``'s tensors back to back, padded to 8 bytes."""
     header: dict[str, object] = {}
     for spec, start in zip(manifest.tensors, manifest.offsets(), strict=True):
         header[spec.name] = {
@@ -61,7 +62,7 @@ def write_version(stored: StoredVersion, root: Path) -> Path:
     staging = root / f".{target.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    header = _header(stored.manifest)
+    header = safetensors_header(stored.manifest)
     with open(staging / FILE_NAME, "wb") as f:
         f.write(struct.pack("<Q", len(header)))
         f.write(header)

@@ -103,8 +103,16 @@ class RolloutSettings(ServiceSettings):
     )
     engine_retries: int = Field(3, ge=0, description="Retries of an engine call that failed transiently.")
     engine_check_interval_s: float = Field(1.0, gt=0, description="Period of the engine health probe, seconds.")
+    weights_shm_dir: str = Field(
+        "/dev/shm",
+        description="Memory-backed directory (tmpfs) each pulled version is received into, as a safetensors"
+        " file the engine maps and copies into its parameters; the engine must see it at the same path (same"
+        " host, or one memory volume in the pod). Empty, or a directory that does not exist: weights_dir.",
+    )
     weights_dir: str = Field(
-        "", description="Where weights fetched over gRPC are written for the engine; empty: a temporary dir."
+        "",
+        description="Where pulled versions are received when weights_shm_dir is not available (a file per"
+        " version on disk); empty: a temporary dir.",
     )
     push_timeout_s: float = Field(60.0, gt=0, description="Longest wait for queue capacity on a push, seconds.")
 

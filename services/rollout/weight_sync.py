@@ -9,8 +9,10 @@ itself touches the engine, in the way ``partial_rollout_mode`` asks:
 - ``in_place``: ``/pause_generation`` (in_place) → update → continue; running requests keep
   their KV cache and continue under the new weights.
 
-Transports (``VersionAnnouncement.transport``): ``grpc`` fetches the chunks, verifies them and
-writes one safetensors file the engine loads; ``disk`` loads the announced ``disk_path``
+Transports (``VersionAnnouncement.transport``): ``grpc`` receives the version straight into a
+safetensors file in shared memory (``weights_shm_dir``, see ``services/paramsync/memfile.py``),
+each tensor verified as it lands, and the engine maps that file and copies it into its
+parameters: no file is written to disk and read back; ``disk`` loads the announced ``disk_path``
 directly; ``distributed`` is pushed into the engine by the sender (through the engine's
 ``/update_weights_from_distributed``), so the replica only waits until the engine reports it.
 """
@@ -19,9 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ import httpx
 
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
 from services.engine.client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
+from services.paramsync.memfile import VersionFiles
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import parse_version
 from services.rollout.metrics import RolloutMetrics
@@ -36,7 +38,7 @@ from services.rollout.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
-# Versions kept on local disk (the engine may still be reading the previous one).
+# Version files kept: the one the engine holds, and the one before, whose memory the next reuses.
 _KEEP_VERSIONS = 2
 # How long a switch keeps asking a paused engine to continue before leaving it to the engine probe.
 RESUME_DEADLINE_S = 60.0
@@ -55,22 +57,25 @@ class WeightSource(Protocol):
 
     def subscribe(self, replica_id: str, held_version: int = 0, engine_url: str = "") -> Any: ...
 
-    async def fetch(self, version: int = 0, replica_id: str = "") -> dict[str, Any]: ...
+    async def fetch_to_file(
+        self, version: int, files: VersionFiles, replica_id: str = "", reusable_below: int = 0
+    ) -> Path: ...
 
     async def report_version(
         self, replica_id: str, version: int, ok: bool = True, error: str = "", sync_s: float = 0.0
     ) -> int: ...
 
 
-def write_safetensors(tensors: dict[str, Any], directory: Path) -> Path:
-    """Writes ``directory/model.safetensors`` through a temporary name, so the engine never reads half a file."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / "model.safetensors.partial"
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(partial))
-    partial.rename(directory / "model.safetensors")
-    return directory
+def versions_dir(settings: RolloutSettings, weights_dir: Path) -> Path:
+    """This replica's directory of version files: under ``weights_shm_dir`` where that exists
+    (memory, and no disk write per version), else under ``weights_dir``."""
+    shm = Path(settings.weights_shm_dir) if settings.weights_shm_dir else None
+    if shm is None or not shm.is_dir():
+        log.warning(
+            "no shared-memory directory %r: versions are received into %s", settings.weights_shm_dir, weights_dir
+        )
+        shm = weights_dir
+    return shm / f"relayrl-weights-{settings.replica_id}"
 
 
 class SyncFailed(RuntimeError):
@@ -101,7 +106,8 @@ class WeightSync:
     """Loads each version paramsync announces into the engine, and records it in the replica's state.
 
     ``resubscribe`` is the backoff between subscriptions while no version loads (1 s doubling to
-    30 s by default); it starts over after each version that loads.
+    30 s by default); it starts over after each version that loads. The version files are
+    deleted when :meth:`run_forever` ends (or at :meth:`close`).
     """
 
     state: ReplicaState
@@ -111,15 +117,25 @@ class WeightSync:
     weights_dir: Path
     metrics: RolloutMetrics
     resubscribe: RetryPolicy = RESUBSCRIBE
+    files: VersionFiles = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.files = VersionFiles(versions_dir(self.settings, self.weights_dir), keep=_KEEP_VERSIONS)
+
+    def close(self) -> None:
+        self.files.close()
 
     async def run_forever(self) -> None:
         """Runs the subscription; subscribes again when it breaks, when a version did not load, or
         when the engine restarted (paramsync then sends the latest version at once, so a restarted
         engine gets the current weights back and a failed load is tried again)."""
-        while True:
-            async for attempt in retrying("weight sync subscription", any_error, self.resubscribe, log):
-                with attempt:
-                    await self._subscribe_once()
+        try:
+            while True:
+                async for attempt in retrying("weight sync subscription", any_error, self.resubscribe, log):
+                    with attempt:
+                        await self._subscribe_once()
+        finally:
+            self.close()
 
     async def _subscribe_once(self) -> None:
         """One subscription, until the engine restarts or the subscription ends. It returns (and
@@ -177,7 +193,7 @@ class WeightSync:
         elapsed = time.perf_counter() - started
         self.state.hold(ann.version, elapsed)
         await self._report(ann.version, ok=True, sync_s=elapsed)
-        self._prune()
+        self.files.prune()
         return True
 
     async def _materialise(self, ann: Announcement) -> Path:
@@ -187,9 +203,10 @@ class WeightSync:
             return Path(ann.disk_path)
         if ann.transport != "grpc":
             raise ValueError(f"unknown weight transport {ann.transport!r}")
-        tensors = await self.source.fetch(ann.version, self.state.replica_id)
-        target = self.weights_dir / f"v{ann.version:012d}"
-        return await asyncio.to_thread(write_safetensors, tensors, target)
+        # The engine has read every file older than the version it holds: their memory is free.
+        return await self.source.fetch_to_file(
+            ann.version, self.files, self.state.replica_id, reusable_below=self.state.held_version
+        )
 
     async def _switch(self, path: str, version: int) -> None:
         async with self.state.controlling():
@@ -227,10 +244,3 @@ class WeightSync:
             self.state.note_latest(latest)
         except Exception as exc:  # the table catches up on the next report; generation goes on
             log.warning("could not report version %d to paramsync: %r", version, exc)
-
-    def _prune(self) -> None:
-        if not self.weights_dir.is_dir():
-            return
-        versions = sorted(p for p in self.weights_dir.iterdir() if p.is_dir() and p.name.startswith("v"))
-        for old in versions[:-_KEEP_VERSIONS]:
-            shutil.rmtree(old, ignore_errors=True)

@@ -2,8 +2,9 @@
 
 One TCP connection per operation; the bytes move in a worker thread with blocking calls, and
 cancelling the caller shuts the connection, which stops the transfer. The trainer sends each
-tensor's memory as it is (no chunk copies); a replica receives the version straight into one
-buffer, which its tensors then view, hashing each piece as it lands.
+tensor's memory as it is (no chunk copies); a replica receives the version straight into the
+memory it names once the manifest is known (one buffer its tensors then view, or the mapping of
+a safetensors file, see ``memfile.py``), hashing each piece as it lands.
 Errors carry the gRPC status the server named; link failures are UNAVAILABLE or
 DEADLINE_EXCEEDED, which the client retries like their gRPC counterparts.
 """
@@ -147,11 +148,14 @@ class ReceivedVersion:
     tensors: dict[str, torch.Tensor]  # verified, views into one buffer
 
 
-def _receive_version(sock: socket.socket, manifest: Manifest, starts: list[int], target: VersionMemory) -> None:
-    """Receives every tensor into its place in ``target``, hashing each piece as it lands."""
-    for spec, start in zip(manifest.tensors, starts, strict=True):
-        view, hasher = target.view[start : start + spec.num_bytes], new_hasher(manifest.checksum_algorithm)
-        filled = 0
+# Given the manifest, one writable view per tensor (in manifest order) to receive it into.
+Place = Callable[[Manifest], Sequence[memoryview]]
+
+
+def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> None:
+    """Receives every tensor into its view from ``place``, hashing each piece as it lands."""
+    for spec, view in zip(manifest.tensors, place(manifest), strict=True):
+        hasher, filled = new_hasher(manifest.checksum_algorithm), 0
         while filled < spec.num_bytes:
             received = sock.recv_into(view[filled : filled + RECV_BYTES], 0, socket.MSG_WAITALL)
             if received == 0:
@@ -162,10 +166,25 @@ def _receive_version(sock: socket.socket, manifest: Manifest, starts: list[int],
             raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum differs")
 
 
+async def fetch_into(address: DataPlaneAddress, request: pb.FetchRequest, timeout_s: float, place: Place) -> Manifest:
+    """Downloads a version into the views ``place`` gives (called in the receiving thread once
+    the manifest is known); ChecksumMismatch if any tensor differs from the manifest."""
+    sock = await _connect(address, timeout_s)
+    with sock:
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = _check(await _blocking(sock, _request, sock, pb.BulkRequest(fetch=request)))
+                manifest = Manifest.from_proto(reply.manifest)
+                await _blocking(sock, _receive_version, sock, manifest, place)
+        except (OSError, TimeoutError, FrameError) as exc:
+            raise _link_error(exc, f"fetching version {request.version}") from exc
+    return manifest
+
+
 async def fetch(
     address: DataPlaneAddress, request: pb.FetchRequest, timeout_s: float, memory: RecycledMemory | None = None
 ) -> ReceivedVersion:
-    """Downloads a version, each tensor checked against the manifest.
+    """Downloads a version as tensors, each checked against the manifest.
 
     ChecksumMismatch if any tensor differs; the tensors are returned only when all match. With
     ``memory``, the version is received into its kept buffer, and the buffer is given back to it
@@ -176,17 +195,17 @@ async def fetch(
 
     from services.paramsync.tensors import typed_view
 
-    sock = await _connect(address, timeout_s)
-    with sock:
-        try:
-            async with asyncio.timeout(timeout_s):
-                reply = _check(await _blocking(sock, _request, sock, pb.BulkRequest(fetch=request)))
-                manifest = Manifest.from_proto(reply.manifest)
-                starts, size = _layout(manifest)
-                target = memory.take(size) if memory is not None else VersionMemory(size)
-                await _blocking(sock, _receive_version, sock, manifest, starts, target)
-        except (OSError, TimeoutError, FrameError) as exc:
-            raise _link_error(exc, f"fetching version {request.version}") from exc
+    placed: list[tuple[VersionMemory, list[int], int]] = []
+
+    def place(manifest: Manifest) -> list[memoryview]:
+        starts, size = _layout(manifest)
+        target = memory.take(size) if memory is not None else VersionMemory(size)
+        placed.append((target, starts, size))
+        pairs = zip(manifest.tensors, starts, strict=True)
+        return [target.view[start : start + spec.num_bytes] for spec, start in pairs]
+
+    manifest = await fetch_into(address, request, timeout_s, place)
+    target, starts, size = placed[0]
     # Every tensor keeps this array alive, so its finalizer runs when the last one is gone.
     base = np.frombuffer(target.map, dtype=np.uint8, count=max(size, 1))
     if memory is not None:

@@ -43,6 +43,7 @@ async def test_partial_rollout_records_per_token_versions(
         syncing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await syncing
+        sync.close()
         table = await paramsync.list_replicas()
         stages = _stage_seconds(sync)
         assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=old + 2)).success

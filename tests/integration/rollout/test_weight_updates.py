@@ -26,6 +26,8 @@ from tests.integration.rollout.replica_harness import (
 )
 from tests.waiting import wait_until_async
 
+SHM_VERSIONS = Path("/dev/shm/relayrl-weights-r-sync")
+
 
 @pytest.mark.parametrize("transport", ["grpc", "disk"])
 async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
@@ -56,6 +58,8 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
                 (group,) = await pull_groups(queue.grpc_address, 1, version=new)
                 status = replica.state.status()
                 syncs = sample_value(replica, "param_sync_requests_total")
+                on_disk = sorted((tmp_path / "weights").rglob("*.safetensors"))
+                in_memory = sorted(SHM_VERSIONS.rglob("*.safetensors"))
             table = await paramsync.list_replicas()
             assert (await client.model_info())["weight_version"] == str(new)
             assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=new + 1)).success
@@ -65,3 +69,7 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
     assert status.weight_version == new and status.latest_version == new
     assert syncs == 1
     assert [(r.replica_id, r.version) for r in table.replicas] == [("r-sync", new)]
+    # A pulled version lives in shared memory only, and is gone once the replica stops.
+    assert on_disk == []
+    assert in_memory == ([SHM_VERSIONS / f"v{new:012d}" / "model.safetensors"] if transport == "grpc" else [])
+    assert not SHM_VERSIONS.exists()
