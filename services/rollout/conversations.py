@@ -237,6 +237,10 @@ class Conversations:
         if not conversation.started and self._open.get(conversation.conversation_id) is conversation:
             del self._open[conversation.conversation_id]
             self._metrics.open.set(len(self._open))
+            group = self._groups.get(conversation.group_id)
+            others = any(c.group_id == conversation.group_id for c in self._open.values())
+            if group is not None and not group.samples and not group.abandoned and not others:
+                del self._groups[conversation.group_id]
 
     async def finish(
         self, conversation_id: str, reward: float, extra: dict[str, float], error: bool, info: dict
