@@ -29,11 +29,6 @@ from services.paramsync.transports.base import WeightTransport
 log = logging.getLogger(__name__)
 
 
-# How long an upload whose link broke stays open for the trainer to resume it. The trainer's
-# retries (verl's defaults: 3 retries from 1 s, doubling) reconnect within 7 s.
-RESUME_WINDOW_S = 10.0
-
-
 class Chunk(Protocol):
     """A piece of one tensor's bytes, as both the gRPC stream and the wire codec carry it."""
 
@@ -85,6 +80,8 @@ class ParamSyncCore:
     metrics: ParamSyncMetrics
     chunk_bytes: int
     upload_idle_timeout_s: float
+    # How long an upload whose link broke stays open for the trainer to resume it.
+    resume_window_s: float = 10.0
     store_dir: Path | None = None
     announcer: Announcer = field(default_factory=lambda: Announcer(), init=False)
     # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
@@ -198,7 +195,7 @@ class ParamSyncCore:
         log.warning("upload of version %d failed: %s", stored.version, err)
 
     def link_broke(self, stored: StoredVersion, epoch: int) -> None:
-        """The trainer's link ``epoch`` broke mid-upload: keep the upload open for ``RESUME_WINDOW_S``
+        """The trainer's link ``epoch`` broke mid-upload: keep the upload open for ``resume_window_s``
         so a retry can resume it, then drop it as disconnected. Fetches of it wait meanwhile."""
         if stored.link_epoch != epoch:
             return  # already resumed over a newer link
@@ -219,10 +216,6 @@ class ParamSyncCore:
                 self.fail_upload(stored, None)
 
         asyncio.get_running_loop().call_later(self.resume_window_s, drop_unless_resumed)
-
-    @property
-    def resume_window_s(self) -> float:
-        return min(RESUME_WINDOW_S, self.upload_idle_timeout_s)
 
     def abort_upload(self, version: int, reason: str) -> bool:
         """Drops the open upload of ``version`` at once (the trainer gave up on it)."""

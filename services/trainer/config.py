@@ -39,6 +39,20 @@ class TrainerSettings(ServiceSettings):
     paramsync_address: str = Field(
         "", description="host:port of paramsync (gRPC); empty gathers weights but publishes nowhere (benchmarks)."
     )
+    sync_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="verl's name: seconds one exchange of an upload with paramsync may take (one bucket sent, the"
+        " commit) before the attempt fails, naming the stage, paramsync's address and the version.",
+    )
+    max_sync_retries: int = Field(
+        3,
+        ge=0,
+        description="verl's name: retries of an upload whose link failed, each resuming from the bucket in hand.",
+    )
+    sync_retry_delay: float = Field(
+        1.0, ge=0, description="verl's name: seconds before the first retry of an upload, doubling after each."
+    )
     consumer: str = Field(
         "trainer-0", description="Consumer name in the queue; a restarted trainer gets its own un-acked entries back."
     )

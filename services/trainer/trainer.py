@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from relayrl.stalls import StallWatch
+from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample, samples_from_groups
@@ -75,8 +76,6 @@ def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | N
 
     One full copy on rank 0: for writing a model directory, not for publishing (see publish).
     """
-    from services.trainer.gather import BucketGather, weight_specs
-
     names = [spec.name for spec in weight_specs(actor)]
     tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(actor) for t in bucket]
     return list(zip(names, tensors, strict=True)) if D.get_rank() == 0 else None
@@ -168,7 +167,10 @@ class Trainer:
             dataset = PromptDataset(rows, settings.seed)
             self.feed = Feed(settings, queue, io, dataset, control, stalls, on_drop=self.telemetry.record_dropped)
             self.val_rows = self._val_rows(tokenizer)
-            self.publisher = Publisher(io, sink)
+            # A bucket hand-off may wait as long as the upload may take to send the bucket before
+            # it: every attempt running to sync_timeout, plus the backoff between them.
+            handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
+            self.publisher = Publisher(io, sink, handoff_s)
         self.gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
