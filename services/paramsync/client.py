@@ -118,6 +118,12 @@ def _runs_of(pairs: Sequence[tuple[str, torch.Tensor]], run_bytes: int) -> Itera
         yield start, len(pairs)
 
 
+def _write_failed(err: grpc.aio.AioRpcError) -> bool:
+    """grpc's own status for a message it could not write because the connection broke (it says
+    INTERNAL, not UNAVAILABLE); a server's INTERNAL carries its own details."""
+    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
+
+
 class _StreamedUpload:
     """The trainer's side of one streamed upload across retries: the buckets still to come, and the
     run in hand, kept until the next one is asked for so a retry can resume from its start."""
@@ -294,16 +300,6 @@ class ParamSyncClient:
             raise ValueError("publish_streamed takes specs without checksums; they are computed from the buckets")
         upload = _StreamedUpload(manifest, buckets)
 
-        async def messages(resume_from: int) -> AsyncIterator[pb.WeightStreamMessage | bytes]:
-            yield pb.WeightStreamMessage(manifest=manifest.to_proto(), resume_from_bytes=resume_from)
-            async for run in upload.runs():
-                yield pb.WeightStreamMessage(
-                    checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
-                )
-                for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
-                    for offset in range(0, view.nbytes, self.chunk_bytes):
-                        yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
-
         async def call() -> int:
             resume_from = upload.resume_from()
             address = await self._data_plane_address()
@@ -314,12 +310,7 @@ class ParamSyncClient:
                     )
                 except DataPlaneUnreachable as exc:
                     self._give_up_data_plane(exc)
-            try:
-                return (await self._publish(messages(resume_from), timeout=self.sync_timeout)).bytes_received
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
-                raise stage_deadline_error("upload", f"paramsync {self.address}", version, self.sync_timeout) from None
+            return await self._publish_stream(upload, resume_from)
 
         try:
             received = await self._with_retries(call)
@@ -328,10 +319,71 @@ class ParamSyncClient:
             raise
         return PublishResult(version, received, manifest.total_bytes, time.perf_counter() - started)
 
+    async def _publish_stream(self, upload: _StreamedUpload, resume_from: int) -> int:
+        """One attempt of a streamed upload over the Publish RPC; returns the bytes paramsync stored.
+
+        Bounded as on the data plane: it fails when paramsync takes nothing for ``sync_timeout``
+        seconds (grpc stops taking messages when paramsync stops reading), not counting the waits
+        for the next bucket, which its producer bounds. A deadline on the whole call would count
+        the gather as well, and grpc reports one that expires mid-write as INTERNAL.
+        """
+        manifest, loop = upload.manifest, asyncio.get_running_loop()
+        deadline = asyncio.timeout(self.sync_timeout)
+        stage, live = "upload start", True
+        failed: list[BaseException] = []
+
+        def at(next_stage: str, bounded: bool = True) -> None:
+            nonlocal stage
+            stage = next_stage
+            if live:
+                deadline.reschedule(loop.time() + self.sync_timeout if bounded else None)
+
+        async def messages() -> AsyncIterator[pb.WeightStreamMessage | bytes]:
+            yield pb.WeightStreamMessage(manifest=manifest.to_proto(), resume_from_bytes=resume_from)
+            runs = upload.runs()
+            while True:
+                at("upload (waiting for the next bucket)", bounded=False)
+                try:
+                    run = await anext(runs)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    failed.append(exc)
+                    raise
+                at("upload")
+                yield pb.WeightStreamMessage(
+                    checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
+                )
+                for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
+                    for offset in range(0, view.nbytes, self.chunk_bytes):
+                        yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
+                        at("upload")
+            at("commit")
+
+        try:
+            async with deadline:
+                return (await self._publish(messages())).bytes_received
+        except TimeoutError as exc:
+            raise stage_deadline_error(stage, f"paramsync {self.address}", manifest.version, self.sync_timeout) from exc
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            # grpc swallows an error of the request iterator and cancels the call: raise the error.
+            task = asyncio.current_task()
+            if failed and not (task is not None and task.cancelling()):
+                raise failed[0] from None
+            if isinstance(exc, grpc.aio.AioRpcError) and _write_failed(exc):
+                peer = f"paramsync {self.address}"
+                message = f"{stage} of version {manifest.version} (peer: {peer}) failed: the link broke mid-write"
+                raise ParamSyncError(message, grpc.StatusCode.UNAVAILABLE) from exc
+            raise
+        finally:
+            live = False
+
     async def _abort_upload(self, version: int, reason: str) -> None:
         """Tells paramsync to drop the open upload of ``version`` now rather than after its resume window."""
         try:
-            await self._stub.AbortUpload(pb.AbortUploadRequest(version=version, reason=reason[:500]), timeout=5.0)
+            # Bounded like any exchange: a paramsync that stopped answering must not delay the error.
+            request = pb.AbortUploadRequest(version=version, reason=reason[:500])
+            await self._stub.AbortUpload(request, timeout=min(5.0, self.sync_timeout))
         except grpc.aio.AioRpcError as err:
             log.warning("could not abort the upload of version %d at %s: %s", version, self.address, err.code().name)
 

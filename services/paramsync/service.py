@@ -109,9 +109,15 @@ class ParamSyncServicer(pb_grpc.ParamSyncServicer):
             await self.core.receive(stored, _chunks(messages), epoch)
             received = self.core.commit_upload(stored, started)
         except StoreError as err:
-            self.core.fail_upload(stored, err, epoch)
+            if err.reason == "incomplete" and manifest.is_open:
+                # grpc ends the request stream the same way when the connection breaks as when the
+                # client stops early (neither cancels the context). A streamed upload's client never
+                # stops early on purpose (it aborts instead), so here the link broke: keep it open.
+                self.core.link_broke(stored, epoch)
+            else:
+                self.core.fail_upload(stored, err, epoch)
             await self._abort(context, err)
-        except asyncio.CancelledError:  # the link broke (a stream that ends early is "incomplete")
+        except asyncio.CancelledError:  # the link broke while paramsync was waiting on it
             self.core.link_broke(stored, epoch)
             raise
         return pb.PublishResponse(version=stored.version, bytes_received=received)
