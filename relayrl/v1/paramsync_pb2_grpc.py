@@ -77,7 +77,9 @@ class ParamSyncServicer:
     def Publish(self, request_iterator, context):
         """The trainer uploads version `v`: first message a manifest, then chunks. Fails with
         FAILED_PRECONDITION if `v` is not newer than the latest, DATA_LOSS on a checksum
-        mismatch or missing bytes; the previous version stays served either way.
+        mismatch or missing bytes; the previous version stays served either way. A stream with an
+        open manifest that ends before its last byte is taken for a broken link (grpc shows both the
+        same way): it stays open for upload_resume_window_s, to be resumed or aborted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
