@@ -23,7 +23,8 @@ different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is r
 ``VersionUnavailable`` (not held, or its upload failed). Link failures (UNAVAILABLE,
 DEADLINE_EXCEEDED) are retried with exponential backoff using verl's names:
 ``max_sync_retries`` attempts after the first, starting ``sync_retry_delay`` seconds apart, each
-call bounded by ``sync_timeout`` seconds. torch is imported only inside the calls that need it.
+call bounded by ``sync_timeout`` seconds (an upload: each of its exchanges, as it also waits on
+the trainer's gather). torch is imported only inside the calls that need it.
 """
 
 from __future__ import annotations

@@ -179,7 +179,8 @@ async def test_an_uploader_killed_mid_upload_never_makes_its_version_visible(tmp
             # A fetch waits through the resume window, then fails cleanly.
             with pytest.raises(VersionUnavailable, match="version 2 is not held; held: \\[1\\]"):
                 await ps.fetch(2)
-            assert time.monotonic() - killed_at >= window_s * 0.75
+            # Dropped when the window (a setting, default 10 s) ends, not before.
+            assert window_s * 0.75 <= time.monotonic() - killed_at < window_s + 6
             assert in_process_metric(service, "relayrl_paramsync_publish_failures_total", reason="disconnected") == 1
             assert (await ps.list_replicas()).latest_version == 1
             fetched = await ps.fetch_version(0)
