@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from relayrl.stalls import StallWatch
+from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample, samples_from_groups
@@ -23,6 +24,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
+from services.trainer.gather import BucketGather, weight_specs
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
@@ -70,18 +72,42 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
 
 
 def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | None:
-    """The full state dict on rank 0 (collective), as private CPU copies the upload may read later."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    """The full state dict on rank 0 (collective), as private CPU copies; None on other ranks.
 
-    if D.active():
-        full = get_model_state_dict(actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        full = actor.state_dict()
-    if D.get_rank() != 0:
-        return None
-    # With one rank the "gathered" tensors can alias the live parameters; the upload runs
-    # while training continues, so it must read a snapshot.
-    return [(k, v.detach().to("cpu", copy=True)) for k, v in full.items()]
+    One full copy on rank 0: for writing a model directory, not for publishing (see publish).
+    """
+    names = [spec.name for spec in weight_specs(actor)]
+    tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(actor) for t in bucket]
+    return list(zip(names, tensors, strict=True)) if D.get_rank() == 0 else None
+
+
+def stream_weights(
+    actor: torch.nn.Module, gather: BucketGather, publisher: Publisher | None, version: int, step: int
+) -> dict[str, float]:
+    """Publishes ``version``: every rank gathers bucket by bucket, rank 0 (the one with
+    ``publisher``) hands each bucket to the upload on its I/O thread as it comes.
+
+    ``timing/gather_s`` is what training paid (the gather, plus any wait for an upload more than a
+    bucket behind; ``timing/publish_s`` is its former name). ``timing/upload_s`` is the latest
+    finished upload, from its start to paramsync's commit: usually the previous version's, as this
+    one's is still under way.
+    """
+    started = time.perf_counter()
+    handoff = publisher.begin_streamed(version, weight_specs(actor), step) if publisher is not None else None
+    for bucket in gather.buckets(actor):
+        if handoff is not None:
+            handoff.put(bucket)
+        del bucket
+    if handoff is not None:
+        handoff.end()
+    gather_s = time.perf_counter() - started
+    metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s}
+    if publisher is not None:
+        metrics["perf/publish_peak_gathered_bytes"] = gather.peak_live_bytes
+        upload_s = publisher.last_upload_s()
+        if upload_s is not None:
+            metrics["timing/upload_s"] = upload_s
+    return metrics
 
 
 def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None:
@@ -141,7 +167,11 @@ class Trainer:
             dataset = PromptDataset(rows, settings.seed)
             self.feed = Feed(settings, queue, io, dataset, control, stalls, on_drop=self.telemetry.record_dropped)
             self.val_rows = self._val_rows(tokenizer)
-            self.publisher = Publisher(io, sink)
+            # A bucket hand-off may wait as long as the upload may take to send the bucket before
+            # it: every attempt running to sync_timeout, plus the backoff between them.
+            handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
+            self.publisher = Publisher(io, sink, handoff_s)
+        self.gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
@@ -214,13 +244,12 @@ class Trainer:
         return metrics
 
     def publish(self) -> dict[str, float]:
-        """Gathers the weights (collective) and hands them to the background uploader."""
-        started = time.perf_counter()
-        weights = gather_weights(self.models.actor)
-        if weights is not None:
-            self.publisher.publish(self.state.version, weights, self.state.step)
+        """Gathers the weights bucket by bucket (collective) while rank 0's I/O thread uploads them."""
+        publisher = self.publisher if self.ctx.is_main else None
+        metrics = stream_weights(self.models.actor, self.gather, publisher, self.state.version, self.state.step)
+        if publisher is not None:
             self.state.param_sync_count += 1
-        return {"timing/publish_s": time.perf_counter() - started}
+        return metrics
 
     def validate(self) -> dict[str, float]:
         if not self.ctx.is_main or not self.val_rows:
