@@ -19,14 +19,27 @@ from services.paramsync.manifest import TensorSpec
 from services.paramsync.tensors import open_spec
 from services.trainer import distributed as D
 
+Items = list[tuple[str, torch.Tensor]]
 
-def _sharded_items(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+
+def state_items(actor: torch.nn.Module) -> Items:
+    """The whole state dict, tied names included: what a model directory holds."""
     return list(actor.state_dict().items())
 
 
-def weight_specs(actor: torch.nn.Module) -> list[TensorSpec]:
-    """Every published tensor's name, dtype and full shape, known before anything is gathered."""
-    return [open_spec(name, t) for name, t in _sharded_items(actor)]
+def published_items(actor: torch.nn.Module) -> Items:
+    """What a version holds: the state dict with each tensor once. A tied tensor (Qwen2.5's
+    lm_head, which is the embedding) is one parameter under two names; the engine's model ties
+    it the same way, so sending it twice would only add its bytes again (27 % of the 0.5B
+    shape). ``named_parameters`` lists a shared parameter under its first name only."""
+    listed = {name for name, _ in actor.named_parameters()}
+    aliases = {name for name, _ in actor.named_parameters(remove_duplicate=False)} - listed
+    return [(name, t) for name, t in state_items(actor) if name not in aliases]
+
+
+def weight_specs(items: Items) -> list[TensorSpec]:
+    """Every tensor's name, dtype and full shape, known before anything is gathered."""
+    return [open_spec(name, t) for name, t in items]
 
 
 class BucketGather:
@@ -52,8 +65,8 @@ class BucketGather:
         with self._lock:
             self.live_bytes -= nbytes
 
-    def buckets(self, actor: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-        """Yields rank 0's buckets of full CPU tensors in state-dict order (empty lists elsewhere).
+    def buckets(self, items: Items) -> Iterator[list[torch.Tensor]]:
+        """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere).
 
         Collective: every rank must drain the iterator. The tensors are private copies, because
         training goes on while the upload reads them.
@@ -61,7 +74,7 @@ class BucketGather:
         is_main = D.get_rank() == 0
         bucket: list[torch.Tensor] = []
         size = 0
-        for _, tensor in _sharded_items(actor):
+        for _, tensor in items:
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             size += full.numel() * full.element_size()
             if is_main:

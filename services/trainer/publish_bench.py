@@ -59,7 +59,7 @@ def publish_version(
     """Publishes the actor's weights as ``version`` the way the trainer does (collective: the
     bucketed, streamed publish of ``Trainer.publish``); rank 0 returns the timings once paramsync
     holds the version, the other ranks None. This is the one place the bench calls it."""
-    from services.trainer.gather import weight_specs
+    from services.trainer.gather import published_items, weight_specs
     from services.trainer.trainer import stream_weights
 
     step_end = time.time()
@@ -70,7 +70,7 @@ def publish_version(
     record = publisher.records[-1]
     if not record.ok:
         raise RuntimeError(f"publishing version {version} to paramsync failed: {record.error}")
-    model_bytes = sum(spec.num_bytes for spec in weight_specs(actor))
+    model_bytes = sum(spec.num_bytes for spec in weight_specs(published_items(actor)))
     # The upload starts with the gather, so its seconds hold the gather's; the bench's upload
     # stage is what the upload took beyond it.
     upload_s = max(record.seconds - metrics["timing/gather_s"], 0.0)

@@ -24,7 +24,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
-from services.trainer.gather import BucketGather, weight_specs
+from services.trainer.gather import BucketGather, published_items, state_items, weight_specs
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
@@ -76,8 +76,9 @@ def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | N
 
     One full copy on rank 0: for writing a model directory, not for publishing (see publish).
     """
-    names = [spec.name for spec in weight_specs(actor)]
-    tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(actor) for t in bucket]
+    items = state_items(actor)
+    names = [name for name, _ in items]
+    tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(items) for t in bucket]
     return list(zip(names, tensors, strict=True)) if D.get_rank() == 0 else None
 
 
@@ -93,8 +94,9 @@ def stream_weights(
     one's is still under way.
     """
     started = time.perf_counter()
-    handoff = publisher.begin_streamed(version, weight_specs(actor), step) if publisher is not None else None
-    for bucket in gather.buckets(actor):
+    items = published_items(actor)
+    handoff = publisher.begin_streamed(version, weight_specs(items), step) if publisher is not None else None
+    for bucket in gather.buckets(items):
         if handoff is not None:
             handoff.put(bucket)
         del bucket

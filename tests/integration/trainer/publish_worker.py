@@ -2,8 +2,8 @@
 
 ``python -m ... MODEL_DIR PARAMSYNC_ADDRESS BUCKET_BYTES OUT``: every rank trains one step, then
 publishes version 1 through the trainer's own path (stream_weights: bucketed gather, hand-off,
-upload on rank 0's I/O thread); rank 0 then writes the full state dict it trained to and the
-gather's peak of live bytes to OUT.
+upload on rank 0's I/O thread); rank 0 then writes the full state dict it trained to, the names
+a version holds and the gather's peak of live bytes to OUT.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from services.trainer import distributed as D
 from services.trainer.config import TrainerSettings
-from services.trainer.gather import BucketGather
+from services.trainer.gather import BucketGather, published_items
 from services.trainer.links import IoThread, Publisher
 from services.trainer.step import train_step
 from services.trainer.trainer import build_models, gather_weights, stream_weights
@@ -38,11 +38,15 @@ def main(model_dir: str, address: str, bucket_bytes: int, out: str) -> None:
         publisher = Publisher(io, sink)
     metrics = stream_weights(models.actor, gather, publisher, version=1, step=1)
     weights = gather_weights(models.actor)
+    published = [name for name, _ in published_items(models.actor)]
     if publisher is not None:
         publisher.drain()
         record = publisher.records[-1]
         assert record.ok, record.error
-        torch.save({"weights": dict(weights), "peak": gather.peak_live_bytes, "metrics": metrics}, out)
+        torch.save(
+            {"weights": dict(weights), "published": published, "peak": gather.peak_live_bytes, "metrics": metrics},
+            out,
+        )
     D.shutdown()
 
 
