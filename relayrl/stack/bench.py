@@ -14,8 +14,8 @@ the last training step (start-up excluded); the engine's between its first and l
 
 A multi-turn workload (``agentic``) also reports, per mode, ``engine_idle_ratio`` (the share of
 the window with no request at the engine: episodes waiting on the environment hold none) and the
-environment's calls and seconds from its own call log, and ``episodes``: turns and environment
-calls per episode, measured on the backlog generated alone.
+environment's calls and seconds in the window from its own call log, and ``episodes``: model
+turns per episode, measured on the backlog generated alone.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class AloneResult:
     engine_samples_per_s: float
     trainer_samples_per_s: float
     generated_lengths: dict[str, float]
-    # Multi-turn workloads: turns and environment calls per episode of the backlog; empty otherwise.
+    # Multi-turn workloads: episodes in the backlog and their model turns; empty otherwise.
     episodes: dict[str, float]
 
 
