@@ -18,6 +18,7 @@ import torch
 from relayrl.stalls import StallWatch
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
+from services.trainer import lora
 from services.trainer.batching import TrainSample, samples_from_groups
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
@@ -55,25 +56,39 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
     def wrap(m: torch.nn.Module) -> torch.nn.Module:
         return shard_model(m, ctx.device.type) if fsdp else m
 
-    actor = wrap(load_actor(s.model_dir, ctx.device))
+    actor = load_actor(s.model_dir, ctx.device)
+    if s.lora:
+        actor = lora.add_adapter(actor, lora.LoraSpec(s.lora_rank, s.lora_alpha, s.target_modules))
+    actor = wrap(actor)
     schedule = LrSchedule(s.warmup_steps, s.lr_scheduler_type, s.total_steps, s.min_lr_ratio)
     opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule)
     models = Models(actor, opt, sched)
     if s.needs_critic:
         models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed))
         models.critic_opt, models.critic_sched = build_optimizer(models.critic, s.critic_lr, s.weight_decay, schedule)
-    if s.needs_reference:
+    if s.needs_reference and s.lora:
+        models.ref = lora.AdapterDisabled(actor)
+    elif s.needs_reference:
         ref = load_actor(s.model_dir, ctx.device).eval()
         ref.requires_grad_(False)
         models.ref = wrap(ref)
     return models
 
 
-def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | None:
-    """The full state dict on rank 0 (collective), as private CPU copies the upload may read later."""
+def gather_weights(
+    actor: torch.nn.Module, names: dict[str, str] | None = None
+) -> list[tuple[str, torch.Tensor]] | None:
+    """The full state dict on rank 0 (collective), as private CPU copies the upload may read later.
+
+    ``names`` (a parameter's name → the name it is published under) gathers only those
+    parameters: a LoRA version is the adapter (``lora.publish_names``).
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if D.active():
+    if names is not None:
+        params = dict(actor.named_parameters())
+        full = {new: _full_tensor(params[old].detach()) for old, new in names.items()}
+    elif D.active():
         full = get_model_state_dict(actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
         full = actor.state_dict()
@@ -84,16 +99,25 @@ def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | N
     return [(k, v.detach().to("cpu", copy=True)) for k, v in full.items()]
 
 
+def _full_tensor(t: torch.Tensor) -> torch.Tensor:
+    # An FSDP2 parameter is a DTensor shard: full_tensor() all-gathers it (collective).
+    return t.full_tensor().cpu() if hasattr(t, "full_tensor") else t
+
+
 def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None:
     """The actor as a Hugging Face directory shaped like ``base_dir`` (collective; rank 0 writes it,
     as ``relayrl export`` does)."""
     from relayrl.models.loading import load_causal_lm, save_hf_dir
 
-    weights = gather_weights(actor)
+    names = lora.publish_names(actor)
+    weights = gather_weights(actor, names)
     if weights is None:
         return
-    model = load_causal_lm(base_dir)
-    model.load_state_dict(dict(weights))
+    if names is not None:
+        model = lora.merged_model(base_dir, dict(weights), lora.adapter_config(actor))
+    else:
+        model = load_causal_lm(base_dir)
+        model.load_state_dict(dict(weights))
     save_hf_dir(model, base_dir, out_dir)
 
 
@@ -216,7 +240,7 @@ class Trainer:
     def publish(self) -> dict[str, float]:
         """Gathers the weights (collective) and hands them to the background uploader."""
         started = time.perf_counter()
-        weights = gather_weights(self.models.actor)
+        weights = gather_weights(self.models.actor, lora.publish_names(self.models.actor))
         if weights is not None:
             self.publisher.publish(self.state.version, weights, self.state.step)
             self.state.param_sync_count += 1
