@@ -170,6 +170,9 @@ class EngineClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
+        # The loaded LoRA adapter every generate uses unless given another: the rollout's weight
+        # sync sets it when it switches to an adapter version. None: the base model.
+        self.lora_adapter: str | None = None
         self._backoff_s = backoff_s
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -229,8 +232,10 @@ class EngineClient:
     ) -> list[GenerateOutput]:
         """Generates ``sampling_params.n`` samples for one prompt; always returns a list of ``n``.
 
-        ``lora_path`` is the name of a loaded LoRA adapter (SGLang's field name); None uses the base model.
+        ``lora_path`` is the name of a loaded LoRA adapter (SGLang's field name); None uses
+        :attr:`lora_adapter` (None there too: the base model).
         """
+        lora_path = lora_path if lora_path is not None else self.lora_adapter
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params.to_json(),

@@ -70,7 +70,8 @@ def read_adapter(name: str, path: str | Path, model: torch.nn.Module) -> LoraAda
         stem, _, kind = tensor_name.removeprefix(PEFT_PREFIX).removesuffix(".weight").rpartition(".")
         if kind not in ("lora_A", "lora_B"):
             raise ValueError(f"{tensor_name}: not a LoRA tensor (only lora_A/lora_B weights are supported)")
-        pairs.setdefault(stem, {})[kind] = tensor.to(dtype)
+        # A copy: the file may be a received version's mapping, which the next version overwrites.
+        pairs.setdefault(stem, {})[kind] = tensor.to(dtype, copy=True)
     weights = {}
     for module_name, pair in pairs.items():
         module = modules.get(module_name)
@@ -88,6 +89,28 @@ def read_adapter(name: str, path: str | Path, model: torch.nn.Module) -> LoraAda
     if not weights:
         raise ValueError(f"{directory} holds no LoRA tensors")
     return LoraAdapter(name, str(path), scale, weights)
+
+
+def adapter_dir(weights_file: Path, out_dir: Path, lora_alpha: float) -> Path | None:
+    """``out_dir`` made a peft adapter directory for ``weights_file`` when that file holds LoRA
+    tensors only (an adapter version; else None): ``adapter_config.json`` with the rank and target
+    modules its tensors show and ``lora_alpha``, and ``adapter_model.safetensors`` linked to the file."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights_file), "pt") as f:
+        names = list(f.keys())
+        if not names or not all(".lora_A." in n or ".lora_B." in n for n in names):
+            return None
+        first_a = next(n for n in names if ".lora_A." in n)
+        rank = int(f.get_slice(first_a).get_shape()[0])
+    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in names})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": lora_alpha, "target_modules": targets, "bias": "none"}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config))
+    link = out_dir / WEIGHTS_FILE
+    link.unlink(missing_ok=True)
+    link.symlink_to(weights_file.resolve())
+    return out_dir
 
 
 @dataclass
