@@ -58,6 +58,7 @@ BENCHMARKS: dict[str, str] = {
     "weights": "relayrl.stack.bench_weights:bench",
     "learning": "relayrl.stack.learning:bench",
     "compare": "relayrl.stack.compare:bench",
+    "openai": "services.rollout.openai_bench:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")

@@ -46,13 +46,25 @@ class WeightChunk(_message.Message):
     data: bytes
     def __init__(self, tensor_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class TensorChecksums(_message.Message):
+    __slots__ = ("first_tensor", "checksums")
+    FIRST_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    first_tensor: int
+    checksums: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, first_tensor: _Optional[int] = ..., checksums: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class WeightStreamMessage(_message.Message):
-    __slots__ = ("manifest", "chunk")
+    __slots__ = ("manifest", "chunk", "checksums", "resume_from_bytes")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_BYTES_FIELD_NUMBER: _ClassVar[int]
     manifest: WeightManifest
     chunk: WeightChunk
-    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
+    checksums: TensorChecksums
+    resume_from_bytes: int
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ..., checksums: _Optional[_Union[TensorChecksums, _Mapping]] = ..., resume_from_bytes: _Optional[int] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("version", "bytes_received")
@@ -150,6 +162,20 @@ class DataPlaneRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AbortUploadRequest(_message.Message):
+    __slots__ = ("version", "reason")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    reason: str
+    def __init__(self, version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortUploadResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: bool
+    def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
+
 class DataPlaneInfo(_message.Message):
     __slots__ = ("data_port",)
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -157,12 +183,14 @@ class DataPlaneInfo(_message.Message):
     def __init__(self, data_port: _Optional[int] = ...) -> None: ...
 
 class BulkRequest(_message.Message):
-    __slots__ = ("publish", "fetch")
+    __slots__ = ("publish", "fetch", "resume_from_bytes")
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_BYTES_FIELD_NUMBER: _ClassVar[int]
     publish: WeightManifest
     fetch: FetchRequest
-    def __init__(self, publish: _Optional[_Union[WeightManifest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ...) -> None: ...
+    resume_from_bytes: int
+    def __init__(self, publish: _Optional[_Union[WeightManifest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., resume_from_bytes: _Optional[int] = ...) -> None: ...
 
 class BulkReply(_message.Message):
     __slots__ = ("code", "message", "manifest", "bytes_received")

@@ -64,6 +64,11 @@ class ParamSyncStub:
                 request_serializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.FromString,
                 _registered_method=True)
+        self.AbortUpload = channel.unary_unary(
+                '/relayrl.v1.ParamSync/AbortUpload',
+                request_serializer=relayrl_dot_v1_dot_paramsync__pb2.AbortUploadRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_paramsync__pb2.AbortUploadResponse.FromString,
+                _registered_method=True)
 
 
 class ParamSyncServicer:
@@ -72,7 +77,9 @@ class ParamSyncServicer:
     def Publish(self, request_iterator, context):
         """The trainer uploads version `v`: first message a manifest, then chunks. Fails with
         FAILED_PRECONDITION if `v` is not newer than the latest, DATA_LOSS on a checksum
-        mismatch or missing bytes; the previous version stays served either way.
+        mismatch or missing bytes; the previous version stays served either way. A stream with an
+        open manifest that ends before its last byte is taken for a broken link (grpc shows both the
+        same way): it stays open for upload_resume_window_s, to be resumed or aborted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,6 +123,14 @@ class ParamSyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbortUpload(self, request, context):
+        """Drops the unfinished upload of `version` at once (the trainer gave up on it); it never
+        becomes visible and fetches of it end early. A no-op when no such upload is open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParamSyncServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +163,11 @@ def add_ParamSyncServicer_to_server(servicer, server):
                     servicer.DataPlane,
                     request_deserializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.SerializeToString,
+            ),
+            'AbortUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortUpload,
+                    request_deserializer=relayrl_dot_v1_dot_paramsync__pb2.AbortUploadRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_paramsync__pb2.AbortUploadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +332,33 @@ class ParamSync:
             '/relayrl.v1.ParamSync/DataPlane',
             relayrl_dot_v1_dot_paramsync__pb2.DataPlaneRequest.SerializeToString,
             relayrl_dot_v1_dot_paramsync__pb2.DataPlaneInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.ParamSync/AbortUpload',
+            relayrl_dot_v1_dot_paramsync__pb2.AbortUploadRequest.SerializeToString,
+            relayrl_dot_v1_dot_paramsync__pb2.AbortUploadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,8 @@ different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is r
 ``VersionUnavailable`` (not held, or its upload failed). Link failures (UNAVAILABLE,
 DEADLINE_EXCEEDED) are retried with exponential backoff using verl's names:
 ``max_sync_retries`` attempts after the first, starting ``sync_retry_delay`` seconds apart, each
-call bounded by ``sync_timeout`` seconds. torch is imported only inside the calls that need it.
+call bounded by ``sync_timeout`` seconds (an upload: each of its exchanges, as it also waits on
+the trainer's gather). torch is imported only inside the calls that need it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
 from services.paramsync.dataplane import client as dataplane_client
-from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable, Place
+from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable, Place, TensorRun
 from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
 from services.paramsync.errors import (
     TRANSIENT_CODES,
@@ -53,9 +54,10 @@ from services.paramsync.errors import (
     ParamSyncError,
     from_rpc_error,
     is_transient,
+    stage_deadline_error,
     sync_retry_policy,
 )
-from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion
+from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion, TensorSpec
 from services.paramsync.memfile import VersionFiles
 from services.paramsync.memory import RecycledMemory
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
@@ -102,6 +104,77 @@ class _NothingNew(Exception):
 def _dropped(exc: BaseException) -> bool:
     """A subscription worth opening again: it ended with nothing new, or the link failed."""
     return isinstance(exc, _NothingNew) or is_transient(exc)
+
+
+# A plain publish hashes and sends its tensors in runs of about this many bytes, so hashing one
+# run overlaps with sending the one before.
+PUBLISH_RUN_BYTES = 64 * 1024 * 1024
+
+
+def _runs_of(pairs: Sequence[tuple[str, torch.Tensor]], run_bytes: int) -> Iterator[tuple[int, int]]:
+    """[start, stop) index ranges of consecutive tensors of about ``run_bytes`` each (at least one tensor)."""
+    start, size = 0, 0
+    for i, (_, tensor) in enumerate(pairs):
+        size += tensor.numel() * tensor.element_size()
+        if size >= run_bytes:
+            yield start, i + 1
+            start, size = i + 1, 0
+    if start < len(pairs):
+        yield start, len(pairs)
+
+
+def _write_failed(err: grpc.aio.AioRpcError) -> bool:
+    """grpc's own status for a message it could not write because the connection broke (it says
+    INTERNAL, not UNAVAILABLE); a server's INTERNAL carries its own details."""
+    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
+
+
+class _StreamedUpload:
+    """The trainer's side of one streamed upload across retries: the buckets still to come, and the
+    run in hand, kept until the next one is asked for so a retry can resume from its start."""
+
+    def __init__(self, manifest: Manifest, buckets: AsyncIterator[Sequence[torch.Tensor]]) -> None:
+        self.manifest = manifest
+        self._buckets = aiter(buckets)
+        self._offsets = [*manifest.offsets(), manifest.total_bytes]
+        self._next_tensor = 0
+        self._held: TensorRun | None = None
+
+    def resume_from(self) -> int:
+        """Where a new attempt starts: the run in hand, or the first byte not yet taken."""
+        return self._offsets[self._held.first_tensor if self._held is not None else self._next_tensor]
+
+    async def runs(self) -> AsyncIterator[TensorRun]:
+        if self._held is not None:
+            yield self._held
+        while True:
+            # The run in hand was sent: free it before its producer may make another.
+            self._held = None
+            try:
+                tensors = await anext(self._buckets)
+            except StopAsyncIteration:
+                break
+            self._held = await asyncio.to_thread(self._hashed, list(tensors))
+            yield self._held
+        if self._next_tensor != len(self.manifest.tensors):
+            raise ValueError(f"buckets ended after {self._next_tensor} of {len(self.manifest.tensors)} tensors")
+
+    def _hashed(self, tensors: list[torch.Tensor]) -> TensorRun:
+        from services.paramsync.tensors import checked_bytes
+
+        first = self._next_tensor
+        specs = self.manifest.tensors[first : first + len(tensors)]
+        if len(specs) != len(tensors):
+            raise ValueError(f"buckets hold more than the {len(self.manifest.tensors)} tensors of the manifest")
+        views, checksums = [], []
+        for spec, tensor in zip(specs, tensors, strict=True):
+            view = checked_bytes(tensor, spec)
+            hasher = new_hasher(self.manifest.checksum_algorithm)
+            hasher.update(view)
+            views.append(view)
+            checksums.append(hasher.hexdigest())
+        self._next_tensor += len(tensors)
+        return TensorRun(first, checksums, views)
 
 
 class ParamSyncClient:
@@ -198,31 +271,126 @@ class ParamSyncClient:
         Raises VersionConflict if ``version`` is not newer than the latest and differs from it,
         ChecksumMismatch if paramsync saw different bytes than the manifest promised.
         """
-        from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+        from services.paramsync.tensors import as_pairs, open_specs
 
-        started = time.perf_counter()
         pairs = as_pairs(tensors)
-        # Hashing is the slow part on the trainer; hashlib releases the GIL, the loop stays free.
-        manifest = await asyncio.to_thread(build_manifest, version, pairs, trainer_step, self.checksum_algorithm)
-        views = [raw_bytes(t) for _, t in pairs]
 
-        async def messages() -> AsyncIterator[pb.WeightStreamMessage | bytes]:
-            yield pb.WeightStreamMessage(manifest=manifest.to_proto())
-            for spec, view in zip(manifest.tensors, views, strict=True):
-                for offset in range(0, view.nbytes, self.chunk_bytes):
-                    yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
+        async def buckets() -> AsyncIterator[list[torch.Tensor]]:
+            for start, stop in _runs_of(pairs, PUBLISH_RUN_BYTES):
+                yield [t for _, t in pairs[start:stop]]
+
+        return await self.publish_streamed(version, open_specs(pairs), buckets(), trainer_step)
+
+    async def publish_streamed(
+        self,
+        version: int,
+        specs: Sequence[TensorSpec],
+        buckets: AsyncIterator[Sequence[torch.Tensor]],
+        trainer_step: int = 0,
+    ) -> PublishResult:
+        """Uploads ``version`` while its tensors are still being produced.
+
+        ``specs`` name every tensor (dtype and shape; checksums empty) in upload order, so the
+        upload opens at once; ``buckets`` then yields the tensors (contiguous, on the CPU) in that
+        order, a few at a time. Each bucket is hashed and sent as it comes, and dropped once the next
+        one is asked for; the caller bounds how far ahead it produces. A broken link is retried like
+        any call and the upload resumes from the start of the bucket in hand (paramsync keeps the
+        bytes it verified). An upload that fails for good is aborted at paramsync, so it never
+        becomes visible. Errors as :meth:`publish`.
+        """
+        started = time.perf_counter()
+        manifest = Manifest(version, tuple(specs), self.checksum_algorithm, trainer_step)
+        manifest.validate()
+        if not manifest.is_open:
+            raise ValueError("publish_streamed takes specs without checksums; they are computed from the buckets")
+        upload = _StreamedUpload(manifest, buckets)
 
         async def call() -> int:
+            resume_from = upload.resume_from()
             address = await self._data_plane_address()
             if address is not None:
                 try:
-                    return await dataplane_client.publish(address, manifest, views, self.sync_timeout)
+                    return await dataplane_client.publish_runs(
+                        address, manifest, upload.runs(), resume_from, self.sync_timeout
+                    )
                 except DataPlaneUnreachable as exc:
                     self._give_up_data_plane(exc)
-            return (await self._publish(messages(), timeout=self.sync_timeout)).bytes_received
+            return await self._publish_stream(upload, resume_from)
 
-        received = await self._with_retries(call)
+        try:
+            received = await self._with_retries(call)
+        except BaseException as exc:
+            await self._abort_upload(version, f"{type(exc).__name__}: {exc}")
+            raise
         return PublishResult(version, received, manifest.total_bytes, time.perf_counter() - started)
+
+    async def _publish_stream(self, upload: _StreamedUpload, resume_from: int) -> int:
+        """One attempt of a streamed upload over the Publish RPC; returns the bytes paramsync stored.
+
+        Bounded as on the data plane: it fails when paramsync takes nothing for ``sync_timeout``
+        seconds (grpc stops taking messages when paramsync stops reading), not counting the waits
+        for the next bucket, which its producer bounds. A deadline on the whole call would count
+        the gather as well, and grpc reports one that expires mid-write as INTERNAL.
+        """
+        manifest, loop = upload.manifest, asyncio.get_running_loop()
+        deadline = asyncio.timeout(self.sync_timeout)
+        stage, live = "upload start", True
+        failed: list[BaseException] = []
+
+        def at(next_stage: str, bounded: bool = True) -> None:
+            nonlocal stage
+            stage = next_stage
+            if live:
+                deadline.reschedule(loop.time() + self.sync_timeout if bounded else None)
+
+        async def messages() -> AsyncIterator[pb.WeightStreamMessage | bytes]:
+            yield pb.WeightStreamMessage(manifest=manifest.to_proto(), resume_from_bytes=resume_from)
+            runs = upload.runs()
+            while True:
+                at("upload (waiting for the next bucket)", bounded=False)
+                try:
+                    run = await anext(runs)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    failed.append(exc)
+                    raise
+                at("upload")
+                yield pb.WeightStreamMessage(
+                    checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
+                )
+                for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
+                    for offset in range(0, view.nbytes, self.chunk_bytes):
+                        yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
+                        at("upload")
+            at("commit")
+
+        try:
+            async with deadline:
+                return (await self._publish(messages())).bytes_received
+        except TimeoutError as exc:
+            raise stage_deadline_error(stage, f"paramsync {self.address}", manifest.version, self.sync_timeout) from exc
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            # grpc swallows an error of the request iterator and cancels the call: raise the error.
+            task = asyncio.current_task()
+            if failed and not (task is not None and task.cancelling()):
+                raise failed[0] from None
+            if isinstance(exc, grpc.aio.AioRpcError) and _write_failed(exc):
+                peer = f"paramsync {self.address}"
+                message = f"{stage} of version {manifest.version} (peer: {peer}) failed: the link broke mid-write"
+                raise ParamSyncError(message, grpc.StatusCode.UNAVAILABLE) from exc
+            raise
+        finally:
+            live = False
+
+    async def _abort_upload(self, version: int, reason: str) -> None:
+        """Tells paramsync to drop the open upload of ``version`` now rather than after its resume window."""
+        try:
+            # Bounded like any exchange: a paramsync that stopped answering must not delay the error.
+            request = pb.AbortUploadRequest(version=version, reason=reason[:500])
+            await self._stub.AbortUpload(request, timeout=min(5.0, self.sync_timeout))
+        except grpc.aio.AioRpcError as err:
+            log.warning("could not abort the upload of version %d at %s: %s", version, self.address, err.code().name)
 
     # --- replica side -------------------------------------------------------------------------
 
@@ -342,9 +510,12 @@ async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChu
 
 
 async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk], place: Place) -> Manifest:
-    """Writes a Fetch stream into the views ``place`` gives, checking order, sizes and every checksum."""
+    """Writes a Fetch stream into the views ``place`` gives, checking order, sizes and every
+    checksum; returns the complete manifest (for an open one, the one that follows the bytes)."""
     manifest: Manifest | None = None
+    closed: Manifest | None = None
     views: Sequence[memoryview] = []
+    digests: list[str] = []
     index, filled, hasher = 0, 0, None
     async for msg in stream:
         if manifest is None:
@@ -355,10 +526,13 @@ async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk]
             views = await asyncio.to_thread(place, manifest)
             hasher = new_hasher(manifest.checksum_algorithm)
             continue
+        if not isinstance(msg, RawChunk) and msg.HasField("manifest"):
+            closed = Manifest.from_proto(msg.manifest)
+            continue
         chunk = msg if isinstance(msg, RawChunk) else msg.chunk
         # Zero-byte tensors have no chunk of their own; step over them before matching.
         while index < len(manifest.tensors) and manifest.tensors[index].num_bytes == filled:
-            _finish_tensor(manifest, index, hasher)
+            digests.append(hasher.hexdigest())
             index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
         if index >= len(manifest.tensors) or chunk.tensor_name != manifest.tensors[index].name:
             raise ChecksumMismatch(f"unexpected chunk for {chunk.tensor_name!r} at offset {chunk.offset}")
@@ -377,13 +551,13 @@ async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk]
                 f"stream ended with {manifest.tensors[index].name!r} at {filled}/{manifest.tensors[index].num_bytes}"
                 " bytes"
             )
-        _finish_tensor(manifest, index, hasher)
+        digests.append(hasher.hexdigest())
         index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
+    if manifest.is_open:
+        if closed is None or closed.layout() != manifest.layout():
+            raise ChecksumMismatch(f"version {manifest.version}: the stream ended without its checksums")
+        manifest = closed
+    for spec, digest in zip(manifest.tensors, digests, strict=True):
+        if digest != spec.checksum:
+            raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")
     return manifest
-
-
-def _finish_tensor(manifest: Manifest, index: int, hasher: Any) -> None:
-    spec = manifest.tensors[index]
-    digest = hasher.hexdigest()
-    if digest != spec.checksum:
-        raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")

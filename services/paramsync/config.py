@@ -53,6 +53,13 @@ class ParamSyncSettings(ServiceSettings):
     upload_idle_timeout_s: float = Field(
         30.0, gt=0, description="An upload that sends nothing for this long fails; the previous version stays."
     )
+    upload_resume_window_s: float = Field(
+        10.0,
+        gt=0,
+        description="An upload whose link to the trainer broke stays open this long, so the trainer's retry resumes"
+        " it from the bucket it still holds; then it is dropped and the previous version stays. Keep it above the"
+        " trainer's retry backoff (sync_retry_delay × (2^max_sync_retries − 1): 7 s with verl's defaults).",
+    )
     max_sync_retries: int = Field(3, ge=0, description="Retries per replica before it is marked lagging (verl).")
     sync_timeout: float = Field(60.0, gt=0, description="Seconds one sync attempt of one replica may take (verl).")
     sync_retry_delay: float = Field(1.0, ge=0, description="Seconds before the first retry, doubling after (verl).")

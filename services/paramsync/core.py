@@ -22,7 +22,7 @@ from services.paramsync import safetensors_io
 from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 from services.paramsync.manifest import Announcement, Manifest
 from services.paramsync.metrics import ParamSyncMetrics
-from services.paramsync.store import StoredVersion, StoreError, UploadWriter, VersionState, VersionStore
+from services.paramsync.store import StoredVersion, StoreError, VersionState, VersionStore
 from services.paramsync.table import VersionTable
 from services.paramsync.transports.base import WeightTransport
 
@@ -35,6 +35,22 @@ class Chunk(Protocol):
     tensor_name: str
     offset: int
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Checksums:
+    """The checksums of tensors ``first_tensor, ...`` of a streamed upload (TensorChecksums)."""
+
+    first_tensor: int
+    checksums: list[str]
+
+
+def check_link(stored: StoredVersion, epoch: int) -> None:
+    """Raises StoreError("superseded") once link ``epoch`` no longer owns the upload."""
+    if stored.state is VersionState.FAILED:
+        raise StoreError("superseded", stored.error)
+    if stored.link_epoch != epoch:
+        raise StoreError("superseded", f"upload of version {stored.version} resumed over a newer link")
 
 
 class Announcer:
@@ -64,6 +80,8 @@ class ParamSyncCore:
     metrics: ParamSyncMetrics
     chunk_bytes: int
     upload_idle_timeout_s: float
+    # How long an upload whose link broke stays open for the trainer to resume it.
+    resume_window_s: float = 10.0
     store_dir: Path | None = None
     announcer: Announcer = field(default_factory=lambda: Announcer(), init=False)
     # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
@@ -144,22 +162,29 @@ class ParamSyncCore:
 
     # --- the upload life cycle, shared by the Publish RPC and the bulk data plane --------------
 
-    def begin_upload(self, manifest: Manifest) -> StoredVersion | None:
-        """Opens the upload of ``manifest`` (None: the same bytes are already the latest version)."""
+    def begin_upload(self, manifest: Manifest, resume_from: int = 0) -> StoredVersion | None:
+        """Opens the upload of ``manifest``, or resumes its open upload from byte ``resume_from``
+        (None: the same bytes are already the latest version)."""
         try:
-            stored = self.store.begin(manifest)
+            stored = self.store.begin(manifest, resume_from)
         except StoreError as err:
             self.metrics.publish_failures.labels(err.reason).inc()
             raise
         if stored is None:
             log.info("version %d re-published with identical content; nothing to do", manifest.version)
             return None
-        if self.transport.forwards_uploads:
+        stored.link_epoch += 1
+        if stored.republish_of is None and resume_from == 0 and self.transport.forwards_uploads:
             self.announcer.announce(self.transport.announcement(stored))
+        if resume_from:
+            log.info("upload of version %d resumed at byte %d", manifest.version, resume_from)
         return stored
 
-    def fail_upload(self, stored: StoredVersion, err: StoreError | None) -> None:
-        """Drops a failed upload (``err`` None: the trainer went away); the previous version stays."""
+    def fail_upload(self, stored: StoredVersion, err: StoreError | None, epoch: int | None = None) -> None:
+        """Drops a failed upload (``err`` None: the trainer went away); the previous version stays.
+        With ``epoch``, only while no newer link resumed it."""
+        if stored.state is not VersionState.UPLOADING or (epoch is not None and stored.link_epoch != epoch):
+            return
         if err is None:
             self.store.fail(stored, "the trainer disconnected mid-upload")
             self.metrics.publish_failures.labels("disconnected").inc()
@@ -169,23 +194,68 @@ class ParamSyncCore:
         self.metrics.publish_failures.labels(err.reason).inc()
         log.warning("upload of version %d failed: %s", stored.version, err)
 
-    def commit_upload(self, stored: StoredVersion, started: float) -> None:
-        """Makes a fully received, verified upload the latest version; StoreError if it was superseded."""
+    def link_broke(self, stored: StoredVersion, epoch: int) -> None:
+        """The trainer's link ``epoch`` broke mid-upload: keep the upload open for ``resume_window_s``
+        so a retry can resume it, then drop it as disconnected. Fetches of it wait meanwhile."""
+        if stored.link_epoch != epoch:
+            return  # already resumed over a newer link
+        if stored.republish_of is not None or stored.state is not VersionState.UPLOADING:
+            self.fail_upload(stored, None)
+            return
+        stored.link_epoch += 1
+        epoch = stored.link_epoch
+        log.warning(
+            "link to the trainer broke during the upload of version %d after %d bytes; open %.0fs for a resume",
+            stored.version,
+            stored.received,
+            self.resume_window_s,
+        )
+
+        def drop_unless_resumed() -> None:
+            if stored.link_epoch == epoch:
+                self.fail_upload(stored, None)
+
+        asyncio.get_running_loop().call_later(self.resume_window_s, drop_unless_resumed)
+
+    def abort_upload(self, version: int, reason: str) -> bool:
+        """Drops the open upload of ``version`` at once (the trainer gave up on it)."""
+        stored = self.store.uploading
+        if stored is None or stored.version != version:
+            return False
+        self.store.fail(stored, f"aborted by the trainer: {reason or 'no reason given'}")
+        self.metrics.publish_failures.labels("aborted").inc()
+        log.warning("upload of version %d aborted by the trainer: %s", version, reason)
+        return True
+
+    def commit_upload(self, stored: StoredVersion, started: float) -> int:
+        """Makes a fully received, verified upload the latest version and returns the bytes stored
+        (0 for a re-publish of the latest version's bytes); StoreError if it was superseded."""
         if stored.state is VersionState.FAILED:  # superseded while its last bytes arrived
             raise StoreError("superseded", stored.error)
-        self.store.commit(stored)
+        assert stored.writer is not None
+        manifest = stored.writer.finish()
+        if stored.republish_of is not None:
+            log.info("version %d re-published with identical content; nothing to do", stored.version)
+            stored.writer = None
+            return 0
+        self.store.commit(stored, manifest)
         self.metrics.versions_published.inc()
         self.metrics.publish_duration.observe(time.perf_counter() - started)
         self._on_committed(stored)
         log.info("version %d committed (%d bytes)", stored.version, stored.received)
+        return stored.received
 
-    async def receive(self, stored: StoredVersion, chunks: AsyncIterator[Chunk]) -> None:
-        """Writes and checks ``chunks`` into the upload until they end; StoreError on a stall, a
-        superseded upload or bytes that do not fit the manifest."""
-        writer = UploadWriter(stored)
+    async def receive(
+        self, stored: StoredVersion, messages: AsyncIterator[Chunk | Checksums], epoch: int | None = None
+    ) -> None:
+        """Writes and checks ``messages`` of link ``epoch`` (default: the current one) into the upload
+        until they end; StoreError on a stall, a superseded upload or bytes that do not fit the manifest."""
+        epoch = stored.link_epoch if epoch is None else epoch
+        writer = stored.writer
+        assert writer is not None
         while True:
             try:
-                msg = await asyncio.wait_for(anext(chunks), self.upload_idle_timeout_s)
+                msg = await asyncio.wait_for(anext(messages), self.upload_idle_timeout_s)
             except StopAsyncIteration:
                 break
             except TimeoutError:
@@ -193,11 +263,12 @@ class ParamSyncCore:
                     "idle_timeout",
                     f"upload of version {stored.version} sent nothing for {self.upload_idle_timeout_s:.0f}s",
                 ) from None
-            if stored.state is VersionState.FAILED:
-                raise StoreError("superseded", stored.error)
+            check_link(stored, epoch)
+            if isinstance(msg, Checksums):
+                writer.add_checksums(msg.first_tensor, msg.checksums)
+                continue
             writer.accept(msg.tensor_name, msg.offset, msg.data)
             self.metrics.bytes_received.inc(len(msg.data))
-        writer.finish()
 
     # --- replicas ---------------------------------------------------------------------------
 

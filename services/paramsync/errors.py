@@ -21,6 +21,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "idle_timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
     "superseded": grpc.StatusCode.ABORTED,
     "bad_message": grpc.StatusCode.INVALID_ARGUMENT,
+    "cannot_resume": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -42,6 +43,19 @@ class ChecksumMismatch(ParamSyncError):
     """Bytes did not match the manifest, or some were missing (DATA_LOSS); nothing was loaded."""
 
     code = grpc.StatusCode.DATA_LOSS
+
+
+class StageDeadline(TimeoutError):
+    """A wait on the weight path ran out; the message names the stage, the peer and the version."""
+
+    def __init__(self, stage: str, peer: str, version: int, waited_s: float) -> None:
+        super().__init__(f"{stage} of version {version} (peer: {peer}) made no progress for {waited_s:.1f}s")
+        self.stage, self.peer, self.version = stage, peer, version
+
+
+def stage_deadline_error(stage: str, peer: str, version: int, waited_s: float) -> ParamSyncError:
+    """The link-level form of :class:`StageDeadline`: DEADLINE_EXCEEDED, so the caller retries (and resumes)."""
+    return ParamSyncError(str(StageDeadline(stage, peer, version, waited_s)), grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class VersionUnavailable(ParamSyncError):

@@ -7,7 +7,9 @@ imports no torch: the store works on raw bytes and only the client turns them in
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from relayrl.v1 import paramsync_pb2 as pb
@@ -94,9 +96,23 @@ class Manifest:
             position += spec.num_bytes
         return starts
 
+    @property
+    def is_open(self) -> bool:
+        """A streamed upload's manifest: checksums arrive after it, with the bytes."""
+        return not self.tensors[0].checksum if self.tensors else False
+
+    def layout(self) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
+        """Names, dtypes, shapes and sizes: what an open manifest promises."""
+        return tuple((t.name, t.dtype, t.shape, t.num_bytes) for t in self.tensors)
+
     def same_content(self, other: Manifest) -> bool:
         """True when both describe byte-identical weights (re-publishing after a trainer restart)."""
         return self.checksum_algorithm == other.checksum_algorithm and self.tensors == other.tensors
+
+    def with_checksums(self, checksums: Sequence[str]) -> Manifest:
+        """This manifest closed: every tensor with its checksum."""
+        tensors = tuple(dataclasses.replace(t, checksum=c) for t, c in zip(self.tensors, checksums, strict=True))
+        return dataclasses.replace(self, tensors=tensors)
 
     def validate(self) -> None:
         """Raises ValueError naming the first problem; the manifest comes from another process."""
@@ -107,6 +123,7 @@ class Manifest:
         if not self.tensors:
             raise ValueError("manifest lists no tensors")
         seen: set[str] = set()
+        is_open = self.is_open
         for spec in self.tensors:
             if not spec.name or spec.name in seen:
                 raise ValueError(f"tensor names must be unique and non-empty, got {spec.name!r} twice or empty")
@@ -122,8 +139,8 @@ class Manifest:
                     f"tensor {spec.name!r}: num_bytes {spec.num_bytes} != {expected} for shape"
                     f" {_shape_text(spec.shape)} of {spec.dtype}"
                 )
-            if not spec.checksum:
-                raise ValueError(f"tensor {spec.name!r}: missing checksum")
+            if bool(spec.checksum) == is_open:
+                raise ValueError(f"tensor {spec.name!r}: checksums must be given for every tensor or for none")
 
     def to_proto(self) -> pb.WeightManifest:
         return pb.WeightManifest(

@@ -34,6 +34,7 @@ def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
         metrics=metrics,
         chunk_bytes=settings.chunk_bytes,
         upload_idle_timeout_s=settings.upload_idle_timeout_s,
+        resume_window_s=settings.upload_resume_window_s,
         store_dir=Path(settings.store_dir) if settings.store_dir else None,
     )
 

@@ -13,10 +13,10 @@ import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync.core import Chunk, ParamSyncCore
+from services.paramsync.core import Checksums, Chunk, ParamSyncCore
 from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest
-from services.paramsync.store import StoreError, VersionState
+from services.paramsync.store import StoredVersion, StoreError, VersionState
 from services.paramsync.wire import RawChunk, decode_stream_message, serialize_stream_message
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ def add_to_server(core: ParamSyncCore, server: grpc.aio.Server) -> None:
             request_deserializer=pb.DataPlaneRequest.FromString,
             response_serializer=pb.DataPlaneInfo.SerializeToString,
         ),
+        "AbortUpload": grpc.unary_unary_rpc_method_handler(
+            service.AbortUpload,
+            request_deserializer=pb.AbortUploadRequest.FromString,
+            response_serializer=pb.AbortUploadResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -94,22 +99,28 @@ class ParamSyncServicer(pb_grpc.ParamSyncServicer):
             self.core.metrics.publish_failures.labels("invalid_manifest").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}")
         try:
-            stored = self.core.begin_upload(manifest)
+            stored = self.core.begin_upload(manifest, first.resume_from_bytes)
         except StoreError as err:
             await self._abort(context, err)
         if stored is None:
             return pb.PublishResponse(version=manifest.version, bytes_received=0)
-        started = time.perf_counter()
+        started, epoch = time.perf_counter(), stored.link_epoch
         try:
-            await self.core.receive(stored, _chunks(messages))
-            self.core.commit_upload(stored, started)
+            await self.core.receive(stored, _chunks(messages), epoch)
+            received = self.core.commit_upload(stored, started)
         except StoreError as err:
-            self.core.fail_upload(stored, err)
+            if err.reason == "incomplete" and manifest.is_open:
+                # grpc ends the request stream the same way when the connection breaks as when the
+                # client stops early (neither cancels the context). A streamed upload's client never
+                # stops early on purpose (it aborts instead), so here the link broke: keep it open.
+                self.core.link_broke(stored, epoch)
+            else:
+                self.core.fail_upload(stored, err, epoch)
             await self._abort(context, err)
-        except asyncio.CancelledError:
-            self.core.fail_upload(stored, None)
+        except asyncio.CancelledError:  # the link broke while paramsync was waiting on it
+            self.core.link_broke(stored, epoch)
             raise
-        return pb.PublishResponse(version=stored.version, bytes_received=stored.received)
+        return pb.PublishResponse(version=stored.version, bytes_received=received)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
@@ -120,7 +131,8 @@ class ParamSyncServicer(pb_grpc.ParamSyncServicer):
             stored = self.core.store.get(request.version)
         except StoreError as err:
             await self._abort(context, err)
-        yield pb.WeightStreamMessage(manifest=stored.manifest.to_proto())
+        opened = stored.manifest
+        yield pb.WeightStreamMessage(manifest=opened.to_proto())
         # Chunks sit on a fixed grid (multiples of chunk_bytes inside each tensor) so replicas
         # fetching together share one serialized copy of each chunk.
         with stored.reading():
@@ -137,6 +149,16 @@ class ParamSyncServicer(pb_grpc.ParamSyncServicer):
                         )
                     yield stored.serialized_chunk(index, offset, stop)
                     self.core.metrics.bytes_sent.labels("grpc").inc(stop - offset)
+            if opened.is_open:
+                try:
+                    committed = await _completed(stored, self.core.upload_idle_timeout_s)
+                except TimeoutError:
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"version {stored.version} stalled")
+                if not committed:
+                    await context.abort(
+                        grpc.StatusCode.ABORTED, f"upload of version {stored.version} failed: {stored.error}"
+                    )
+                yield pb.WeightStreamMessage(manifest=stored.manifest.to_proto())
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -171,13 +193,28 @@ class ParamSyncServicer(pb_grpc.ParamSyncServicer):
     async def DataPlane(self, request: pb.DataPlaneRequest, context: grpc.aio.ServicerContext) -> pb.DataPlaneInfo:
         return pb.DataPlaneInfo(data_port=self.core.data_port)
 
+    async def AbortUpload(
+        self, request: pb.AbortUploadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortUploadResponse:
+        return pb.AbortUploadResponse(aborted=self.core.abort_upload(request.version, request.reason))
 
-async def _chunks(messages: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> AsyncIterator[Chunk]:
-    """The chunks of a Publish stream after its manifest; a second manifest is refused."""
+
+async def _completed(stored: StoredVersion, timeout_s: float) -> bool:
+    """Waits for the upload's end (its last bytes may be verified after they were forwarded);
+    True when the version was committed."""
+    while stored.state is VersionState.UPLOADING:
+        await stored.wait_past(stored.manifest.total_bytes, timeout_s)
+    return stored.state is VersionState.COMPLETE
+
+
+async def _chunks(messages: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> AsyncIterator[Chunk | Checksums]:
+    """The chunks and checksums of a Publish stream after its manifest; a second manifest is refused."""
     async for msg in messages:
         if isinstance(msg, RawChunk):
             yield msg
         elif msg.HasField("chunk"):
             yield msg.chunk
+        elif msg.HasField("checksums"):
+            yield Checksums(msg.checksums.first_tensor, list(msg.checksums.checksums))
         else:
             raise StoreError("bad_message", "only one manifest per upload")

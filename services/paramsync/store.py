@@ -52,6 +52,13 @@ class StoredVersion:
     # Fetches, disk writes and broadcasts reading ``data`` right now (see ``reading``).
     readers: int = 0
     published_at_unix_s: float = field(default_factory=time.time)
+    # Set for a re-publish of the latest version: its checksums are compared with these, and the
+    # upload never becomes a version of its own.
+    republish_of: Manifest | None = None
+    # The upload's writer; kept while a broken link may still be resumed.
+    writer: UploadWriter | None = None
+    # Increases whenever the trainer's link to this upload breaks or comes back (see core).
+    link_epoch: int = 0
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _serialized: OrderedDict[tuple[int, int], bytes] = field(default_factory=OrderedDict)
     _offsets: list[int] = field(default_factory=list)
@@ -81,6 +88,11 @@ class StoredVersion:
         finally:
             self.readers -= 1
 
+    def advance(self, position: int) -> None:
+        """Records that bytes up to ``position`` are in memory; a resumed upload never moves it back."""
+        self.received = max(self.received, position)
+        self.pulse()
+
     def pulse(self) -> None:
         """Wakes every reader waiting for more bytes or for the upload to end."""
         self._progress.set()
@@ -106,20 +118,87 @@ class StoredVersion:
 
 
 class UploadWriter:
-    """Accepts one upload's chunks in manifest order, checking offsets, sizes and checksums."""
+    """Accepts one upload's bytes in manifest order, checking offsets, sizes and checksums.
+
+    With an open manifest (a streamed upload) each tensor's checksum arrives through
+    :meth:`add_checksums` before its bytes; a tensor is verified as its last byte lands. The
+    writer outlives a broken link, so a resumed upload goes on from a verified tensor boundary
+    (:meth:`rewind`).
+    """
 
     def __init__(self, stored: StoredVersion) -> None:
         self.stored = stored
-        self._offsets = stored.manifest.offsets()
+        manifest = stored.manifest
+        self._offsets = manifest.offsets()
+        self.checksums: list[str] = [] if manifest.is_open else [t.checksum for t in manifest.tensors]
         self._index = 0
         self._filled = 0
-        self._hasher: Hasher = new_hasher(stored.manifest.checksum_algorithm)
+        self._hasher: Hasher = new_hasher(manifest.checksum_algorithm)
+
+    @property
+    def position(self) -> int:
+        """Bytes written in order so far."""
+        if self._index >= len(self._offsets):
+            return self.stored.manifest.total_bytes
+        return self._offsets[self._index] + self._filled
+
+    @property
+    def verified_bytes(self) -> int:
+        """Bytes of the tensors verified so far (a tensor boundary)."""
+        return self._offsets[self._index] if self._index < len(self._offsets) else self.stored.manifest.total_bytes
+
+    def add_checksums(self, first_tensor: int, checksums: list[str]) -> None:
+        """The checksums of tensors ``first_tensor, ...``; a resumed upload may send some again, unchanged."""
+        tensors = self.stored.manifest.tensors
+        if not self.stored.manifest.is_open:
+            raise StoreError("bad_message", "checksums sent for an upload whose manifest already has them")
+        if not 0 <= first_tensor <= len(self.checksums) or first_tensor + len(checksums) > len(tensors):
+            raise StoreError(
+                "bad_message",
+                f"version {self.stored.version}: checksums for tensors {first_tensor}..{first_tensor + len(checksums)}"
+                f" do not follow the {len(self.checksums)} known of {len(tensors)}",
+            )
+        for i, checksum in enumerate(checksums, start=first_tensor):
+            if not checksum:
+                raise StoreError("bad_message", f"tensor {tensors[i].name!r}: empty checksum")
+            if i < len(self.checksums):
+                if self.checksums[i] != checksum:
+                    raise StoreError("checksum", f"tensor {tensors[i].name!r}: checksum changed on resume")
+            else:
+                self.checksums.append(checksum)
+        republished = self.stored.republish_of
+        if republished is not None:
+            for spec, checksum in zip(republished.tensors, self.checksums, strict=False):
+                if spec.checksum != checksum:
+                    raise StoreError(
+                        "not_newer",
+                        f"version {self.stored.version} is not newer than the latest version"
+                        f" {republished.version} and its content differs (tensor {spec.name!r})",
+                    )
+
+    def rewind(self, position: int) -> None:
+        """Goes back to ``position``, a tensor boundary no further than the verified bytes."""
+        total = self.stored.manifest.total_bytes
+        if position > self.verified_bytes or (position < total and position not in self._offsets):
+            raise StoreError(
+                "cannot_resume",
+                f"version {self.stored.version}: cannot resume at byte {position}; paramsync verified"
+                f" {self.verified_bytes} bytes (resume at a tensor boundary no further than that)",
+            )
+        # Zero-byte tensors share their offset with the next one: start at the first of them.
+        self._index = self._offsets.index(position) if position < total else len(self._offsets)
+        self._filled = 0
+        self._hasher = new_hasher(self.stored.manifest.checksum_algorithm)
 
     def _skip_finished(self) -> None:
         tensors = self.stored.manifest.tensors
         while self._index < len(tensors) and self._filled == tensors[self._index].num_bytes:
             spec = tensors[self._index]
-            if self._hasher.hexdigest() != spec.checksum:
+            if self._index >= len(self.checksums):
+                raise StoreError(
+                    "bad_message", f"version {self.stored.version}: bytes of {spec.name!r} came before its checksum"
+                )
+            if self._hasher.hexdigest() != self.checksums[self._index]:
                 raise StoreError(
                     "checksum",
                     f"version {self.stored.version}: tensor {spec.name!r} does not match its"
@@ -144,8 +223,7 @@ class UploadWriter:
         start = self._offsets[self._index] + self._filled
         self.stored.data[start : start + len(data)] = data
         self.check_in_place(start, len(data))
-        self.stored.received += len(data)
-        self.stored.pulse()
+        self.stored.advance(self.position)
 
     def check_in_place(self, position: int, nbytes: int) -> None:
         """Hashes ``nbytes`` already in the version's memory at ``position``.
@@ -171,14 +249,16 @@ class UploadWriter:
             position += take
         self._skip_finished()
 
-    def finish(self) -> None:
+    def finish(self) -> Manifest:
+        """The complete manifest, once every byte arrived and every tensor is verified."""
         self._skip_finished()
-        if self.stored.received != self.stored.manifest.total_bytes:
+        if self.position != self.stored.manifest.total_bytes:
             raise StoreError(
                 "incomplete",
-                f"version {self.stored.version}: upload ended after {self.stored.received} of"
+                f"version {self.stored.version}: upload ended after {self.position} of"
                 f" {self.stored.manifest.total_bytes} bytes",
             )
+        return self.stored.manifest.with_checksums(self.checksums)
 
 
 class VersionStore:
@@ -203,10 +283,18 @@ class VersionStore:
     def versions(self) -> list[int]:
         return sorted(self._complete)
 
-    def begin(self, manifest: Manifest) -> StoredVersion | None:
-        """Starts an upload; None means the same bytes are already the latest version (idempotent)."""
+    def begin(self, manifest: Manifest, resume_from: int = 0) -> StoredVersion | None:
+        """Starts an upload, or resumes the open one of the same version and tensors from byte
+        ``resume_from``; None means the same bytes are already the latest version (idempotent)."""
         latest = self.latest
         if latest is not None and manifest.version <= latest.version:
+            same_layout = manifest.layout() == latest.manifest.layout()
+            if manifest.version == latest.version and manifest.is_open and same_layout:
+                # The checksums come with the bytes: compare them as they arrive (UploadWriter).
+                stored = StoredVersion(manifest, VersionMemory(manifest.total_bytes), republish_of=latest.manifest)
+                stored.writer = UploadWriter(stored)
+                stored.writer.rewind(resume_from)
+                return stored
             if manifest.version == latest.version and latest.manifest.same_content(manifest):
                 return None
             raise StoreError(
@@ -214,18 +302,31 @@ class VersionStore:
                 f"version {manifest.version} is not newer than the latest version {latest.version}"
                 + (" and its content differs" if manifest.version == latest.version else ""),
             )
-        if self.uploading is not None:
-            if manifest.version < self.uploading.version:
+        open_upload = self.uploading
+        if open_upload is not None:
+            if manifest.version < open_upload.version:
                 raise StoreError(
                     "not_newer",
-                    f"version {manifest.version} is older than version {self.uploading.version} being uploaded",
+                    f"version {manifest.version} is older than version {open_upload.version} being uploaded",
                 )
+            same_layout = manifest.layout() == open_upload.manifest.layout()
+            if resume_from and manifest.version == open_upload.version and same_layout:
+                assert open_upload.writer is not None
+                open_upload.writer.rewind(resume_from)
+                return open_upload
             # Only a restarted trainer re-sends while an upload is open; its new stream wins.
-            self.fail(self.uploading, f"superseded by a new upload of version {manifest.version}")
+            self.fail(open_upload, f"superseded by a new upload of version {manifest.version}")
+        if resume_from:
+            raise StoreError("cannot_resume", f"version {manifest.version}: no open upload to resume")
         self.uploading = StoredVersion(manifest, self._recycled.take(manifest.total_bytes))
+        self.uploading.writer = UploadWriter(self.uploading)
         return self.uploading
 
-    def commit(self, stored: StoredVersion) -> None:
+    def commit(self, stored: StoredVersion, manifest: Manifest | None = None) -> None:
+        """Makes ``stored`` a complete version; ``manifest`` is its closed manifest when it was open."""
+        if manifest is not None:
+            stored.manifest = manifest
+        stored.writer = None
         stored.state = VersionState.COMPLETE
         self._complete[stored.version] = stored
         if self.uploading is stored:
@@ -237,6 +338,7 @@ class VersionStore:
         stored.pulse()
 
     def fail(self, stored: StoredVersion, reason: str) -> None:
+        stored.writer = None
         stored.state = VersionState.FAILED
         stored.error = reason
         if self.uploading is stored:

@@ -48,6 +48,26 @@ def build_manifest(
     return manifest
 
 
+def open_specs(pairs: list[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
+    """The specs of an open manifest: names, dtypes and shapes, checksums to follow with the bytes."""
+    return [open_spec(name, t) for name, t in pairs]
+
+
+def open_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    """One tensor's spec without its checksum (``tensor`` may be a sharded DTensor: its global shape)."""
+    return TensorSpec(name, dtype_name(tensor), tuple(tensor.shape), tensor.numel() * tensor.element_size(), "")
+
+
+def checked_bytes(tensor: torch.Tensor, spec: TensorSpec) -> memoryview:
+    """The bytes of ``tensor``, which must be the tensor ``spec`` promised."""
+    if dtype_name(tensor) != spec.dtype or tuple(tensor.shape) != spec.shape:
+        raise ValueError(
+            f"tensor {spec.name!r}: got {dtype_name(tensor)} {list(tensor.shape)}, the manifest promised"
+            f" {spec.dtype} {list(spec.shape)}"
+        )
+    return raw_bytes(tensor)
+
+
 def empty_like_spec(spec: TensorSpec) -> torch.Tensor:
     """An uninitialised byte buffer for one tensor, filled by the receiver."""
     import torch

@@ -41,7 +41,7 @@ class BenchResult:
         return asdict(self)
 
 
-def _start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
     from services.engine.launch import launch_engine, wait_engine_healthy
 
     proc = launch_engine(model_dir, port)
@@ -161,7 +161,7 @@ def run_bench(prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: 
         model_dir = init_tiny(Path(tmp) / "model")
         redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
         port = free_port()
-        engine = _start_engine(model_dir, port)
+        engine = start_engine(model_dir, port)
         try:
             url = f"http://127.0.0.1:{port}"
             return asyncio.run(_measure(url, redis.url, prompts, n, max_new_tokens, inflight, rounds))

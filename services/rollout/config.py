@@ -168,6 +168,19 @@ class RolloutSettings(ServiceSettings):
         " tokenizer_path the engine reports in /get_model_info (multi-turn only).",
     )
 
+    # --- OpenAI-compatible endpoint (/v1/chat/completions; agent code records episodes) ---
+    openai_served_model_name: str = Field(
+        "",
+        description="vLLM's --served-model-name: the model id /v1/models and completions report (any request's"
+        " model reaches this policy); empty: the name of the engine's model directory.",
+    )
+    openai_conversation_idle_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A conversation with no request for this long is abandoned (counted, never pushed); a group"
+        " of conversations waiting this long for a member is pushed with its finished members.",
+    )
+
     @model_validator(mode="after")
     def _model_reward_has_a_url(self) -> RolloutSettings:
         if self.reward_kind != "rule" and not self.reward_model_url:

@@ -9,13 +9,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from relayrl.http_app import create_http_app
+from fastapi import Depends
+
+from relayrl.http_app import bearer_auth, create_http_app
 from relayrl.serving import Servers, serve_until_signal, start_servers
 from relayrl.v1 import rollout_pb2
 from relayrl.v1 import rollout_pb2_grpc as pb_grpc
 from services.engine.client import EngineClient
 from services.rollout.config import RolloutSettings
 from services.rollout.control import RolloutControlServicer, control_router
+from services.rollout.conversations import ConversationMetrics, Conversations, GroupQueue
+from services.rollout.openai_api import OpenAIEndpoint, openai_router
 from services.rollout.replica import Replica
 from services.rollout.rewards import RewardRunner, resolve_reward
 
@@ -63,10 +67,14 @@ async def start_rollout(settings: RolloutSettings) -> RunningReplica:
     source = ParamSyncClient(settings.paramsync_address) if settings.paramsync_address else None
     replica = Replica(settings, engine, queue, rewards, source, weights_dir if source else None)
     tasks = replica.start()
+    openai = openai_endpoint(settings, replica, engine, queue, rewards)
+    tasks.append(asyncio.create_task(openai.conversations.run_sweeps(), name="openai-conversations"))
 
     app = create_http_app(
         "rollout", replica.metrics.registry, replica.state.ready, settings.api_token, [control_router(replica.control)]
     )
+    # The openai client sends its api_key as a bearer token: the service's token when one is set.
+    app.include_router(openai_router(openai), dependencies=[Depends(bearer_auth(settings.api_token))])
     servers = await start_servers(
         settings,
         app,
@@ -75,3 +83,19 @@ async def start_rollout(settings: RolloutSettings) -> RunningReplica:
     )
     log.info("rollout %s: engine %s, queue %s", settings.replica_id, settings.engine_url, settings.queue_address)
     return RunningReplica(servers, tasks, replica, engine, rewards, weights_tmp)
+
+
+def openai_endpoint(
+    settings: RolloutSettings, replica: Replica, engine: EngineClient, queue: GroupQueue, rewards: RewardRunner
+) -> OpenAIEndpoint:
+    """The OpenAI-compatible endpoint over the replica's engine, pushing recorded conversations to ``queue``."""
+    conversations = Conversations(
+        queue,
+        ConversationMetrics(replica.metrics.registry),
+        settings.replica_id,
+        settings.openai_conversation_idle_timeout_s,
+        settings.max_staleness,
+        settings.push_timeout_s,
+        lambda: replica.state.latest_version,
+    )
+    return OpenAIEndpoint(settings, replica.state, engine, rewards, replica.metrics, conversations)

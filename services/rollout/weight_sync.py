@@ -20,6 +20,7 @@ directly; ``distributed`` is pushed into the engine by the sender (through the e
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import shutil
 import time
@@ -84,7 +85,10 @@ def versions_dir(settings: RolloutSettings, weights_dir: Path) -> Path:
             "no shared-memory directory %r: versions are received into %s", settings.weights_shm_dir, weights_dir
         )
         shm = weights_dir
-    return shm / f"relayrl-weights-{settings.replica_id}"
+    # Replica ids repeat across runs and tests on one host (every stack has a rollout-0); the
+    # replica's own weights_dir does not, and stays the same when the replica restarts.
+    owner = hashlib.sha1(str(weights_dir.resolve()).encode()).hexdigest()[:10]
+    return shm / f"relayrl-weights-{settings.replica_id}-{owner}"
 
 
 class SyncFailed(RuntimeError):

@@ -4,8 +4,9 @@ work in one process without FSDP, measured in the same run on the same synthetic
 Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer spends
 getting data in hand, here without a queue), ``train_step`` (``forward_backward_s``, with the
 proximal log-prob pass only under ``--recompute-old-log-prob always``, ``optimizer_s``), then
-the full-state-dict gather of a publish (``publish_s``; the upload itself is off the training
-path). ``tokens_per_s`` counts real (unpadded) prompt+response tokens over forward_backward +
+the streamed gather of a publish, bucket by bucket as the trainer does it (``gather_s``: what
+training pays for a publish; the upload runs beside training and is measured by the weights
+benchmark, not here). ``tokens_per_s`` counts real (unpadded) prompt+response tokens over forward_backward +
 optimizer time; ``padding_ratio`` is the padded share of micro-batch tokens. On CPU the
 single-process baseline runs with as many torch threads as the FSDP job had ranks × threads.
 
@@ -83,7 +84,8 @@ def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
 
 def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
     """Runs warm-up + ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
-    from services.trainer.trainer import build_models, gather_weights
+    from services.trainer.gather import BucketGather
+    from services.trainer.trainer import build_models, stream_weights
 
     ctx = D.init_distributed(cfg.device) if fsdp else D.local_context(cfg.device)
     settings = TrainerSettings(
@@ -93,13 +95,14 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         recompute_old_log_prob=cfg.recompute_old_log_prob,
     )
     models = build_models(settings, ctx, fsdp=fsdp)
+    gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
     vocab = min(models.actor.config.vocab_size, 50000)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
     totals = {
         "wait_s": 0.0,
         "forward_backward_s": 0.0,
         "optimizer_s": 0.0,
-        "publish_s": 0.0,
+        "gather_s": 0.0,
         "tokens": 0.0,
         "padding_ratio": 0.0,
     }
@@ -113,15 +116,13 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
             metrics = train_step(models, batch, settings, pad_id=0)
         _sync(cfg)
         trained = time.perf_counter() - started
-        started = time.perf_counter()
-        gather_weights(models.actor)
-        published = time.perf_counter() - started
+        gathered = stream_weights(models.actor, gather, None, version=step + 1, step=step)["timing/gather_s"]
         if step == 0:
             continue  # warm-up: allocator, kernels, first all-gathers
         totals["wait_s"] += waited
         totals["optimizer_s"] += metrics["timing/optimizer_s"]
         totals["forward_backward_s"] += trained - metrics["timing/optimizer_s"]
-        totals["publish_s"] += published
+        totals["gather_s"] += gathered
         totals["tokens"] += sum(x.length for x in batch)
         totals["padding_ratio"] += metrics["perf/padding_ratio"]
     params = sum(p.numel() for p in models.actor.parameters())  # a DTensor's numel is the global one
@@ -187,7 +188,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "wait_s": round(fsdp["wait_s"], 5),
         "forward_backward_s": round(fsdp["forward_backward_s"], 5),
         "optimizer_s": round(fsdp["optimizer_s"], 5),
-        "publish_s": round(fsdp["publish_s"], 5),
+        "gather_s": round(fsdp["gather_s"], 5),
         "padding_ratio": round(fsdp["padding_ratio"], 4),
         "single_process_forward_backward_s": round(single["forward_backward_s"], 5),
         "single_process_optimizer_s": round(single["optimizer_s"], 5),

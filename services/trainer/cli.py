@@ -61,7 +61,7 @@ def bench(
     """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
 
     Prints tokens_per_s, single_process_tokens_per_s, world_size and the step-time breakdown
-    (wait_s, forward_backward_s, optimizer_s, publish_s); with --device cuda also mfu.
+    (wait_s, forward_backward_s, optimizer_s, gather_s); with --device cuda also mfu.
     """
     from relayrl.models.tiny import PRESETS
 

@@ -42,6 +42,20 @@ class TrainerSettings(ServiceSettings):
     paramsync_address: str = Field(
         "", description="host:port of paramsync (gRPC); empty gathers weights but publishes nowhere (benchmarks)."
     )
+    sync_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="verl's name: seconds one exchange of an upload with paramsync may take (one bucket sent, the"
+        " commit) before the attempt fails, naming the stage, paramsync's address and the version.",
+    )
+    max_sync_retries: int = Field(
+        3,
+        ge=0,
+        description="verl's name: retries of an upload whose link failed, each resuming from the bucket in hand.",
+    )
+    sync_retry_delay: float = Field(
+        1.0, ge=0, description="verl's name: seconds before the first retry of an upload, doubling after each."
+    )
     consumer: str = Field(
         "trainer-0", description="Consumer name in the queue; a restarted trainer gets its own un-acked entries back."
     )
@@ -102,6 +116,14 @@ class TrainerSettings(ServiceSettings):
         " always: run it every step.",
     )
     sync_every: int = Field(1, ge=1, description="Publish a new policy version every this many steps.")
+    update_weights_bucket_megabytes: int = Field(
+        64,
+        ge=1,
+        description="verl's name: a publish gathers full tensors this many MiB at a time and uploads each bucket"
+        " while the next is gathered, so rank 0 holds at most two buckets beyond its shard, never a second copy"
+        " of the model. verl uses 512 on GPUs; 64 keeps the CPU trainer's peak low and measured as fast as 512"
+        " for the small preset (services/trainer/README.md).",
+    )
     checkpoint_every: int = Field(
         5, ge=1, description="Checkpoint every this many steps; must be a multiple of sync_every (see resume)."
     )

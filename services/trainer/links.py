@@ -15,11 +15,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from relayrl.schema import Group, PromptSpec
+from services.paramsync.errors import StageDeadline
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,13 @@ class TrajectoryQueue(Protocol):
 
 
 class WeightSink(Protocol):
-    async def publish(self, version: int, tensors: Iterable[tuple[str, Any]], trainer_step: int = 0) -> Any: ...
+    address: str
+
+    async def publish_streamed(
+        self, version: int, specs: Sequence[Any], buckets: AsyncIterator[Sequence[Any]], trainer_step: int = 0
+    ) -> Any:
+        """Uploads ``version`` while ``buckets`` still yields its tensors (ParamSyncClient.publish_streamed)."""
+        ...
 
     async def list_replicas(self) -> Any:
         """Anything with ``latest_version``: the newest version the weight service holds."""
@@ -87,38 +94,127 @@ class PublishRecord:
     error: str = ""
 
 
+class _Abandoned(Exception):
+    """The upload side gave up on the hand-off; the gathering side drops what it still gathers."""
+
+
+class BucketHandoff:
+    """Passes buckets from the gathering (training) thread to the upload on the I/O thread.
+
+    A rendezvous: ``put`` returns once the upload took the bucket, and the upload takes the next
+    one only after sending the previous. So at most two buckets are alive on rank 0, the one
+    being sent and the one just gathered, and training waits only when the upload is more than
+    a bucket behind. Each wait has a deadline whose StageDeadline names the stage, the peer and
+    the version; after a failure on either side the other side stops waiting.
+    """
+
+    def __init__(self, version: int, peer: str, timeout_s: float) -> None:
+        self.version, self.peer, self.timeout_s = version, peer, timeout_s
+        self._cond = threading.Condition()
+        self._slot: list[Any] | None = None
+        self._ended = False
+        self._failed: BaseException | None = None
+
+    def put(self, bucket: list[Any]) -> None:
+        """Hands ``bucket`` over and waits until the upload took it (training thread)."""
+        with self._cond:
+            if self._failed is not None:
+                return
+            self._slot = bucket
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._slot is None or self._failed is not None, self.timeout_s):
+                self._fail(StageDeadline("handoff", self.peer, self.version, self.timeout_s))
+                log.error("%s; the rest of version %d is gathered and dropped", self._failed, self.version)
+
+    def end(self) -> None:
+        """No more buckets (training thread)."""
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """The upload failed: later puts return at once and their buckets are dropped."""
+        with self._cond:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = self._failed or exc
+        self._slot = None
+        self._cond.notify_all()
+
+    def _take(self) -> list[Any] | None:
+        with self._cond:
+            ready = self._cond.wait_for(
+                lambda: self._slot is not None or self._ended or self._failed is not None, self.timeout_s
+            )
+            if self._failed is not None:
+                raise self._failed
+            if not ready:
+                self._fail(StageDeadline("gather", "the trainer's ranks", self.version, self.timeout_s))
+                raise self._failed  # type: ignore[misc]
+            bucket, self._slot = self._slot, None
+            self._cond.notify_all()
+            return bucket
+
+    async def buckets(self) -> AsyncIterator[list[Any]]:
+        """The buckets as they come (I/O thread); StageDeadline if the gather stalls."""
+        while (bucket := await asyncio.to_thread(self._take)) is not None:
+            yield bucket
+            del bucket  # sent: drop it before taking the next, so at most two are alive
+
+
 class Publisher:
-    """Uploads versions in order in the background; the training loop only pays for the gather.
+    """Uploads versions in order in the background; the training loop pays for the gather only.
 
     Versions are uploaded strictly in the order given (one lock, FIFO), so paramsync never sees
     v+1 before v. A failed upload is logged and counted; the next version still goes out.
     """
 
-    def __init__(self, io: IoThread, sink: WeightSink | None) -> None:
+    def __init__(self, io: IoThread, sink: WeightSink | None, stage_timeout_s: float = 300.0) -> None:
         self._io = io
         self._sink = sink
+        self.stage_timeout_s = stage_timeout_s
         self._lock = asyncio.Lock()
         self._pending: list[concurrent.futures.Future[PublishRecord]] = []
         self.records: list[PublishRecord] = []
 
-    def publish(self, version: int, tensors: list[tuple[str, Any]], trainer_step: int) -> None:
+    def begin_streamed(self, version: int, specs: Sequence[Any], trainer_step: int) -> BucketHandoff | None:
+        """Starts the upload of ``version`` fed bucket by bucket through the returned hand-off
+        (None without a sink: nothing to feed)."""
+        if self._sink is None:
+            self.records.append(PublishRecord(version, 0.0, True))
+            return None
+        handoff = BucketHandoff(version, f"paramsync {self._sink.address}", self.stage_timeout_s)
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._io.submit(self._upload(version, tensors, trainer_step)))
+        self._pending.append(self._io.submit(self._upload_streamed(version, specs, handoff, trainer_step)))
+        return handoff
 
-    async def _upload(self, version: int, tensors: list[tuple[str, Any]], trainer_step: int) -> PublishRecord:
+    async def _upload_streamed(
+        self, version: int, specs: Sequence[Any], handoff: BucketHandoff, trainer_step: int
+    ) -> PublishRecord:
+        assert self._sink is not None
+        try:
+            return await self._record(
+                version, self._sink.publish_streamed(version, specs, handoff.buckets(), trainer_step)
+            )
+        finally:
+            handoff.fail(RuntimeError(f"the upload of version {version} ended"))
+
+    async def _record(self, version: int, upload: Coroutine[Any, Any, Any]) -> PublishRecord:
         async with self._lock:
             started = time.perf_counter()
-            if self._sink is None:
-                record = PublishRecord(version, 0.0, True)
-            else:
-                try:
-                    await self._sink.publish(version, tensors, trainer_step=trainer_step)
-                    record = PublishRecord(version, time.perf_counter() - started, True)
-                except Exception as exc:  # any failure is reported; training goes on
-                    log.error("publishing version %d failed: %s", version, exc)
-                    record = PublishRecord(version, time.perf_counter() - started, False, str(exc))
+            try:
+                await upload
+                record = PublishRecord(version, time.perf_counter() - started, True)
+            except Exception as exc:  # any failure is reported; training goes on
+                log.error("publishing version %d failed: %s", version, exc)
+                record = PublishRecord(version, time.perf_counter() - started, False, str(exc))
             self.records.append(record)
             return record
+
+    def last_upload_s(self) -> float | None:
+        """Seconds the latest finished upload took (from the start of its gather), if any finished."""
+        return self.records[-1].seconds if self.records else None
 
     def latest_version(self) -> int:
         """The newest version the sink holds (0 without a sink)."""

@@ -67,12 +67,9 @@ def peft_name(name: str) -> str:
     return name.replace(f".{ADAPTER}.", ".")
 
 
-def publish_names(actor: nn.Module) -> dict[str, str] | None:
-    """Which of the actor's tensors a version holds, and under which names: with LoRA the adapter
-    only, in peft's names (the engines keep the base weights they loaded); None means all of them."""
-    if not is_peft(actor):
-        return None
-    return {name: peft_name(name) for name, p in actor.named_parameters() if p.requires_grad}
+def adapter_items(actor: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's parameters (the ones that train) under the names peft saves them with."""
+    return [(peft_name(name), p) for name, p in actor.named_parameters() if p.requires_grad]
 
 
 def adapter_config(actor: nn.Module) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from services.trainer.gather import BucketGather
     from services.trainer.links import Publisher
 
 # The longest rank 0 waits for the bench's next command, and for one upload.
@@ -45,37 +46,35 @@ class PublishedVersion:
     # When the (perturbed) weights were final, as a training step ends.
     step_end_unix_s: float
     gather_s: float
+    # What the upload took beyond the gather it runs beside.
     upload_s: float
-    # Bytes the publish moved, and the most of them rank 0 held gathered at once.
+    # Bytes the publish moved, and the trainer's bucket size (update_weights_bucket_megabytes).
     model_bytes: int
     bucket_bytes: int
 
 
-def publish_version(actor: torch.nn.Module, publisher: Publisher | None, version: int) -> PublishedVersion | None:
-    """Publishes the actor's weights as ``version`` the way the trainer does (collective); rank 0
-    returns the timings once paramsync holds the version, the other ranks None.
-
-    The trainer's publish path changes (issue #18: bucketed, streamed): this is the one place
-    the bench calls it.
-    """
-    from services.trainer.trainer import gather_weights
+def publish_version(
+    actor: torch.nn.Module, gather: BucketGather, publisher: Publisher | None, version: int
+) -> PublishedVersion | None:
+    """Publishes the actor's weights as ``version`` the way the trainer does (collective: the
+    bucketed, streamed publish of ``Trainer.publish``); rank 0 returns the timings once paramsync
+    holds the version, the other ranks None. This is the one place the bench calls it."""
+    from services.trainer.gather import published_items, weight_specs
+    from services.trainer.trainer import stream_weights
 
     step_end = time.time()
-    started = time.perf_counter()
-    weights = gather_weights(actor)
-    gather_s = time.perf_counter() - started
-    if weights is None:
+    metrics = stream_weights(actor, gather, publisher, version, version)
+    if publisher is None:
         return None
-    assert publisher is not None
-    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
-    publisher.publish(version, weights, trainer_step=version)
-    del weights  # the upload holds them until it is done; afterwards nothing does
     publisher.drain(UPLOAD_TIMEOUT_S)
     record = publisher.records[-1]
     if not record.ok:
         raise RuntimeError(f"publishing version {version} to paramsync failed: {record.error}")
-    # Today the gather holds the whole model on rank 0 at once: one bucket of every byte.
-    return PublishedVersion(version, step_end, gather_s, record.seconds, nbytes, nbytes)
+    model_bytes = sum(spec.num_bytes for spec in weight_specs(published_items(actor)))
+    # The upload starts with the gather, so its seconds hold the gather's; the bench's upload
+    # stage is what the upload took beyond it.
+    upload_s = max(record.seconds - metrics["timing/gather_s"], 0.0)
+    return PublishedVersion(version, step_end, metrics["timing/gather_s"], upload_s, model_bytes, gather.bucket_bytes)
 
 
 def perturb(actor: torch.nn.Module) -> None:
@@ -118,12 +117,16 @@ def run(model_dir: Path, control_port: int) -> None:
     import torch
 
     from services.trainer import distributed as D
+    from services.trainer.config import TrainerSettings
+    from services.trainer.gather import BucketGather
     from services.trainer.links import IoThread, Publisher
     from services.trainer.model import load_actor, shard_model
 
     ctx = D.init_distributed("cpu")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     actor = shard_model(load_actor(model_dir, ctx.device), ctx.device.type)
+    # The trainer's default bucket size: the bench measures the publish a run gets.
+    gather = BucketGather(TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20)
     io = sink = link = publisher = None
     try:
         if ctx.is_main:
@@ -134,7 +137,7 @@ def run(model_dir: Path, control_port: int) -> None:
             publisher = Publisher(io, sink)
         while not (command := D.broadcast_object(link.command() if link else None)).get("stop"):
             perturb(actor)
-            published = publish_version(actor, publisher, int(command["version"]))
+            published = publish_version(actor, gather, publisher, int(command["version"]))
             if link is not None and published is not None:
                 link.send(asdict(published))
     finally:

@@ -26,7 +26,14 @@ async def _open_links(s: TrainerSettings):
     from services.queue.client import QueueClient
 
     queue = QueueClient(s.queue_address)
-    sink = ParamSyncClient(s.paramsync_address) if s.paramsync_address else None
+    sink = None
+    if s.paramsync_address:
+        sink = ParamSyncClient(
+            s.paramsync_address,
+            sync_timeout=s.sync_timeout,
+            max_sync_retries=s.max_sync_retries,
+            sync_retry_delay=s.sync_retry_delay,
+        )
     return queue, sink
 
 

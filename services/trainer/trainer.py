@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from relayrl.stalls import StallWatch
+from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
 from services.trainer import lora
@@ -24,6 +25,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
+from services.trainer.gather import BucketGather, Items, published_items, state_items, weight_specs
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
@@ -75,33 +77,46 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
     return models
 
 
-def gather_weights(
-    actor: torch.nn.Module, names: dict[str, str] | None = None
-) -> list[tuple[str, torch.Tensor]] | None:
-    """The full state dict on rank 0 (collective), as private CPU copies the upload may read later.
+def gather_weights(actor: torch.nn.Module, items: Items | None = None) -> Items | None:
+    """The full tensors of ``items`` (default: the whole state dict) on rank 0 (collective), as
+    private CPU copies; None on other ranks.
 
-    ``names`` (a parameter's name → the name it is published under) gathers only those
-    parameters: a LoRA version is the adapter (``lora.publish_names``).
+    One full copy on rank 0: for writing a model directory, not for publishing (see publish).
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    if names is not None:
-        params = dict(actor.named_parameters())
-        full = {new: _full_tensor(params[old].detach()) for old, new in names.items()}
-    elif D.active():
-        full = get_model_state_dict(actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        full = actor.state_dict()
-    if D.get_rank() != 0:
-        return None
-    # With one rank the "gathered" tensors can alias the live parameters; the upload runs
-    # while training continues, so it must read a snapshot.
-    return [(k, v.detach().to("cpu", copy=True)) for k, v in full.items()]
+    items = state_items(actor) if items is None else items
+    names = [name for name, _ in items]
+    tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(items) for t in bucket]
+    return list(zip(names, tensors, strict=True)) if D.get_rank() == 0 else None
 
 
-def _full_tensor(t: torch.Tensor) -> torch.Tensor:
-    # An FSDP2 parameter is a DTensor shard: full_tensor() all-gathers it (collective).
-    return t.full_tensor().cpu() if hasattr(t, "full_tensor") else t
+def stream_weights(
+    actor: torch.nn.Module, gather: BucketGather, publisher: Publisher | None, version: int, step: int
+) -> dict[str, float]:
+    """Publishes ``version``: every rank gathers bucket by bucket, rank 0 (the one with
+    ``publisher``) hands each bucket to the upload on its I/O thread as it comes.
+
+    ``timing/gather_s`` is what training paid (the gather, plus any wait for an upload more than a
+    bucket behind; ``timing/publish_s`` is its former name). ``timing/upload_s`` is the latest
+    finished upload, from its start to paramsync's commit: usually the previous version's, as this
+    one's is still under way.
+    """
+    started = time.perf_counter()
+    items = published_items(actor)
+    handoff = publisher.begin_streamed(version, weight_specs(items), step) if publisher is not None else None
+    for bucket in gather.buckets(items):
+        if handoff is not None:
+            handoff.put(bucket)
+        del bucket
+    if handoff is not None:
+        handoff.end()
+    gather_s = time.perf_counter() - started
+    metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s}
+    if publisher is not None:
+        metrics["perf/publish_peak_gathered_bytes"] = gather.peak_live_bytes
+        upload_s = publisher.last_upload_s()
+        if upload_s is not None:
+            metrics["timing/upload_s"] = upload_s
+    return metrics
 
 
 def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None:
@@ -109,13 +124,16 @@ def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None
     as ``relayrl export`` does)."""
     from relayrl.models.loading import load_causal_lm, save_hf_dir
 
-    names = lora.publish_names(actor)
-    weights = gather_weights(actor, names)
-    if weights is None:
-        return
-    if names is not None:
-        model = lora.merged_model(base_dir, dict(weights), lora.adapter_config(actor))
+    if lora.is_peft(actor):
+        # The base is frozen and on disk: only the adapter need be gathered, then merged into it.
+        adapter = gather_weights(actor, published_items(actor))
+        if adapter is None:
+            return
+        model = lora.merged_model(base_dir, dict(adapter), lora.adapter_config(actor))
     else:
+        weights = gather_weights(actor)
+        if weights is None:
+            return
         model = load_causal_lm(base_dir)
         model.load_state_dict(dict(weights))
     save_hf_dir(model, base_dir, out_dir)
@@ -165,7 +183,11 @@ class Trainer:
             dataset = PromptDataset(rows, settings.seed)
             self.feed = Feed(settings, queue, io, dataset, control, stalls, on_drop=self.telemetry.record_dropped)
             self.val_rows = self._val_rows(tokenizer)
-            self.publisher = Publisher(io, sink)
+            # A bucket hand-off may wait as long as the upload may take to send the bucket before
+            # it: every attempt running to sync_timeout, plus the backoff between them.
+            handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
+            self.publisher = Publisher(io, sink, handoff_s)
+        self.gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
@@ -238,13 +260,12 @@ class Trainer:
         return metrics
 
     def publish(self) -> dict[str, float]:
-        """Gathers the weights (collective) and hands them to the background uploader."""
-        started = time.perf_counter()
-        weights = gather_weights(self.models.actor, lora.publish_names(self.models.actor))
-        if weights is not None:
-            self.publisher.publish(self.state.version, weights, self.state.step)
+        """Gathers the weights bucket by bucket (collective) while rank 0's I/O thread uploads them."""
+        publisher = self.publisher if self.ctx.is_main else None
+        metrics = stream_weights(self.models.actor, self.gather, publisher, self.state.version, self.state.step)
+        if publisher is not None:
             self.state.param_sync_count += 1
-        return {"timing/publish_s": time.perf_counter() - started}
+        return metrics
 
     def validate(self) -> dict[str, float]:
         if not self.ctx.is_main or not self.val_rows:

@@ -44,8 +44,9 @@ class FaultyProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str = "127.0.0.1") -> int:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listens on ``host:port`` (0: any free port) and returns the port."""
+        self._server = await asyncio.start_server(self._serve, host, port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import socket
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,7 +24,7 @@ import grpc
 from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.dataplane.frames import FrameError, frame, recv_frame
 from services.paramsync.digest import new_hasher
-from services.paramsync.errors import ChecksumMismatch, ParamSyncError, from_status
+from services.paramsync.errors import ChecksumMismatch, ParamSyncError, StageDeadline, from_status, stage_deadline_error
 from services.paramsync.manifest import Manifest
 from services.paramsync.memory import RecycledMemory, VersionMemory
 
@@ -101,7 +101,14 @@ def _request(sock: socket.socket, request: pb.BulkRequest) -> pb.BulkReply:
 
 
 def _send_version(sock: socket.socket, views: Sequence[memoryview]) -> pb.BulkReply:
+    _send_views(sock, views)
+    return recv_frame(sock, pb.BulkReply)
+
+
+def _send_views(sock: socket.socket, views: Sequence[memoryview], header: bytes = b"") -> None:
     try:
+        if header:
+            sock.sendall(header)
         for view in views:
             sock.sendall(view)
     except OSError:
@@ -111,7 +118,6 @@ def _send_version(sock: socket.socket, views: Sequence[memoryview]) -> pb.BulkRe
             sock.settimeout(5)
             _check(recv_frame(sock, pb.BulkReply))
         raise
-    return recv_frame(sock, pb.BulkReply)
 
 
 async def publish(address: DataPlaneAddress, manifest: Manifest, views: Sequence[memoryview], timeout_s: float) -> int:
@@ -127,6 +133,58 @@ async def publish(address: DataPlaneAddress, manifest: Manifest, views: Sequence
                 return _check(await _blocking(sock, _send_version, sock, views)).bytes_received
         except (OSError, TimeoutError, FrameError) as exc:
             raise _link_error(exc, f"uploading version {manifest.version}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRun:
+    """Consecutive tensors of a streamed upload: the index of the first, their checksums and bytes."""
+
+    first_tensor: int
+    checksums: list[str]
+    views: list[memoryview]
+
+
+async def publish_runs(
+    address: DataPlaneAddress,
+    manifest: Manifest,
+    runs: AsyncIterator[TensorRun],
+    resume_from: int,
+    timeout_s: float,
+) -> int:
+    """Uploads an open ``manifest`` run by run from byte ``resume_from``, each run's checksums
+    before its bytes; returns the bytes paramsync stored (0: already held).
+
+    Waiting for the next run is the caller's (``runs`` bounds it); every exchange with paramsync is
+    bounded by ``timeout_s`` and fails with an error naming the stage, the peer and the version.
+    """
+    peer = f"paramsync data plane {address.host}:{address.port}"
+    sock = await _connect(address, timeout_s)
+    stage = "upload start"
+    with sock:
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = pb.BulkRequest(publish=manifest.to_proto(), resume_from_bytes=resume_from)
+                go = await _blocking(sock, _request, sock, request)
+            if go.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
+                return 0
+            _check(go)
+            async for run in runs:
+                stage = "upload"
+                header = frame(pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums))
+                async with asyncio.timeout(timeout_s):
+                    await _blocking(sock, _send_views, sock, run.views, header)
+                stage = "upload (waiting for the next bucket)"
+            stage = "commit"
+            async with asyncio.timeout(timeout_s):
+                return _check(await _blocking(sock, recv_frame, sock, pb.BulkReply)).bytes_received
+        except StageDeadline:
+            raise  # the trainer's own stall (the gather), not the link's: not worth a retry
+        except TimeoutError as exc:
+            raise stage_deadline_error(stage, peer, manifest.version, timeout_s) from exc
+        except (OSError, FrameError) as exc:
+            raise ParamSyncError(
+                f"{stage} of version {manifest.version} (peer: {peer}) failed: {exc}", grpc.StatusCode.UNAVAILABLE
+            ) from exc
 
 
 # Each tensor starts on this boundary inside the receive memory, so any dtype view is aligned.
@@ -152,8 +210,10 @@ class ReceivedVersion:
 Place = Callable[[Manifest], Sequence[memoryview]]
 
 
-def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> None:
-    """Receives every tensor into its view from ``place``, hashing each piece as it lands."""
+def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> Manifest:
+    """Receives every tensor into its view from ``place``, hashing each piece as it lands; returns
+    the complete manifest (for an open one, the one that follows the bytes) every tensor matched."""
+    digests = []
     for spec, view in zip(manifest.tensors, place(manifest), strict=True):
         hasher, filled = new_hasher(manifest.checksum_algorithm), 0
         while filled < spec.num_bytes:
@@ -162,8 +222,16 @@ def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> N
                 raise ConnectionError(f"stream ended inside {spec.name!r} at {filled}/{spec.num_bytes}")
             hasher.update(view[filled : filled + received])
             filled += received
-        if hasher.hexdigest() != spec.checksum:
+        digests.append(hasher.hexdigest())
+    if manifest.is_open:
+        closed = Manifest.from_proto(_check(recv_frame(sock, pb.BulkReply)).manifest)
+        if closed.layout() != manifest.layout():
+            raise ChecksumMismatch(f"version {manifest.version}: the closing manifest lists other tensors")
+        manifest = closed
+    for spec, digest in zip(manifest.tensors, digests, strict=True):
+        if digest != spec.checksum:
             raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum differs")
+    return manifest
 
 
 async def fetch_into(address: DataPlaneAddress, request: pb.FetchRequest, timeout_s: float, place: Place) -> Manifest:
@@ -175,7 +243,7 @@ async def fetch_into(address: DataPlaneAddress, request: pb.FetchRequest, timeou
             async with asyncio.timeout(timeout_s):
                 reply = _check(await _blocking(sock, _request, sock, pb.BulkRequest(fetch=request)))
                 manifest = Manifest.from_proto(reply.manifest)
-                await _blocking(sock, _receive_version, sock, manifest, place)
+                manifest = await _blocking(sock, _receive_version, sock, manifest, place)
         except (OSError, TimeoutError, FrameError) as exc:
             raise _link_error(exc, f"fetching version {request.version}") from exc
     return manifest

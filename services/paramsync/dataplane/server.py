@@ -26,7 +26,7 @@ from typing import TypeVar
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.core import ParamSyncCore
+from services.paramsync.core import ParamSyncCore, check_link
 from services.paramsync.dataplane.frames import FrameError, frame, recv_frame
 from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest
@@ -117,7 +117,7 @@ class DataPlaneServer:
                 request = await self._io(recv_frame, conn, pb.BulkRequest)
                 operation = request.WhichOneof("operation")
                 if operation == "publish":
-                    await self._publish(conn, request.publish)
+                    await self._publish(conn, request.publish, request.resume_from_bytes)
                 elif operation == "fetch":
                     await self._fetch(conn, request.fetch)
                 else:
@@ -130,7 +130,7 @@ class DataPlaneServer:
 
     # --- publish ------------------------------------------------------------------------------
 
-    async def _publish(self, conn: socket.socket, proto: pb.WeightManifest) -> None:
+    async def _publish(self, conn: socket.socket, proto: pb.WeightManifest, resume_from: int) -> None:
         try:
             manifest = Manifest.from_proto(proto)
         except ValueError as exc:
@@ -138,65 +138,100 @@ class DataPlaneServer:
             await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}"))
             return
         try:
-            stored = self.core.begin_upload(manifest)
+            stored = self.core.begin_upload(manifest, resume_from)
         except StoreError as err:
             await self._send(conn, _reply(status_of(err), str(err)))
             return
         if stored is None:
             await self._send(conn, _reply(grpc.StatusCode.ALREADY_EXISTS, "the latest version has these bytes"))
             return
-        started = time.perf_counter()
+        started, epoch = time.perf_counter(), stored.link_epoch
         try:
             await self._send(conn, _reply(grpc.StatusCode.OK))
-            await self._receive(conn, stored)
-            self.core.commit_upload(stored, started)
+            await self._receive(conn, stored, epoch)
+            received = self.core.commit_upload(stored, started)
         except StoreError as err:
-            self.core.fail_upload(stored, err)
+            # A connection closed midway is a link that broke (or a trainer that died): either the
+            # trainer resumes within the window or the upload is dropped.
+            if err.reason == "incomplete":
+                self.core.link_broke(stored, epoch)
+            else:
+                self.core.fail_upload(stored, err, epoch)
             with contextlib.suppress(OSError):
                 await self._send(conn, _reply(status_of(err), str(err)))
             return
         except (OSError, asyncio.CancelledError):
-            self.core.fail_upload(stored, None)
+            self.core.link_broke(stored, epoch)
             raise
-        await self._send(conn, pb.BulkReply(bytes_received=stored.received))
+        await self._send(conn, pb.BulkReply(bytes_received=received))
 
-    async def _receive(self, conn: socket.socket, stored: StoredVersion) -> None:
+    async def _receive(self, conn: socket.socket, stored: StoredVersion, epoch: int) -> None:
         loop = asyncio.get_running_loop()
-        writer = UploadWriter(stored)
         try:
-            await self._io(self._receive_blocking, conn, stored, writer, loop)
+            await self._io(self._receive_blocking, conn, stored, epoch, loop)
         except TimeoutError:
             raise StoreError(
                 "idle_timeout",
                 f"upload of version {stored.version} stalled for {self.core.upload_idle_timeout_s:.0f}s",
             ) from None
-        writer.finish()
+        except FrameError as exc:
+            raise StoreError("bad_message", f"upload of version {stored.version}: {exc}") from None
 
     def _receive_blocking(
-        self, conn: socket.socket, stored: StoredVersion, writer: UploadWriter, loop: asyncio.AbstractEventLoop
+        self, conn: socket.socket, stored: StoredVersion, epoch: int, loop: asyncio.AbstractEventLoop
     ) -> None:
         """Receives and hashes the whole upload in this thread, posting progress to the loop.
 
         One thread for the whole stream, not one hand-off per piece: a round trip through the
-        loop for every MiB cost a third of the throughput.
+        loop for every MiB cost a third of the throughput. With an open manifest the bytes come in
+        runs of tensors, each after a framed TensorChecksums.
         """
-        total, data, position = stored.manifest.total_bytes, stored.data, 0
-        while position < total:
-            if stored.state is VersionState.FAILED:
-                raise StoreError("superseded", stored.error)
-            received = conn.recv_into(data[position : min(total, position + RECV_BYTES)], 0, socket.MSG_WAITALL)
+        writer = stored.writer
+        assert writer is not None
+        manifest = stored.manifest
+        offsets = [*manifest.offsets(), manifest.total_bytes]
+        position = writer.position
+        while position < manifest.total_bytes:
+            end = manifest.total_bytes
+            if manifest.is_open:
+                run = recv_frame(conn, pb.TensorChecksums)
+                first, count = run.first_tensor, len(run.checksums)
+                if not 0 <= first < len(manifest.tensors) or offsets[first] != position or count == 0:
+                    raise StoreError(
+                        "bad_message",
+                        f"version {stored.version}: checksums for tensor {first} where byte {position} is due",
+                    )
+                writer.add_checksums(first, list(run.checksums))
+                end = offsets[min(first + count, len(manifest.tensors))]
+            position = self._receive_run(conn, stored, epoch, writer, loop, position, end)
+
+    def _receive_run(
+        self,
+        conn: socket.socket,
+        stored: StoredVersion,
+        epoch: int,
+        writer: UploadWriter,
+        loop: asyncio.AbstractEventLoop,
+        position: int,
+        end: int,
+    ) -> int:
+        data = stored.data
+        while position < end:
+            check_link(stored, epoch)
+            received = conn.recv_into(data[position : min(end, position + RECV_BYTES)], 0, socket.MSG_WAITALL)
             if received == 0:  # the trainer closed the connection (or died): as a gRPC stream ending early
                 raise StoreError(
                     "incomplete",
-                    f"version {stored.version}: upload ended after {position} of {total} bytes",
+                    f"version {stored.version}: upload ended after {position} of {stored.manifest.total_bytes} bytes",
                 )
+            check_link(stored, epoch)
             writer.check_in_place(position, received)
             position += received
             loop.call_soon_threadsafe(self._progress, stored, position, received)
+        return position
 
     def _progress(self, stored: StoredVersion, position: int, received: int) -> None:
-        stored.received = position
-        stored.pulse()
+        stored.advance(position)
         self.core.metrics.bytes_received.inc(received)
 
     # --- fetch --------------------------------------------------------------------------------
@@ -211,7 +246,8 @@ class DataPlaneServer:
         except StoreError as err:
             await self._send(conn, _reply(status_of(err), str(err)))
             return
-        await self._send(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
+        opened = stored.manifest
+        await self._send(conn, pb.BulkReply(manifest=opened.to_proto()))
         total, idle_s = stored.manifest.total_bytes, self.core.upload_idle_timeout_s
         busy = self.forward_streams and self._forwarding >= self.forward_streams
         if stored.state is VersionState.UPLOADING and busy:
@@ -220,11 +256,21 @@ class DataPlaneServer:
         self._forwarding += forwarding
         try:
             with stored.reading() as data:
-                await self._send_version(conn, stored, data, request.replica_id)
+                if not await self._send_version(conn, stored, data, request.replica_id):
+                    return
         finally:
             self._forwarding -= forwarding
+        if opened.is_open:
+            # Its last bytes may be verified after they were forwarded: wait for the commit.
+            while stored.state is VersionState.UPLOADING:
+                await stored.wait_past(total, idle_s)
+            if stored.state is not VersionState.COMPLETE:
+                log.info("fetch of version %d by %r cut: %s", stored.version, request.replica_id, stored.error)
+                return
+            await self._send(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
 
-    async def _send_version(self, conn: socket.socket, stored: StoredVersion, data: memoryview, replica: str) -> None:
+    async def _send_version(self, conn: socket.socket, stored: StoredVersion, data: memoryview, replica: str) -> bool:
+        """Sends every byte as it arrives; False when the upload failed and the stream was cut."""
         total, sent = stored.manifest.total_bytes, 0
         bytes_sent = self.core.metrics.bytes_sent.labels("dataplane")
         while sent < total:
@@ -232,9 +278,10 @@ class DataPlaneServer:
             if stored.state is VersionState.FAILED:
                 # Closing early is the signal: the replica sees a short stream and loads nothing.
                 log.info("fetch of version %d by %r cut: %s", stored.version, replica, stored.error)
-                return
+                return False
             available = total if stored.state is VersionState.COMPLETE else stored.received
             count = min(available - sent, SEND_BYTES)
             await self._io(conn.sendall, data[sent : sent + count])
             bytes_sent.inc(count)
             sent += count
+        return True

@@ -1,7 +1,8 @@
 """A trainer that uploads half of a version and then hangs, so a test can SIGKILL it mid-upload.
 
-``python stalled_trainer.py ADDRESS VERSION [grpc|dataplane]``: prints ``HALF`` once half of the
-bytes are sent, over the Publish RPC (default) or over the bulk data plane.
+``python stalled_trainer.py ADDRESS VERSION [grpc|dataplane|streamed]``: prints ``HALF`` once half of
+the bytes are sent, over the Publish RPC (default), over the bulk data plane, or as the trainer
+does (``ParamSyncClient.publish_streamed``, its gather stalled after the first of two buckets).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import torch
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.client import ParamSyncClient
 from services.paramsync.dataplane.frames import frame, recv_frame
-from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+from services.paramsync.tensors import as_pairs, build_manifest, open_specs, raw_bytes
 
 CHUNK = 1024
 
@@ -25,6 +27,16 @@ async def main(address: str, version: int, path: str) -> None:
     pairs = as_pairs({"w": torch.full((4096,), float(version))})
     manifest = build_manifest(version, pairs, 0, "sha256")
     data = raw_bytes(pairs[0][1])
+    if path == "streamed":
+        second = ("w2", torch.full((4096,), -float(version)))
+
+        async def buckets():
+            yield [pairs[0][1]]
+            print("HALF", flush=True)  # asked for the second bucket: the first one is sent
+            await asyncio.Event().wait()
+
+        async with ParamSyncClient(address) as client:
+            await client.publish_streamed(version, open_specs([*pairs, second]), buckets())
     if path == "dataplane":
         async with grpc_channel(address) as channel:
             port = (await pb_grpc.ParamSyncStub(channel).DataPlane(pb.DataPlaneRequest())).data_port

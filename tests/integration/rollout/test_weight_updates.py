@@ -15,6 +15,8 @@ from services.paramsync.client import ParamSyncClient
 from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
+from services.rollout.config import RolloutSettings
+from services.rollout.weight_sync import versions_dir
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import (
     new_policy,
@@ -25,8 +27,6 @@ from tests.integration.rollout.replica_harness import (
     sample_value,
 )
 from tests.waiting import wait_until_async
-
-SHM_VERSIONS = Path("/dev/shm/relayrl-weights-r-sync")
 
 
 @pytest.mark.parametrize("transport", ["grpc", "disk"])
@@ -43,6 +43,8 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
         ):
             old = int(await client.weight_version())
             new = old + 1
+            shm_versions = versions_dir(RolloutSettings(replica_id="r-sync"), tmp_path / "weights")
+            assert shm_versions.parent == Path("/dev/shm")
             async with running_replica(
                 engine.url,
                 queue.grpc_address,
@@ -59,7 +61,7 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
                 status = replica.state.status()
                 syncs = sample_value(replica, "param_sync_requests_total")
                 on_disk = sorted((tmp_path / "weights").rglob("*.safetensors"))
-                in_memory = sorted(SHM_VERSIONS.rglob("*.safetensors"))
+                in_memory = sorted(shm_versions.rglob("*.safetensors"))
             table = await paramsync.list_replicas()
             assert (await client.model_info())["weight_version"] == str(new)
             assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=new + 1)).success
@@ -71,5 +73,5 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
     assert [(r.replica_id, r.version) for r in table.replicas] == [("r-sync", new)]
     # A pulled version lives in shared memory only, and is gone once the replica stops.
     assert on_disk == []
-    assert in_memory == ([SHM_VERSIONS / f"v{new:012d}" / "model.safetensors"] if transport == "grpc" else [])
-    assert not SHM_VERSIONS.exists()
+    assert in_memory == ([shm_versions / f"v{new:012d}" / "model.safetensors"] if transport == "grpc" else [])
+    assert not shm_versions.exists()

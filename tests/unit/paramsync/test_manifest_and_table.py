@@ -36,7 +36,14 @@ def test_manifest_round_trips_and_describes_every_dtype_exactly():
         ((TensorSpec("a", "float32", (2,), 8, "x"), TensorSpec("a", "float32", (2,), 8, "x")), "unique"),
         ((TensorSpec("a", "complex64", (2,), 16, "x"),), "unsupported dtype"),
         ((TensorSpec("a", "float32", (2,), 7, "x"),), "num_bytes 7 != 8"),
-        ((TensorSpec("a", "float32", (2,), 8, ""),), "missing checksum"),
+        (
+            (TensorSpec("a", "float32", (2,), 8, "x"), TensorSpec("b", "float32", (2,), 8, "")),
+            "every tensor or for none",
+        ),
+        (
+            (TensorSpec("a", "float32", (2,), 8, ""), TensorSpec("b", "float32", (2,), 8, "x")),
+            "every tensor or for none",
+        ),
     ],
 )
 def test_malformed_manifests_are_refused_with_the_reason(tensors, problem):

@@ -26,7 +26,9 @@ def test_the_chaos_reward_is_judged_against_the_spread_of_the_fault_free_runs():
     inside = fault_free_figures(0.96, healthy)
     assert inside["fault_free"]["reward_end"] == {"min": 0.95, "max": 0.99, "mean": 0.97}
     assert [run["seed"] for run in inside["fault_free"]["runs"]] == [0, 1, 2]
-    assert inside["reward_within_spread"] is True
-    assert fault_free_figures(0.94, healthy)["reward_within_spread"] is False
-    assert fault_free_figures(0.995, healthy)["reward_within_spread"] is False
-    assert fault_free_figures(None, healthy)["reward_within_spread"] is None
+    assert (inside["reward_within_spread"], inside["reward_vs_spread"]) == (True, "within")
+    below, above = fault_free_figures(0.94, healthy), fault_free_figures(0.995, healthy)
+    assert (below["reward_within_spread"], below["reward_vs_spread"]) == (False, "below")
+    assert (above["reward_within_spread"], above["reward_vs_spread"]) == (False, "above")
+    unknown = fault_free_figures(None, healthy)
+    assert unknown["reward_within_spread"] is None and unknown["reward_vs_spread"] is None

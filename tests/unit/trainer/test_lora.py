@@ -9,9 +9,9 @@ from peft import get_peft_model_state_dict
 from relayrl.models.tiny import init_tiny, preset_spec
 from services.paramsync.tensors import as_pairs, build_manifest
 from services.trainer import distributed as D
-from services.trainer import lora
 from services.trainer.batching import TrainSample, collate
 from services.trainer.config import TrainerSettings
+from services.trainer.gather import published_items
 from services.trainer.model import load_actor, policy_forward
 from services.trainer.step import train_step
 from services.trainer.trainer import build_models, gather_weights
@@ -54,7 +54,7 @@ def test_only_the_adapter_trains_and_a_version_is_the_adapter_in_peft_names(tiny
     for name, param in actor.named_parameters():
         if name in base_before:
             assert torch.equal(param, base_before[name]), name
-    published = dict(gather_weights(actor, lora.publish_names(actor)))
+    published = dict(gather_weights(actor, published_items(actor)))
     expected = get_peft_model_state_dict(actor)
     assert published.keys() == expected.keys()
     for name, tensor in published.items():
@@ -86,7 +86,7 @@ def test_a_rank_8_version_of_the_small_preset_is_20x_smaller(tmp_path):
     model_dir = init_tiny(tmp_path / "small", preset_spec("small"))
     full = build_models(TrainerSettings(model_dir=model_dir), _ctx(), fsdp=False).actor
     adapted = build_models(TrainerSettings(model_dir=model_dir, lora_rank=rank), _ctx(), fsdp=False).actor
-    full_manifest = build_manifest(1, as_pairs(gather_weights(full, lora.publish_names(full))), 1, "crc32")
-    lora_manifest = build_manifest(1, as_pairs(gather_weights(adapted, lora.publish_names(adapted))), 1, "crc32")
+    full_manifest = build_manifest(1, as_pairs(gather_weights(full, published_items(full))), 1, "crc32")
+    lora_manifest = build_manifest(1, as_pairs(gather_weights(adapted, published_items(adapted))), 1, "crc32")
     assert full_manifest.total_bytes >= 20 * lora_manifest.total_bytes
     assert all(".lora_A." in t.name or ".lora_B." in t.name for t in lora_manifest.tensors)

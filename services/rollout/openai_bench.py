@@ -1,0 +1,205 @@
+"""``relayrl bench openai``: tokens/s of agent episodes through the OpenAI endpoint vs. the native path.
+
+The same episodes run both ways in one process, against one built-in engine process (tiny model,
+CPU): ``episodes`` conversations of ``turns`` model turns each (a question, then a user message
+after every answer), ``concurrency`` episodes at a time.
+
+- ``native``: what the rollout's agent loop does, the turns sent straight to the engine's
+  ``/generate`` as token ids, each observation rendered through the chat template;
+- ``openai``: the ``openai`` client's ``chat.completions.create`` against a real rollout service
+  (its HTTP server, the conversation recording, a real queue service over a private redis-server),
+  each episode finished with a reward, which pushes it to the queue.
+
+The two alternate for ``rounds`` rounds and each figure is the median, so load from other
+processes hits both alike. ``ratio = openai_tokens_per_s / native_tokens_per_s``; the issue's
+target is a cost of at most 10 %, a ratio of 0.9 or more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+QUESTION = "count from 1 to 9"
+FOLLOW_UP = "go on"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIBenchResult:
+    openai_tokens_per_s: float
+    native_tokens_per_s: float
+    ratio: float
+    episodes: int
+    turns: int
+    max_tokens: int
+    concurrency: int
+    rounds: int
+    openai_tokens: int
+    native_tokens: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+async def _native(engine_url: str, tokenizer: Any, episodes: int, turns: int, max_tokens: int, concurrency: int) -> int:
+    from services.engine.client import EngineClient, SamplingParams
+    from services.rollout.generation import SampleResult, continue_sample
+    from services.rollout.openai_chat import ChatRenderer
+    from services.rollout.openai_models import Message
+
+    renderer = ChatRenderer(tokenizer)
+    gate = asyncio.Semaphore(concurrency)
+    params = SamplingParams(max_new_tokens=max_tokens)
+    follow_up = [Message(role="user", content=FOLLOW_UP)]
+
+    async def episode(client: EngineClient, index: int) -> int:
+        async with gate:
+            ids = renderer.prompt_ids([Message(role="user", content=f"{QUESTION} ({index})")], None)
+            generated = 0
+            for turn in range(turns):
+                result = await continue_sample(
+                    client, ids, params, "abort_resume", 0, f"native-{index}-{turn}", SampleResult()
+                )
+                generated += len(result.output_ids)
+                ids = ids + result.output_ids
+                if turn + 1 < turns:
+                    ids = ids + renderer.observation_ids(follow_up, result.output_ids)
+            return generated
+
+    async with EngineClient(engine_url) as client:
+        return sum(await asyncio.gather(*(episode(client, i) for i in range(episodes))))
+
+
+async def _openai(base_url: str, episodes: int, turns: int, max_tokens: int, concurrency: int) -> int:
+    import httpx
+    import openai
+
+    from services.rollout.openai_api import CONVERSATION_HEADER
+
+    gate = asyncio.Semaphore(concurrency)
+    run = uuid.uuid4().hex[:8]
+
+    async def episode(client: openai.AsyncOpenAI, http: httpx.AsyncClient, index: int) -> int:
+        async with gate:
+            conversation = f"bench-{run}-{index}"
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"{QUESTION} ({index})"}]
+            generated = 0
+            for turn in range(turns):
+                completion = await client.chat.completions.create(
+                    model="policy",
+                    messages=messages,
+                    max_tokens=max_tokens,
+                    extra_headers={CONVERSATION_HEADER: conversation},
+                )
+                generated += completion.usage.completion_tokens
+                messages.append(completion.choices[0].message.model_dump(exclude_none=True))
+                if turn + 1 < turns:
+                    messages.append({"role": "user", "content": FOLLOW_UP})
+            finished = await http.post(f"/v1/conversations/{conversation}/finish", json={"reward": 0.0})
+            finished.raise_for_status()
+            return generated
+
+    limits = httpx.Limits(max_connections=concurrency * 2)
+    async with (
+        openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
+        httpx.AsyncClient(base_url=base_url, limits=limits) as http,
+    ):
+        return sum(await asyncio.gather(*(episode(client, http, i) for i in range(episodes))))
+
+
+async def _measure(
+    engine_url: str,
+    model_dir: Path,
+    redis_url: str,
+    episodes: int,
+    turns: int,
+    max_tokens: int,
+    concurrency: int,
+    rounds: int,
+) -> OpenAIBenchResult:
+    from relayrl.models.loading import load_tokenizer
+    from services.queue.config import QueueSettings
+    from services.queue.server import start_queue_server
+    from services.rollout.config import RolloutSettings
+    from services.rollout.server import start_rollout
+
+    tokenizer = load_tokenizer(model_dir)
+    queue = await start_queue_server(QueueSettings(redis_url=redis_url, run_id=f"bench-{uuid.uuid4().hex[:8]}"))
+    rollout = await start_rollout(
+        RolloutSettings(engine_url=engine_url, queue_address=queue.grpc_address, engine_check_interval_s=0.1)
+    )
+    try:
+        while not rollout.replica.state.ready():
+            await rollout.replica.state.became_leasable(0.1)
+        base_url = f"http://127.0.0.1:{rollout.servers.http.port}"
+        await _native(engine_url, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
+        await _openai(base_url, concurrency, 1, 4, concurrency)
+        native_rates, openai_rates, native_tokens, openai_tokens = [], [], 0, 0
+        for _ in range(rounds):
+            started = time.perf_counter()
+            tokens = await _native(engine_url, tokenizer, episodes, turns, max_tokens, concurrency)
+            native_rates.append(tokens / (time.perf_counter() - started))
+            native_tokens += tokens
+            started = time.perf_counter()
+            tokens = await _openai(base_url, episodes, turns, max_tokens, concurrency)
+            openai_rates.append(tokens / (time.perf_counter() - started))
+            openai_tokens += tokens
+    finally:
+        await rollout.stop()
+        await queue.stop()
+    native_rate, openai_rate = statistics.median(native_rates), statistics.median(openai_rates)
+    return OpenAIBenchResult(
+        openai_tokens_per_s=round(openai_rate, 1),
+        native_tokens_per_s=round(native_rate, 1),
+        ratio=round(openai_rate / native_rate, 3),
+        episodes=episodes,
+        turns=turns,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        rounds=rounds,
+        openai_tokens=openai_tokens,
+        native_tokens=native_tokens,
+    )
+
+
+def run_bench(episodes: int, turns: int, max_tokens: int, concurrency: int, rounds: int) -> OpenAIBenchResult:
+    from relayrl.models.tiny import init_tiny
+    from relayrl.net import free_port
+    from relayrl.redis_process import RedisProcess
+    from relayrl.subprocesses import stop_process
+    from services.rollout.bench import start_engine
+
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-openai-") as tmp:
+        model_dir = init_tiny(Path(tmp) / "model")
+        redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
+        port = free_port()
+        engine = start_engine(model_dir, port)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            return asyncio.run(_measure(url, model_dir, redis.url, episodes, turns, max_tokens, concurrency, rounds))
+        finally:
+            stop_process(engine, 15)
+            redis.stop()
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line (the default format).")] = True,
+    episodes: Annotated[int, typer.Option(help="Episodes (conversations) run through each path per round.")] = 16,
+    turns: Annotated[int, typer.Option(help="Model turns per episode.")] = 3,
+    max_tokens: Annotated[int, typer.Option(help="Token budget of each model turn.")] = 32,
+    concurrency: Annotated[int, typer.Option(help="Episodes in flight at once.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Alternating native/openai rounds; medians are reported.")] = 3,
+) -> None:
+    """Tokens/s of the same agent episodes through /v1/chat/completions vs. the native engine path, same run."""
+    import json
+
+    result = run_bench(episodes, turns, max_tokens, concurrency, rounds)
+    typer.echo(json.dumps(result.to_dict()))

@@ -1,0 +1,97 @@
+"""The actor's full weights, gathered bucket by bucket for a publish (collective on every rank).
+
+verl's FSDP weight sync gathers one bucket of parameters at a time (its
+``update_weights_bucket_megabytes``) instead of the whole state dict, so no rank ever holds a
+second full copy of the model. Here every rank walks the sharded state dict in the same order and
+all-gathers each tensor (``DTensor.full_tensor``); rank 0 keeps the full tensors of the current
+bucket as private CPU copies and hands the bucket on; the other ranks drop theirs at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+
+import torch
+
+from services.paramsync.manifest import TensorSpec
+from services.paramsync.tensors import open_spec
+from services.trainer import distributed as D
+from services.trainer import lora
+
+Items = list[tuple[str, torch.Tensor]]
+
+
+def state_items(actor: torch.nn.Module) -> Items:
+    """The whole state dict, tied names included: what a model directory holds."""
+    return list(actor.state_dict().items())
+
+
+def published_items(actor: torch.nn.Module) -> Items:
+    """What a version holds: the state dict with each tensor once. A tied tensor (Qwen2.5's
+    lm_head, which is the embedding) is one parameter under two names; the engine's model ties
+    it the same way, so sending it twice would only add its bytes again (27 % of the 0.5B
+    shape). ``named_parameters`` lists a shared parameter under its first name only.
+
+    With LoRA a version is the adapter alone, in peft's names (``lora.adapter_items``): the
+    engines keep the base weights they loaded, and only the adapter ever changes."""
+    if lora.is_peft(actor):
+        return lora.adapter_items(actor)
+    listed = {name for name, _ in actor.named_parameters()}
+    aliases = {name for name, _ in actor.named_parameters(remove_duplicate=False)} - listed
+    return [(name, t) for name, t in state_items(actor) if name not in aliases]
+
+
+def weight_specs(items: Items) -> list[TensorSpec]:
+    """Every tensor's name, dtype and full shape, known before anything is gathered."""
+    return [open_spec(name, t) for name, t in items]
+
+
+class BucketGather:
+    """Gathers the actor's full tensors in buckets of about ``bucket_bytes`` and keeps count of the
+    gathered bytes alive on rank 0 (``peak_live_bytes``: what publishing costs in memory there)."""
+
+    def __init__(self, bucket_bytes: int) -> None:
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.bucket_bytes = bucket_bytes
+        self._lock = threading.Lock()
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        weakref.finalize(tensor, self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes -= nbytes
+
+    def buckets(self, items: Items) -> Iterator[list[torch.Tensor]]:
+        """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere).
+
+        Collective: every rank must drain the iterator. The tensors are private copies, because
+        training goes on while the upload reads them.
+        """
+        is_main = D.get_rank() == 0
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for _, tensor in items:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            size += full.numel() * full.element_size()
+            if is_main:
+                # A gathered DTensor is new memory already; a plain tensor is the live parameter.
+                fresh = full is not tensor and full.device.type == "cpu"
+                kept = full.detach().contiguous() if fresh else full.detach().to("cpu", copy=True).contiguous()
+                self._track(kept)
+                bucket.append(kept)
+            del full
+            if size >= self.bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if size or bucket:
+            yield bucket
