@@ -76,9 +76,11 @@ def export_policy(run_dir: Path, out_dir: Path, step: int | None = None, merge_l
     dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["actor"])
     if adapter_file.is_file() and not merge_lora:
-        model.save_pretrained(out_dir, safe_serialization=True)
+        # The base stays frozen under LoRA: peft would otherwise copy an adapted lm_head's (or
+        # embedding's) whole base weight into the adapter, which the base directory already holds.
+        model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
         return checkpoint
     if adapter_file.is_file():
-        model = model.merge_and_unload()
+        model = lora.merge(model)
     save_hf_dir(model, base, out_dir)
     return checkpoint

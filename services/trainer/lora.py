@@ -107,6 +107,22 @@ def peft_model(base_dir: Path, config: Mapping[str, Any]) -> nn.Module:
     return get_peft_model(load_causal_lm(base_dir), lora_config, adapter_name=ADAPTER)
 
 
+def merge(model: nn.Module) -> nn.Module:
+    """The peft ``model`` with its adapter merged into the base weights: a plain transformers model.
+
+    An adapted ``lm_head`` whose weight is the input embedding (tied, as in Qwen2.5 and the tiny
+    presets) gets a weight of its own first: merged into the shared tensor, the head's update
+    would change the embedding too, and the merged model would no longer be the adapted one.
+    """
+    base = model.get_base_model()
+    head = base.get_output_embeddings()
+    layer = getattr(head, "base_layer", None)
+    if layer is not None and layer.weight is base.get_input_embeddings().weight:
+        layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        base.config.tie_word_embeddings = False
+    return model.merge_and_unload()
+
+
 def merged_model(base_dir: Path, adapter: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> nn.Module:
     """The base model of ``base_dir`` with ``adapter`` (peft's names) merged into its weights: a
     plain transformers model, as if it had been trained in full."""
@@ -116,4 +132,4 @@ def merged_model(base_dir: Path, adapter: Mapping[str, torch.Tensor], config: Ma
     result = set_peft_model_state_dict(model, dict(adapter), adapter_name=ADAPTER)
     if result.unexpected_keys:
         raise ValueError(f"adapter tensors the model has no place for: {result.unexpected_keys[:5]}")
-    return model.merge_and_unload()
+    return merge(model)

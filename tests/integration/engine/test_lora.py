@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from relayrl.net import free_port
 from services.engine.client import EngineClient, EngineError, SamplingParams
+from services.trainer import lora
 from tests.integration.rollout.conftest import EngineProcess
 
 torch.set_num_threads(1)
@@ -22,16 +23,20 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 def _adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A peft adapter with random (non-zero) A and B on attention and MLP projections."""
+    """A peft adapter with random (non-zero) A and B on attention and MLP projections and on the
+    output head (tied to the embedding in the tiny model)."""
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    config = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"], init_lora_weights=False
+    )
     model = get_peft_model(base, config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.mul_(0.5)
-    model.save_pretrained(out)
+    # The head is frozen: its weight is the base model's, which peft would otherwise save beside the adapter.
+    model.save_pretrained(out, save_embedding_layers=False)
     return out
 
 
@@ -39,7 +44,7 @@ def _merged(model_dir: Path, adapter_dir: Path, out: Path) -> Path:
     from peft import PeftModel
 
     base = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload().save_pretrained(out)
+    lora.merge(PeftModel.from_pretrained(base, str(adapter_dir))).save_pretrained(out)
     return out
 
 

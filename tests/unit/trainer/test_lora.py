@@ -9,6 +9,7 @@ from peft import get_peft_model_state_dict
 from relayrl.models.tiny import init_tiny, preset_spec
 from services.paramsync.tensors import as_pairs, build_manifest
 from services.trainer import distributed as D
+from services.trainer import lora
 from services.trainer.batching import TrainSample, collate
 from services.trainer.config import TrainerSettings
 from services.trainer.gather import published_items
@@ -90,3 +91,22 @@ def test_a_rank_8_version_of_the_small_preset_is_20x_smaller(tmp_path):
     lora_manifest = build_manifest(1, as_pairs(gather_weights(adapted, published_items(adapted))), 1, "crc32")
     assert full_manifest.total_bytes >= 20 * lora_manifest.total_bytes
     assert all(".lora_A." in t.name or ".lora_B." in t.name for t in lora_manifest.tensors)
+
+
+def test_a_merged_adapter_on_the_tied_head_is_the_adapted_model(tiny_model_dir):
+    # The tiny model's lm_head is its input embedding; merging the head's update into that shared
+    # tensor would change the embedding as well.
+    torch.manual_seed(0)
+    spec = lora.LoraSpec(4, 8, ["q_proj", "lm_head"])
+    adapted = lora.add_adapter(load_actor(tiny_model_dir, torch.device("cpu")), spec)
+    with torch.no_grad():
+        for _, param in lora.adapter_items(adapted):
+            param.normal_(0, 0.2)
+    adapter = {name: t.detach().clone() for name, t in lora.adapter_items(adapted)}
+    merged = lora.merged_model(tiny_model_dir, adapter, lora.adapter_config(adapted))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected = adapted(input_ids=ids).logits
+        base = load_actor(tiny_model_dir, torch.device("cpu"))(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
+    assert (expected - base).abs().max() > 1e-2  # the adapter changes the policy
