@@ -181,6 +181,7 @@ def sglang_router(state: EngineState) -> APIRouter:
                 state.lora.release(seq.adapter)
                 seq.adapter = None
             raise
+        state.metrics.lora_requests.inc(sum(1 for seq in sequences if seq.adapter is not None))
 
     @router.api_route("/generate", methods=["POST", "PUT"])
     async def generate(obj: GenerateReqInput) -> Any:

@@ -31,6 +31,9 @@ class EngineMetrics:
         self.weight_updates = m.counter("weight_updates", "Successful weight updates.", "total")
         self.weight_update_failures = m.counter("weight_update_failures", "Refused or failed weight updates.", "total")
         self.weight_version = m.gauge("weight_version", "Weight version served (when it is an integer).")
+        self.lora_requests = m.counter(
+            "lora_requests", "Samples admitted with a LoRA adapter (lora_path on /generate).", "total"
+        )
 
 
 @dataclass
