@@ -11,6 +11,11 @@ One invocation runs, one after another on the same workload, preset and CPU spli
 ``pipeline_efficiency`` is async samples/s over the slower of the two stages alone: 1.0 means
 the pipeline runs at the speed of its bottleneck. Throughput is measured between the first and
 the last training step (start-up excluded); the engine's between its first and last pushed group.
+
+A multi-turn workload (``agentic``) also reports, per mode, ``engine_idle_ratio`` (the share of
+the window with no request at the engine: episodes waiting on the environment hold none) and the
+environment's calls and seconds in the window from its own call log, and ``episodes``: model
+turns per episode, measured on the backlog generated alone.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from typing import Annotated, Any
 import typer
 
 from relayrl.stack.config import StackConfig, StackSettings
+from relayrl.stack.environment import Calls, read_calls
 from relayrl.stack.launch import LocalStack
 from relayrl.stack.progress import scrape, scrape_sample
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import Supervisor, supervised
-from relayrl.stack.workloads import Workload, get_workload
+from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, Workload, get_workload
 
 PRESETS = ("tiny", "small", "base")
 # η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
@@ -72,6 +78,9 @@ class ModeResult:
     staleness_violations: int
     lost_groups: int
     steps: int
+    # The environment's calls that ended in the window (multi-turn workloads; zero otherwise).
+    env_calls: Calls
+    window_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +88,8 @@ class AloneResult:
     engine_samples_per_s: float
     trainer_samples_per_s: float
     generated_lengths: dict[str, float]
+    # Multi-turn workloads: episodes in the backlog and their model turns; empty otherwise.
+    episodes: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +102,10 @@ class BenchRun:
     workload: Workload
     seed: int
     timeout_s: float
+    tool_latency_ms: float = 0.0
 
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
+        environment = self.workload.environment
         return StackConfig(
             stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
             trainer=self.workload.trainer_settings(self.dataset, steps, self.seed),
@@ -100,8 +113,14 @@ class BenchRun:
                 "max_inflight_prompts": 32,
                 "max_new_tokens": self.workload.max_new_tokens,
                 **self.workload.rollout,
+                **(environment(self.env_dir(name), self.tool_latency_ms) if environment else {}),
             },
+            engine=self.workload.engine,
         )
+
+    def env_dir(self, name: str) -> Path:
+        """Where the environment of run ``name`` keeps its configs and call log."""
+        return self.work / "env" / name
 
 
 def _queue_stats(address: str, prompts: bool = False) -> Any:
@@ -187,7 +206,7 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
 
         def open_window() -> None:
             cpu.start()
-            window.update(rollouts.read(), at=time.monotonic())
+            window.update(rollouts.read(), at=time.monotonic(), unix=time.time())
 
         _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
         cpu_busy = cpu.stop()
@@ -195,6 +214,7 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
         elapsed = time.monotonic() - window["at"]
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
+    env_calls = read_calls(run.env_dir(f"eta{eta}") / "calls.log", window["unix"], window["unix"] + elapsed)
     updates = max(end["update_count"] - window["update_count"], 1.0)
     publish_s = statistics.fmean(r.get("timing/publish_s", 0.0) for r in rows)
     return ModeResult(
@@ -211,6 +231,8 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
         staleness_violations=sum(1 for r in rows if r["staleness/max_sample_age"] > eta),
         lost_groups=lost,
         steps=len(rows),
+        env_calls=env_calls,
+        window_s=elapsed,
     )
 
 
@@ -227,9 +249,8 @@ def _prompt_specs(dataset: Path, model_dir: Path, workload: Workload, count: int
     ]
 
 
-def _generated_lengths(redis_url: str, run_id: str) -> dict[str, float]:
-    """Median, p90, p99 and max of the response lengths of every group waiting in the stream."""
-    import numpy as np
+def _backlog(redis_url: str, run_id: str) -> list[Any]:
+    """Every trajectory of the groups waiting in the stream."""
     import redis
 
     from relayrl.v1 import trajectory_pb2
@@ -240,11 +261,18 @@ def _generated_lengths(redis_url: str, run_id: str) -> dict[str, float]:
         entries = client.xrange(Keys(run_id).trajectories)
     finally:
         client.close()
-    lengths = [
-        len(sample.response_token_ids)
+    return [
+        sample
         for _, fields in entries
         for sample in trajectory_pb2.TrajectoryGroup.FromString(fields[b"payload"]).trajectories
     ]
+
+
+def _generated_lengths(samples: list[Any]) -> dict[str, float]:
+    """Median, p90, p99 and max of the response lengths."""
+    import numpy as np
+
+    lengths = [len(sample.response_token_ids) for sample in samples]
     p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
     return {"samples": len(lengths), "median": p50, "p90": p90, "p99": p99, "max": float(max(lengths))}
 
@@ -288,11 +316,18 @@ def measure_alone(run: BenchRun, steps: int) -> AloneResult:
         assert first is not None
         engine_sps = (produced - first[1]) * workload.n_samples / max(time.monotonic() - first[0], 1e-9)
         _pause_rollouts(stack)
-        lengths = _generated_lengths(stack.endpoints.redis_url, stack.run_id)
+        backlog = _backlog(stack.endpoints.redis_url, stack.run_id)
         stack.start_training(run.model_dir)
         _wait_trainer(stack, supervisor, deadline, "trainer alone", lambda: None)
         rows = _trainer_rows(stack)
-    return AloneResult(engine_sps, _samples_per_s(rows), lengths)
+    episodes = _episodes(backlog) if workload.environment else {}
+    return AloneResult(engine_sps, _samples_per_s(rows), _generated_lengths(backlog), episodes)
+
+
+def _episodes(samples: list[Any]) -> dict[str, float]:
+    """Model turns per episode of the backlog (each answered by one environment call but a last cut-off one)."""
+    turns = [len(sample.turn_ends) for sample in samples]
+    return {"episodes": len(turns), "turns_per_episode": statistics.fmean(turns), "min_turns": float(min(turns))}
 
 
 def _init_model(work: Path, preset: str) -> Path:
@@ -320,9 +355,10 @@ def result_json(
     sync: ModeResult,
     asynchronous: ModeResult,
     cpu_split: dict[str, object],
+    tool_latency_ms: float = 0.0,
 ) -> dict[str, Any]:
     bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
-    return {
+    result = {
         "benchmark": "e2e",
         "workload": workload.name,
         "preset": preset,
@@ -347,6 +383,28 @@ def result_json(
         "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
         "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
         "lost_groups": sync.lost_groups + asynchronous.lost_groups,
+    }
+    if workload.environment is not None:
+        result |= _agentic_json(alone, sync, asynchronous, tool_latency_ms)
+    return result
+
+
+def _agentic_json(
+    alone: AloneResult, sync: ModeResult, asynchronous: ModeResult, tool_latency_ms: float
+) -> dict[str, Any]:
+    def per_mode(figure: Callable[[ModeResult], float], digits: int = 3) -> dict[str, float]:
+        return {"sync": round(figure(sync), digits), "async": round(figure(asynchronous), digits)}
+
+    return {
+        "tool_latency_ms": tool_latency_ms,
+        # One engine serves the one replica: no request in flight from it means an idle engine.
+        "engine_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
+        "env_calls": per_mode(lambda m: m.env_calls.count, 0),
+        "env_s": per_mode(lambda m: m.env_calls.seconds, 1),
+        "env_s_per_call": per_mode(lambda m: m.env_calls.seconds / max(m.env_calls.count, 1)),
+        # Environment calls waiting at once, on average over the window.
+        "env_concurrency": per_mode(lambda m: m.env_calls.seconds / m.window_s, 1),
+        "episodes": {k: round(v, 3) for k, v in alone.episodes.items()},
     }
 
 
@@ -373,6 +431,9 @@ def render_table(result: dict[str, Any]) -> str:
         "reward_at_end",
     ):
         table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
+    for key in ("engine_idle_ratio", "env_calls", "env_s", "env_s_per_call", "env_concurrency"):
+        if key in result:
+            table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
     out = StringIO()
     console = Console(file=out, width=100)
     console.print(table)
@@ -385,8 +446,11 @@ def render_table(result: dict[str, Any]) -> str:
         "lost_groups",
         "generated_lengths",
         "cpu_split",
+        "tool_latency_ms",
+        "episodes",
     ):
-        console.print(f"{key}: {result[key]}")
+        if key in result:
+            console.print(f"{key}: {result[key]}")
     return out.getvalue()
 
 
@@ -396,18 +460,28 @@ def _phase(message: str) -> None:
 
 def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
-    workload: Annotated[str, typer.Option(help="realistic (long-tailed, up to 512 tokens) or toy.")] = "toy",
+    workload: Annotated[
+        str,
+        typer.Option(help="toy, realistic (long-tailed, to 512 tokens) or agentic (multi-turn, slow environment)."),
+    ] = "toy",
     preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base.")] = "tiny",
     steps: Annotated[
-        int | None, typer.Option(min=3, help="Trainer steps of the sync and async runs (toy 100, realistic 10).")
+        int | None,
+        typer.Option(min=3, help="Trainer steps of the sync and async runs (toy 100, realistic 10, agentic 20)."),
     ] = None,
     alone_steps: Annotated[
-        int | None, typer.Option(min=3, help="Trainer steps of the stage-alone run (toy 10, realistic 4).")
+        int | None, typer.Option(min=3, help="Trainer steps of the stage-alone run (toy 10, realistic 4, agentic 6).")
     ] = None,
     async_staleness: Annotated[int, typer.Option(min=1, help="η of the asynchronous run.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the dataset and the trainer.")] = 0,
     timeout_s: Annotated[float, typer.Option(help="Longest run per phase, seconds.")] = 1800,
     json_out: Annotated[Path | None, typer.Option(help="Also write the JSON object to this file.")] = None,
+    tool_latency_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help=f"agentic only: the environment's latency per call, ms (default {DEFAULT_TOOL_LATENCY_MS:g})."
+        ),
+    ] = None,
 ) -> None:
     """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
     try:
@@ -418,6 +492,12 @@ def bench(
         raise typer.BadParameter(
             f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}", param_hint="--preset"
         )
+    if tool_latency_ms is not None and chosen.environment is None:
+        raise typer.BadParameter(
+            f"the {chosen.name} workload is single-turn: it has no environment to slow down",
+            param_hint="--tool-latency-ms",
+        )
+    latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
     from relayrl.stack.cpus import plan_cpus
@@ -428,7 +508,7 @@ def bench(
         _phase(f"{chosen.name} workload, {preset} preset, CPUs {cpu_split}")
         model_dir = _init_model(work, preset)
         dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
-        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s)
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, latency_ms if chosen.environment else 0.0)
         _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
         alone = measure_alone(run, alone_steps)
         _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
@@ -436,7 +516,9 @@ def bench(
         sync = run_mode(run, 0, steps)
         _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
         asynchronous = run_mode(run, async_staleness, steps)
-    result = result_json(chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split)
+    result = result_json(
+        chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split, run.tool_latency_ms
+    )
     if json_out is not None:
         json_out.write_text(json.dumps(result) + "\n")
     typer.echo(json.dumps(result) if json_output else render_table(result))

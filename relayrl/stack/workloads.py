@@ -9,6 +9,16 @@
   128 tokens with the chat template. 8 samples per prompt and 8 prompts per step, as in GRPO
   recipes; partial rollout in place, since re-prefilling hundreds of generated tokens at every
   weight version would cost more than decoding them.
+- ``agentic``: the multi-turn ``guess`` game (find a secret in 0-6 in three guesses; the
+  environment answers each guess "higher" or "lower"), each episode up to three model turns of
+  two tokens with an environment reply between them. The environment answers after
+  ``--tool-latency-ms`` (200 ms by default) of real waiting inside its call
+  (:mod:`relayrl.stack.environment`). 8 episodes per prompt and 8 prompts per step, as a GRPO
+  recipe would; the rollout may hold 32 prompts (256 episodes) and the engine batch 256 sequences
+  so that, when the staleness bound lets the trainer release prompts ahead, episodes waiting on
+  the environment overlap others generating. At η = 0 the trainer releases one step's 8 prompts
+  at a time, so these limits are never reached there: sync runs with the same settings and the
+  same per-step batch.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relayrl.tasks import get_task
+import yaml
+
+from relayrl.tasks import get_task, make_rows
 
 # (bits to copy, share of prompts): the toy workload's long tail.
 TOY_LENGTH_MIX = ((1, 0.85), (8, 0.10), (32, 0.05))
@@ -32,6 +44,11 @@ REALISTIC_MAX_TOKENS = 512
 # it there after the cap at 512.
 REALISTIC_SIGMA = 0.95
 REALISTIC_MIN_TOKENS = 4
+
+# guess 0-6 in three guesses: a binary search wins every game, a guess that ignores the replies a third.
+AGENTIC_DIFFICULTY = 3
+AGENTIC_MAX_NEW_TOKENS = 96
+DEFAULT_TOOL_LATENCY_MS = 200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +61,10 @@ class Workload:
     write_dataset: Callable[[Path, int, int], Path]
     # Rollout settings of this workload (beside the bench's own).
     rollout: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+    # Multi-turn workloads: writes the environment's configs into a directory for a latency per
+    # call (ms) and returns the rollout settings that name them; None: single-turn.
+    environment: Callable[[Path, float], dict[str, Any]] | None = None
     # Trainer steps of the bench's sync and async runs, and of its stage-alone run.
     bench_steps: int = 100
     bench_alone_steps: int = 10
@@ -112,6 +133,21 @@ def realistic_dataset(path: Path, rows: int, seed: int) -> Path:
     return _write_rows(path, out)
 
 
+def agentic_dataset(path: Path, rows: int, seed: int) -> Path:
+    return _write_rows(path, make_rows("guess", rows, seed=seed, difficulty=AGENTIC_DIFFICULTY))
+
+
+def agentic_environment(directory: Path, latency_ms: float) -> dict[str, Any]:
+    """The guess game's interaction behind ``latency_ms`` per reply, logging its calls to ``calls.log``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    inner = {"interaction": "relayrl.tasks.guess.GuessInteraction", "config": {}}
+    config = {**inner, "latency_ms": latency_ms, "call_log": str(directory / "calls.log")}
+    entry = {"name": "guess", "class_name": "relayrl.stack.environment.SlowInteraction", "config": config}
+    path = directory / "interaction.yaml"
+    path.write_text(yaml.safe_dump({"interaction": [entry]}))
+    return {"multi_turn_interaction_config_path": str(path)}
+
+
 WORKLOADS: dict[str, Workload] = {
     "toy": Workload("toy", n_samples=4, batch_size=8, max_new_tokens=40, lr=0.003, write_dataset=toy_dataset),
     "realistic": Workload(
@@ -124,6 +160,30 @@ WORKLOADS: dict[str, Workload] = {
         rollout={"partial_rollout_mode": "in_place"},
         bench_steps=10,
         bench_alone_steps=4,
+    ),
+    "agentic": Workload(
+        "agentic",
+        n_samples=8,
+        batch_size=8,
+        max_new_tokens=AGENTIC_MAX_NEW_TOKENS,
+        lr=0.001,
+        write_dataset=agentic_dataset,
+        rollout={
+            "multi_turn_enable": True,
+            "multi_turn_max_assistant_turns": AGENTIC_DIFFICULTY,
+            # One guess per turn: a digit and the end of the turn.
+            "multi_turn_max_tokens_per_turn": 2,
+            "max_inflight_prompts": 32,
+            # Every episode in flight may be waiting on the environment at once.
+            "multi_turn_tool_concurrency": 256,
+            # A turn is two tokens: aborting it at a weight update to resubmit would re-prefill the
+            # whole episode so far for at most one token.
+            "partial_rollout_mode": "in_place",
+        },
+        engine={"max_running_requests": 256},
+        environment=agentic_environment,
+        bench_steps=20,
+        bench_alone_steps=6,
     ),
 }
 

@@ -6,14 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-
-class EngineExited(RuntimeError):
-    """The engine process ended before it answered ``/health``."""
+from relayrl.subprocesses import wait_serving
 
 
 def launch_engine(
@@ -31,16 +26,6 @@ def launch_engine(
 
 
 def wait_engine_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    """Returns once ``url/health`` answers 200; raises :class:`EngineExited` if the process ends
+    """Returns once ``url/health`` answers 200; raises :class:`~relayrl.subprocesses.ProcessExited` if the process ends
     first, ``TimeoutError`` after ``timeout_s`` (the process is left running)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EngineExited(f"engine process exited with {process.returncode} during start-up")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"engine at {url} did not answer /health within {timeout_s:.0f}s")
+    wait_serving(process, f"{url}/health", timeout_s, "engine")

@@ -6,14 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-
-class RewardExited(RuntimeError):
-    """The reward process ended before it was ready."""
+from relayrl.subprocesses import wait_serving
 
 
 def launch_reward(
@@ -34,16 +29,6 @@ def launch_reward(
 
 
 def wait_reward_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    """Returns once ``url/readyz`` answers 200; raises :class:`RewardExited` if the process ends
+    """Returns once ``url/readyz`` answers 200; raises :class:`~relayrl.subprocesses.ProcessExited` if the process ends
     first, ``TimeoutError`` after ``timeout_s`` (the process is left running)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RewardExited(f"reward process exited with {process.returncode} during start-up")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"reward service at {url} was not ready within {timeout_s:.0f}s")
+    wait_serving(process, f"{url}/readyz", timeout_s, "reward")

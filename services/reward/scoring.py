@@ -61,8 +61,9 @@ class _TokenizerSide:
         return self.tokenizer(plain_rendering(messages))["input_ids"]
 
     def checked(self, ids: list[int], index: int, field: str) -> Encoded:
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
+        # min/max run in C; the offending token is looked for only once there is one.
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
             raise ValueError(f"items[{index}].{field}: token {bad} is outside the vocabulary [0, {self.vocab_size})")
         if len(ids) > self.max_length:
             raise TooLong(f"items[{index}].{field}: {len(ids)} tokens, more than max_length {self.max_length}")
@@ -155,10 +156,12 @@ class JudgeScorer(_TokenizerSide):
 def _right_padded(batch: list[list[int]], pad_id: int, device: str) -> tuple[Any, Any]:
     import torch
 
-    width = max(len(s) for s in batch)
-    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in batch], device=device)
-    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=device)
-    return ids, mask
+    # One flat tensor scattered under the mask: no padded Python list per row.
+    lengths = torch.tensor([len(s) for s in batch])
+    mask = torch.arange(int(lengths.max())) < lengths[:, None]
+    ids = torch.full(mask.shape, pad_id, dtype=torch.long)
+    ids[mask] = torch.tensor([t for s in batch for t in s], dtype=torch.long)
+    return ids.to(device), mask.long().to(device)
 
 
 def set_torch_threads(settings: RewardSettings) -> None:

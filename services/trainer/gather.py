@@ -75,23 +75,82 @@ class BucketGather:
         """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere).
 
         Collective: every rank must drain the iterator. The tensors are private copies, because
-        training goes on while the upload reads them.
+        training goes on while the upload reads them. A bucket's FSDP2 shards travel in one
+        all-gather: one per tensor (``DTensor.full_tensor``) cost a collective's fixed latency
+        each, most of a small model's publish.
         """
-        is_main = D.get_rank() == 0
-        bucket: list[torch.Tensor] = []
+        bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for _, tensor in items:
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            size += full.numel() * full.element_size()
-            if is_main:
-                # A gathered DTensor is new memory already; a plain tensor is the live parameter.
-                fresh = full is not tensor and full.device.type == "cpu"
-                kept = full.detach().contiguous() if fresh else full.detach().to("cpu", copy=True).contiguous()
-                self._track(kept)
-                bucket.append(kept)
-            del full
+        for name, tensor in items:
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
             if size >= self.bucket_bytes:
-                yield bucket
+                yield self._gather(bucket)
                 bucket, size = [], 0
-        if size or bucket:
-            yield bucket
+        if bucket:
+            yield self._gather(bucket)
+
+    def _gather(self, bucket: Items) -> list[torch.Tensor]:
+        is_main = D.get_rank() == 0
+        sharded = [t for _, t in bucket if _row_sharded(t)]
+        gathered = iter(_all_gather_rows(sharded)) if sharded else iter(())
+        kept: list[torch.Tensor] = []
+        for _, tensor in bucket:
+            if _row_sharded(tensor):
+                full = next(gathered)
+            elif hasattr(tensor, "full_tensor"):
+                full = tensor.full_tensor()
+            else:
+                full = tensor
+            if is_main:
+                # Gathered bytes are new memory already; a plain tensor is the live parameter.
+                fresh = full is not tensor and full.device.type == "cpu"
+                copy = full.detach().contiguous() if fresh else full.detach().to("cpu", copy=True).contiguous()
+                self._track(copy)
+                kept.append(copy)
+        return kept
+
+
+def _row_sharded(tensor: torch.Tensor) -> bool:
+    """An FSDP2 parameter: a DTensor split by rows over a 1-D mesh."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return (
+        isinstance(tensor, DTensor)
+        and tensor.device_mesh.ndim == 1
+        and tuple(tensor.placements) == (Shard(0),)
+        and tensor.dim() > 0
+    )
+
+
+def _all_gather_rows(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The full tensors of row-sharded DTensors of one mesh, through one all-gather of their bytes.
+
+    Rank r holds rows [r·c, min((r+1)·c, n)) of each tensor, c = ceil(n / world) (torch.chunk's
+    split, which FSDP2 uses); each rank pads its rows to c so every rank sends the same bytes."""
+    import torch.distributed as dist
+
+    mesh = tensors[0].device_mesh
+    world, group = mesh.size(), mesh.get_group()
+    layout = []  # (offset in the padded buffer, rows per rank, bytes per row)
+    offset = 0
+    for t in tensors:
+        rows = t.shape[0]
+        row_bytes = t.numel() // rows * t.element_size() if rows else 0
+        per_rank = -(-rows // world)
+        layout.append((offset, per_rank, row_bytes))
+        offset += per_rank * row_bytes
+    send = torch.zeros(offset, dtype=torch.uint8)
+    for t, (start, _, _) in zip(tensors, layout, strict=True):
+        local = t.to_local().detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
+        send[start : start + local.numel()] = local
+    received = [torch.empty_like(send) for _ in range(world)]
+    dist.all_gather(received, send, group=group)
+    full = []
+    for t, (start, per_rank, row_bytes) in zip(tensors, layout, strict=True):
+        rows = t.shape[0]
+        pieces = [
+            received[r][start : start + max(0, min(per_rank, rows - r * per_rank)) * row_bytes] for r in range(world)
+        ]
+        full.append(torch.cat(pieces).view(t.dtype).reshape(t.shape))
+    return full

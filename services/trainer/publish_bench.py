@@ -50,7 +50,7 @@ class PublishedVersion:
     # When the (perturbed) weights were final, as a training step ends.
     step_end_unix_s: float
     gather_s: float
-    # What the upload took beyond the gather it runs beside.
+    # The streamed upload from its start (with the gather, which it runs beside) to paramsync's commit.
     upload_s: float
     # Bytes the publish moved, and the trainer's bucket size (update_weights_bucket_megabytes).
     model_bytes: int
@@ -75,10 +75,9 @@ def publish_version(
     if not record.ok:
         raise RuntimeError(f"publishing version {version} to paramsync failed: {record.error}")
     model_bytes = sum(spec.num_bytes for spec in weight_specs(published_items(actor)))
-    # The upload starts with the gather, so its seconds hold the gather's; the bench's upload
-    # stage is what the upload took beyond it.
-    upload_s = max(record.seconds - metrics["timing/gather_s"], 0.0)
-    return PublishedVersion(version, step_end, metrics["timing/gather_s"], upload_s, model_bytes, gather.bucket_bytes)
+    return PublishedVersion(
+        version, step_end, metrics["timing/gather_s"], record.seconds, model_bytes, gather.bucket_bytes
+    )
 
 
 def perturb(actor: torch.nn.Module) -> None:

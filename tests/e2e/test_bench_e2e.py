@@ -1,4 +1,4 @@
-"""`relayrl bench e2e` on the realistic workload, shortened: every phase runs and the books balance."""
+"""`relayrl bench e2e` on the realistic and agentic workloads, shortened: every phase runs and the books balance."""
 
 from __future__ import annotations
 
@@ -59,8 +59,35 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
     assert "trainer alone (4 steps)" in done.stderr and "async pipeline" in done.stderr
 
 
+AGENTIC_KEYS = {"tool_latency_ms", "engine_idle_ratio", "env_calls", "env_s", "env_s_per_call", "episodes"}
+
+
+def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environment(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "agentic", "--tool-latency-ms", "100"]
+    # Beyond η + 1 = 3 steps, so the async window holds generation too (the first 3 steps are released at once).
+    argv += ["--steps", "6", "--alone-steps", "3", "--timeout-s", "180", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed.keys() >= KEYS | AGENTIC_KEYS
+    assert (printed["workload"], printed["tool_latency_ms"]) == ("agentic", 100.0)
+    assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
+    # Episodes of the guess game: up to three guesses, each answered by the environment.
+    episodes = printed["episodes"]
+    assert episodes["episodes"] >= 3 * 8 * 8 and 1 < episodes["turns_per_episode"] <= 3
+    assert printed["speedup"] == pytest.approx(printed["async_samples_per_s"] / printed["sync_samples_per_s"], rel=0.01)
+    for mode in ("sync", "async"):
+        assert 0.0 <= printed["engine_idle_ratio"][mode] < 1.0
+        # The environment's own log: calls in the window, each waiting its latency for real.
+        assert printed["env_calls"][mode] > 0
+        assert printed["env_s_per_call"][mode] >= 0.1
+
+
 def test_an_unknown_preset_or_workload_is_a_clear_error() -> None:
-    for flag, value, choices in (("--preset", "huge", "tiny, small, base"), ("--workload", "huge", "toy, realistic")):
+    for flag, value, choices in (
+        ("--preset", "huge", "tiny, small, base"),
+        ("--workload", "huge", "toy, realistic, agentic"),
+    ):
         done = subprocess.run(
             [sys.executable, "-m", "relayrl.cli", "bench", "e2e", flag, value],
             capture_output=True,
@@ -71,3 +98,11 @@ def test_an_unknown_preset_or_workload_is_a_clear_error() -> None:
         # The message as one line, whatever the width rich wraps its error box to.
         message = " ".join(done.stderr.replace("│", " ").split())
         assert f"choose one of {choices}" in message and "Traceback" not in message
+
+
+def test_a_tool_latency_for_a_single_turn_workload_is_a_clear_error() -> None:
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "toy", "--tool-latency-ms", "50"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    message = " ".join(done.stderr.replace("│", " ").split())
+    assert "toy workload is single-turn" in message and "Traceback" not in message

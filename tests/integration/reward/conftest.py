@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from relayrl.net import free_port
-from relayrl.subprocesses import stop_process
-from services.reward.launch import RewardExited, launch_reward, wait_reward_ready
+from relayrl.subprocesses import ProcessExited, stop_process
+from services.reward.launch import launch_reward, wait_reward_ready
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -34,7 +34,7 @@ class RewardProcess:
         self.process = launch_reward(self.model_dir, self.port, env, stderr=subprocess.PIPE, cwd=REPO)
         try:
             wait_reward_ready(self.process, self.url, timeout_s)
-        except RewardExited as exc:
+        except ProcessExited as exc:
             raise RuntimeError(f"reward exited: {self.process.stderr.read().decode()[-2000:]}") from exc  # type: ignore[union-attr]
         except TimeoutError:
             self.stop()

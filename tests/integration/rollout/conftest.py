@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from relayrl.net import free_port
-from relayrl.subprocesses import stop_process
-from services.engine.launch import EngineExited, launch_engine, wait_engine_healthy
+from relayrl.subprocesses import ProcessExited, stop_process
+from services.engine.launch import launch_engine, wait_engine_healthy
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -35,7 +35,7 @@ class EngineProcess:
         self.process = launch_engine(self.model_dir, self.port, stderr=subprocess.PIPE, cwd=REPO)
         try:
             wait_engine_healthy(self.process, self.url, timeout_s)
-        except EngineExited as exc:
+        except ProcessExited as exc:
             raise RuntimeError(f"engine exited: {self.process.stderr.read().decode()[-2000:]}") from exc  # type: ignore[union-attr]
         except TimeoutError:
             self.stop()
