@@ -179,7 +179,9 @@ async def rollout_histograms(urls: dict[str, str]) -> dict[str, dict[str, Histog
     return {name: await asyncio.to_thread(read_histograms, url) for name, url in urls.items()}
 
 
-def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float) -> StackConfig:
+def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float, lora_rank: int) -> StackConfig:
+    from services.trainer.publish_bench import LORA_ALPHA
+
     return StackConfig(
         stack=StackSettings(
             run_id=f"weights-{replicas}",
@@ -190,15 +192,19 @@ def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float) 
             ready_timeout_s=timeout_s,
             # A restarted component would pay start-up costs inside a version's figures: fail instead.
             restart="never",
-        )
+        ),
+        # An adapter version is loaded with the trainer's alpha, which the tensors do not carry.
+        rollout={"lora_alpha": LORA_ALPHA} if lora_rank else {},
     )
 
 
-def _start_trainer(stack: LocalStack, supervisor: Supervisor, model_dir: Path, control_port: int) -> None:
+def _start_trainer(
+    stack: LocalStack, supervisor: Supervisor, model_dir: Path, control_port: int, lora_rank: int
+) -> None:
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc-per-node", str(TRAINER_RANKS),
-        "-m", "services.trainer.publish_bench", str(model_dir), str(control_port),
+        "-m", "services.trainer.publish_bench", str(model_dir), str(control_port), str(lora_rank),
     ]  # fmt: skip
     (stack.run_dir / "logs").mkdir(parents=True, exist_ok=True)
     supervisor.start(
@@ -296,14 +302,17 @@ def _pid(supervisor: Supervisor, name: str) -> int:
     return process.pid
 
 
-def run_replicas(work: Path, model_dir: Path, replicas: int, versions: int, timeout_s: float) -> dict[str, Any]:
-    """The figures of ``versions`` versions through a fresh stack with ``replicas`` replicas."""
-    config = _stack_config(work, model_dir, replicas, timeout_s)
+def run_replicas(
+    work: Path, model_dir: Path, replicas: int, versions: int, timeout_s: float, lora_rank: int = 0
+) -> dict[str, Any]:
+    """The figures of ``versions`` versions through a fresh stack with ``replicas`` replicas (each
+    version a rank-``lora_rank`` LoRA adapter when above 0)."""
+    config = _stack_config(work, model_dir, replicas, timeout_s, lora_rank)
     with supervised(None, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
         with socket.create_server((HOST, 0)) as server:
             # The trainer loads and shards the model on its own CPUs while the stack starts.
-            _start_trainer(stack, supervisor, model_dir, server.getsockname()[1])
+            _start_trainer(stack, supervisor, model_dir, server.getsockname()[1], lora_rank)
             stack.start(model_dir, training=False)
             _phase(f"stack up: paramsync, {replicas} engine(s) and replica(s)")
             conn = _accept_trainer(server, supervisor, timeout_s)
@@ -349,7 +358,10 @@ def render_table(result: dict[str, Any]) -> str:
     from rich.table import Table
 
     counts = list(result["by_replicas"])
-    table = Table(title=f"bench weights: {result['preset']} preset, {result['model_bytes'] / 1e6:.1f} MB per version")
+    adapter = f", LoRA rank {result['lora_rank']}" if result["lora_rank"] else ""
+    table = Table(
+        title=f"bench weights: {result['preset']} preset{adapter}, {result['model_bytes'] / 1e6:.2f} MB per version"
+    )
     table.add_column("median over versions 2.., seconds")
     for count in counts:
         table.add_column(f"{count} replica(s)", justify="right")
@@ -393,6 +405,14 @@ def bench(
         Path | None, typer.Option(help="Use this model directory instead of creating the preset's in a temp dir.")
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="Longest any one wait of the bench may take, seconds.")] = 300,
+    lora_rank: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Publish a LoRA adapter of this rank (all-linear, as the trainer's lora_rank) instead of every"
+            " weight; each replica loads it into its engine as an adapter. 0: the whole model.",
+        ),
+    ] = 0,
 ) -> None:
     """The weight path at a preset's size: trainer gather and upload, fetch, apply, pause, first token, memory."""
     if preset not in PRESETS:
@@ -408,12 +428,12 @@ def bench(
         runs = {}
         for count in counts:
             _phase(f"{count} replica(s), {versions} versions")
-            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s)
+            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s, lora_rank)
     model_bytes = runs[counts[0]]["model_bytes"]
     _phase(f"references: raw TCP and memcpy of {model_bytes / 1e6:.1f} MB")
     raw_s, memcpy_s = raw_tcp_seconds(model_bytes), memcpy_seconds(model_bytes)
     from relayrl.stack.cpus import plan_cpus
 
     cpu_split = plan_cpus(StackSettings().cpus, replicas=counts[-1], trainer_procs=TRAINER_RANKS).describe()
-    result = bench_result(preset, versions, runs, raw_s, memcpy_s, cpu_split)
+    result = bench_result(preset, versions, runs, raw_s, memcpy_s, cpu_split, lora_rank)
     typer.echo(json.dumps(result) if json_output else render_table(result))

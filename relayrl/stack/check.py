@@ -98,6 +98,7 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
         problems += _dataset_problems(config)
         problems += _reward_problems(config)
         problems += _port_problems(config)
+        problems += _lora_problems(config)
     if config.stack.model_dir is not None and not (config.stack.model_dir / "config.json").is_file():
         problems.append(f"stack.model_dir: {config.stack.model_dir} is not a Hugging Face model directory")
     if problems:
@@ -176,6 +177,25 @@ def _resolve_reward_file(config: StackConfig, base: Path, problems: list[str]) -
         file, sep, name = spec.rpartition(":")
         if sep and file.endswith(".py"):
             config.rollout["reward_function"] = f"{_resolve(file, base)}:{name}"
+
+
+def _lora_problems(config: StackConfig) -> list[str]:
+    """A LoRA version carries the adapter's tensors, not its alpha: each rollout loads it with its
+    own lora_alpha, and an engine given another alpha than the trainer's scales every update wrongly."""
+    if not int(config.trainer.get("lora_rank", 0)):
+        return []
+    alphas = {
+        section: float(
+            getattr(config, section).get("lora_alpha", settings_model(section).model_fields["lora_alpha"].default)
+        )
+        for section in ("trainer", "rollout")
+    }
+    if alphas["trainer"] == alphas["rollout"]:
+        return []
+    return [
+        f"rollout.lora_alpha ({alphas['rollout']:g}) must equal trainer.lora_alpha ({alphas['trainer']:g}):"
+        " a version carries the adapter's tensors, not its alpha"
+    ]
 
 
 def _dataset_problems(config: StackConfig) -> list[str]:

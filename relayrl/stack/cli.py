@@ -134,13 +134,24 @@ def export(
     run_dir: Annotated[Path, typer.Argument(help="The run directory, runs/<id>.")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model directory.")],
     step: Annotated[int | None, typer.Option(help="Checkpoint step to export (default: the latest).")] = None,
+    merge_lora: Annotated[
+        bool,
+        typer.Option(
+            help="LoRA runs: merge the adapter into the base weights (a plain Hugging Face directory) instead of"
+            " writing the adapter in peft's format."
+        ),
+    ] = False,
 ) -> None:
-    """Write a run's policy (latest or --step checkpoint) as a Hugging Face model directory."""
+    """Write a run's policy (latest or --step checkpoint) as a Hugging Face model directory (a LoRA run's: its
+    adapter in peft's format, or merged with --merge-lora)."""
     from relayrl.stack.export import ExportError, export_policy
 
     try:
-        checkpoint = export_policy(run_dir, out_dir, step)
+        checkpoint = export_policy(run_dir, out_dir, step, merge_lora)
     except ExportError as err:
         typer.echo(f"export: {err}", err=True)
         raise typer.Exit(BAD_CONFIG_EXIT) from None
-    typer.echo(f"{out_dir}: policy of {checkpoint.name} (AutoModelForCausalLM.from_pretrained loads it)")
+    if (out_dir / "adapter_config.json").is_file():
+        typer.echo(f"{out_dir}: LoRA adapter of {checkpoint.name} (peft.PeftModel.from_pretrained loads it)")
+    else:
+        typer.echo(f"{out_dir}: policy of {checkpoint.name} (AutoModelForCausalLM.from_pretrained loads it)")

@@ -1,14 +1,21 @@
-"""``relayrl export RUN_DIR OUT_DIR [--step N]``: a run's policy as a Hugging Face directory.
+"""``relayrl export RUN_DIR OUT_DIR [--step N] [--merge-lora]``: a run's policy as a Hugging Face directory.
 
 The trainer's checkpoints are ``torch.distributed.checkpoint`` shards; this loads the actor's
 shards (without a process group) into the run's base model and writes what
 ``AutoModelForCausalLM.from_pretrained`` loads: config, safetensors, tokenizer and generation
 config. The base model is the one the run trained (``runs/<id>/config.yaml``'s
 ``stack.model_dir``, else the built-in tiny model in ``runs/<id>/model``).
+
+A LoRA run's checkpoint holds the actor with its adapter and the adapter's
+``adapter_config.json``. With ``--merge-lora`` the adapter is merged into the base weights (a
+plain Hugging Face directory, as above); without it ``OUT_DIR`` is the adapter in peft's format
+(``adapter_config.json``, ``adapter_model.safetensors``) whose ``base_model_name_or_path``
+points at the base model directory: ``peft.PeftModel.from_pretrained(base, OUT_DIR)`` loads it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -49,17 +56,31 @@ def base_model_dir(run_dir: Path) -> Path:
     return model_dir
 
 
-def export_policy(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
+def export_policy(run_dir: Path, out_dir: Path, step: int | None = None, merge_lora: bool = False) -> Path:
     """Writes the actor of checkpoint ``step`` (default: latest) to ``out_dir``; returns the checkpoint used."""
     import torch.distributed.checkpoint as dcp
 
     from relayrl.models.loading import load_causal_lm, save_hf_dir
+    from services.trainer import lora
 
     checkpoint = checkpoint_dir(run_dir, step)
     base = base_model_dir(run_dir)
-    model = load_causal_lm(base)
+    adapter_file = checkpoint / lora.CONFIG_FILE
+    if adapter_file.is_file():
+        config = json.loads(adapter_file.read_text())
+        config["base_model_name_or_path"] = str(base.resolve())
+        model = lora.peft_model(base, config)
+    else:
+        model = load_causal_lm(base)
     state = {"actor": model.state_dict()}
     dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["actor"])
+    if adapter_file.is_file() and not merge_lora:
+        # The base stays frozen under LoRA: peft would otherwise copy an adapted lm_head's (or
+        # embedding's) whole base weight into the adapter, which the base directory already holds.
+        model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
+        return checkpoint
+    if adapter_file.is_file():
+        model = lora.merge(model)
     save_hf_dir(model, base, out_dir)
     return checkpoint

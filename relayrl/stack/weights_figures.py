@@ -150,8 +150,10 @@ def bench_result(
     raw_tcp_s: float,
     memcpy_s: float,
     cpu_split: Mapping[str, object],
+    lora_rank: int = 0,
 ) -> dict[str, Any]:
-    """The bench's JSON object: each replica count's figures, the references and the target checks."""
+    """The bench's JSON object: each replica count's figures, the references and the target checks
+    (``model_bytes``: what one version moves, the adapter's bytes when ``lora_rank`` > 0)."""
     model_bytes = next(iter(runs.values()))["model_bytes"]
     by_replicas = {
         str(count): {**run, "ratio_to_raw_tcp": run["median"]["total_s"] / raw_tcp_s} for count, run in runs.items()
@@ -160,6 +162,7 @@ def bench_result(
         {
             "benchmark": "weights",
             "preset": preset,
+            "lora_rank": lora_rank,
             "versions": versions,
             "model_bytes": model_bytes,
             "raw_tcp_s": raw_tcp_s,

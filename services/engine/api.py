@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.engine.lora import read_adapter
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence
 from services.engine.state import EngineState
@@ -27,6 +28,23 @@ class GenerateReqInput(_SGLangBody):
     return_logprob: bool | list[bool] | None = None
     rid: str | list[str] | None = None
     stream: bool = False
+    # The name of a loaded LoRA adapter per prompt (SGLang's lora_path); None: the base model.
+    lora_path: str | list[str | None] | None = None
+
+
+class LoadLoRAAdapterReqInput(_SGLangBody):
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    pinned: bool = False
+
+
+class UnloadLoRAAdapterReqInput(_SGLangBody):
+    lora_name: str = Field(min_length=1)
+
+
+class UpdateWeightVersionReqInput(_SGLangBody):
+    new_version: str
+    abort_all_requests: bool = True
 
 
 class UpdateWeightFromDiskReqInput(_SGLangBody):
@@ -135,6 +153,7 @@ def sglang_router(state: EngineState) -> APIRouter:
             config, n = _sampling(_pick(obj.sampling_params, i, len(prompts)) or {})
             rid = _pick(obj.rid, i, len(prompts)) or uuid.uuid4().hex
             return_logprob = bool(_pick(obj.return_logprob, i, len(prompts)))
+            lora_name = _pick(obj.lora_path, i, len(prompts))
             for j in range(n):
                 sequences.append(
                     Sequence(
@@ -145,9 +164,24 @@ def sglang_router(state: EngineState) -> APIRouter:
                         return_logprob=return_logprob,
                         loop=loop,
                         future=loop.create_future(),
+                        lora_name=lora_name,
                     )
                 )
         return sequences, single
+
+    def acquire_adapters(sequences: list[Sequence]) -> None:
+        """Pins each request's adapter (on the scheduler thread); ValueError, pinning none, if one is not loaded."""
+        taken = []
+        try:
+            for seq in sequences:
+                seq.adapter = state.lora.acquire(seq.lora_name)
+                taken.append(seq)
+        except ValueError:
+            for seq in taken:
+                state.lora.release(seq.adapter)
+                seq.adapter = None
+            raise
+        state.metrics.lora_requests.inc(sum(1 for seq in sequences if seq.adapter is not None))
 
     @router.api_route("/generate", methods=["POST", "PUT"])
     async def generate(obj: GenerateReqInput) -> Any:
@@ -155,6 +189,8 @@ def sglang_router(state: EngineState) -> APIRouter:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, "stream=true is not supported by the built-in engine")
         try:
             sequences, single = sequences_of(obj, asyncio.get_running_loop())
+            if obj.lora_path is not None:
+                await scheduler.call(lambda: acquire_adapters(sequences))
         except ValueError as exc:
             # SGLang's /generate answers a bad request (such as a prompt longer than the context) this way.
             return JSONResponse({"error": {"message": str(exc)}}, status_code=status.HTTP_400_BAD_REQUEST)
@@ -182,6 +218,40 @@ def sglang_router(state: EngineState) -> APIRouter:
         if obj.weight_version is not None:
             message += f" Weight version updated to {obj.weight_version}."
         return _ok(message, num_paused_requests=0)
+
+    @router.post("/load_lora_adapter")
+    async def load_lora_adapter(obj: LoadLoRAAdapterReqInput) -> JSONResponse:
+        try:
+            adapter = await asyncio.to_thread(read_adapter, obj.lora_name, obj.lora_path, state.model)
+            await scheduler.call(lambda: state.lora.load(adapter))
+        except ValueError as exc:
+            state.metrics.weight_update_failures.inc()
+            return _lora_result(False, str(exc))
+        state.metrics.weight_updates.inc()
+        return _lora_result(True, "")
+
+    @router.post("/unload_lora_adapter")
+    async def unload_lora_adapter(obj: UnloadLoRAAdapterReqInput) -> JSONResponse:
+        try:
+            await scheduler.call(lambda: state.lora.unload(obj.lora_name))
+        except ValueError as exc:
+            return _lora_result(False, str(exc))
+        return _lora_result(True, "")
+
+    def _lora_result(success: bool, error: str) -> JSONResponse:
+        # SGLang's LoRAUpdateOutput: 200 on success, 400 with error_message otherwise.
+        loaded = state.lora.loaded()
+        return JSONResponse(
+            {"success": success, "error_message": error or None, "loaded_adapters": loaded},
+            status_code=status.HTTP_200_OK if success else status.HTTP_400_BAD_REQUEST,
+        )
+
+    @router.post("/update_weight_version")
+    async def update_weight_version(obj: UpdateWeightVersionReqInput) -> JSONResponse:
+        await scheduler.call(lambda: state.set_weight_version(obj.new_version, obj.abort_all_requests))
+        return JSONResponse(
+            {"success": True, "message": f"Weight version updated to {obj.new_version}", "new_version": obj.new_version}
+        )
 
     @router.post("/init_weights_update_group")
     async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput) -> JSONResponse:

@@ -14,6 +14,12 @@ the same client drives a real SGLang server on GPUs and the built-in CPU engine
 - Weight updates (``/update_weights_from_disk``, ``/init_weights_update_group``,
   ``/update_weights_from_distributed``, ``/destroy_weights_update_group``) answer
   ``{"success", "message"}`` with status 200, or 400 when ``success`` is false.
+- LoRA: ``/load_lora_adapter`` (``{"lora_name", "lora_path"}``: a peft adapter directory) and
+  ``/unload_lora_adapter`` (``{"lora_name"}``) answer ``{"success", "error_message",
+  "loaded_adapters"}`` with 200, or 400 when ``success`` is false; ``lora_path`` on
+  ``/generate`` names the loaded adapter a request uses (none: the base model), and
+  ``/update_weight_version`` (``{"new_version", "abort_all_requests"}``) sets the
+  ``weight_version`` the engine reports, which a LoRA switch changes without a weight update.
 - ``/pause_generation`` takes ``{"mode": "abort"|"retract"|"in_place"}``;
   ``/continue_generation``, ``/flush_cache``, ``/abort_request`` (``{"rid", "abort_all"}``),
   ``/health``, ``/health_generate`` and ``GET /get_model_info``.
@@ -164,6 +170,9 @@ class EngineClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
+        # The loaded LoRA adapter every generate uses unless given another: the rollout's weight
+        # sync sets it when it switches to an adapter version. None: the base model.
+        self.lora_adapter: str | None = None
         self._backoff_s = backoff_s
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -219,8 +228,14 @@ class EngineClient:
         sampling_params: SamplingParams,
         return_logprob: bool = True,
         rid: str | None = None,
+        lora_path: str | None = None,
     ) -> list[GenerateOutput]:
-        """Generates ``sampling_params.n`` samples for one prompt; always returns a list of ``n``."""
+        """Generates ``sampling_params.n`` samples for one prompt; always returns a list of ``n``.
+
+        ``lora_path`` is the name of a loaded LoRA adapter (SGLang's field name); None uses
+        :attr:`lora_adapter` (None there too: the base model).
+        """
+        lora_path = lora_path if lora_path is not None else self.lora_adapter
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params.to_json(),
@@ -228,6 +243,8 @@ class EngineClient:
         }
         if rid is not None:
             body["rid"] = rid
+        if lora_path is not None:
+            body["lora_path"] = lora_path
         response = await self._request("POST", "/generate", body)
         self._raise_for_status(response)
         payload = response.json()
@@ -334,6 +351,30 @@ class EngineClient:
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> UpdateResult:
         return await self._update("/destroy_weights_update_group", {"group_name": group_name})
+
+    # --- LoRA adapters -------------------------------------------------------------
+
+    async def _lora(self, path: str, body: dict[str, Any]) -> UpdateResult:
+        response = await self._request("POST", path, body)
+        try:
+            payload = response.json()
+            return UpdateResult(success=bool(payload["success"]), message=str(payload.get("error_message") or ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            self._raise_for_status(response)
+            raise EngineError(f"{path} answer is not in SGLang's shape: {response.text[:200]}") from exc
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> UpdateResult:
+        """Loads the peft adapter directory ``lora_path`` under ``lora_name`` (SGLang's ``/load_lora_adapter``)."""
+        return await self._lora("/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path})
+
+    async def unload_lora_adapter(self, lora_name: str) -> UpdateResult:
+        """Unloads ``lora_name``; requests already using it finish with it."""
+        return await self._lora("/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def update_weight_version(self, new_version: str | int, abort_all_requests: bool = False) -> UpdateResult:
+        """Sets the ``weight_version`` the engine reports (SGLang's ``/update_weight_version``)."""
+        body = {"new_version": str(new_version), "abort_all_requests": abort_all_requests}
+        return await self._update("/update_weight_version", body)
 
     # --- health and info --------------------------------------------------------------
 

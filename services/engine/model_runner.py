@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.lora import LoraAdapter, LoraSet
+
 # One (keys, values) pair per layer, each [1, kv_heads, length, head_dim]: a prefilled prompt.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -142,17 +144,21 @@ class _SlotsCache:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, chunk: int = CAPACITY_CHUNK) -> None:
+    def __init__(self, model: torch.nn.Module, chunk: int = CAPACITY_CHUNK, lora: LoraSet | None = None) -> None:
         self.model = model
+        self.lora = lora if lora is not None else LoraSet(model)
         self.counts = ForwardCounts()
         self.kv = KVSlots(chunk)
 
     @torch.inference_mode()
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> list[tuple[KVCache, torch.Tensor]]:
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], adapters: Sequence[LoraAdapter | None] | None = None
+    ) -> list[tuple[KVCache, torch.Tensor]]:
         """Runs every prompt in **one** left-padded pass; returns each one's cache and next-token logits.
 
         Padding is masked out and cut from the returned caches, so each row is what a lone
-        forward pass over that prompt would give.
+        forward pass over that prompt would give. ``adapters`` names each prompt's LoRA adapter
+        (None: the base model).
         """
         lengths = [len(p) for p in prompts]
         longest = max(lengths)
@@ -162,13 +168,14 @@ class ModelRunner:
             input_ids[row, longest - lengths[row] :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, longest - lengths[row] :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self.lora.rows(adapters or []):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self.counts.prefill += 1
         layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         results = []
@@ -179,10 +186,16 @@ class ModelRunner:
         return results
 
     @torch.inference_mode()
-    def decode(self, slots: Sequence[Slot], last_tokens: Sequence[int]) -> torch.Tensor:
+    def decode(
+        self,
+        slots: Sequence[Slot],
+        last_tokens: Sequence[int],
+        adapters: Sequence[LoraAdapter | None] | None = None,
+    ) -> torch.Tensor:
         """Feeds one token per sequence in one batched pass over every row of ``self.kv``.
 
-        ``slots`` must be exactly the running rows (in any order); each grows by one token.
+        ``slots`` must be exactly the running rows (in any order); each grows by one token, with
+        the LoRA adapter ``adapters`` names for it (None: the base model).
         Returns next-token logits ``[len(slots), V]`` in the order of ``slots``.
         """
         kv = self.kv
@@ -191,20 +204,24 @@ class ModelRunner:
         batch = len(slots)
         lengths = [0] * batch
         tokens = [0] * batch
-        for slot, token in zip(slots, last_tokens, strict=True):
+        row_adapters: list[LoraAdapter | None] = [None] * batch
+        for i, (slot, token) in enumerate(zip(slots, last_tokens, strict=True)):
             lengths[slot.row], tokens[slot.row] = slot.length, token
+            if adapters is not None:
+                row_adapters[slot.row] = adapters[i]
         width = max(lengths) + 1
         kv._reserve(batch, width)
         positions = torch.tensor(lengths, dtype=torch.long)
         # Row r sees its own tokens [0, length_r] and nothing of the unused tail after them.
         mask = (torch.arange(width) <= positions[:, None])[:, None, None, :]
-        out = self.model(
-            input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
-            attention_mask=mask,
-            position_ids=positions[:, None],
-            past_key_values=_SlotsCache(kv, torch.arange(batch), positions, width),
-            use_cache=True,
-        )
+        with self.lora.rows(row_adapters):
+            out = self.model(
+                input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
+                attention_mask=mask,
+                position_ids=positions[:, None],
+                past_key_values=_SlotsCache(kv, torch.arange(batch), positions, width),
+                use_cache=True,
+            )
         self.counts.decode += 1
         self.counts.max_decode_batch = max(self.counts.max_decode_batch, batch)
         for slot in slots:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 
+from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, Slot
 from services.engine.sampling import SamplingConfig, sample
 
@@ -63,6 +64,9 @@ class Sequence:
     next_logits: torch.Tensor | None = None
     logits_version: str = ""
     finish: dict[str, Any] | None = None
+    # The LoRA adapter the request named (``lora_path``), held until it finishes; None: the base.
+    lora_name: str | None = None
+    adapter: LoraAdapter | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -179,6 +183,7 @@ class Scheduler:
         while self.waiting and len(self.running) + len(admitted) < self.max_running:
             seq = self.waiting.popleft()
             if seq.future.cancelled():
+                self.runner.lora.release(seq.adapter)
                 continue
             if seq.config.max_new_tokens <= len(seq.output_ids):
                 self._finish(seq, {"type": "length", "length": seq.config.max_new_tokens})
@@ -186,11 +191,12 @@ class Scheduler:
             admitted.append(seq)
         if not admitted:
             return
-        # One batched prefill for everything admitted; samples of one prompt share a row.
-        distinct = list(dict.fromkeys(tuple(seq.all_ids) for seq in admitted))
-        prefilled = dict(zip(distinct, self.runner.prefill(distinct), strict=True))
+        # One batched prefill for everything admitted; samples of one prompt (and adapter) share a row.
+        distinct = list(dict.fromkeys((tuple(seq.all_ids), seq.adapter) for seq in admitted))
+        outputs = self.runner.prefill([ids for ids, _ in distinct], [adapter for _, adapter in distinct])
+        prefilled = dict(zip(distinct, outputs, strict=True))
         for seq in admitted:
-            cache, seq.next_logits = prefilled[tuple(seq.all_ids)]
+            cache, seq.next_logits = prefilled[(tuple(seq.all_ids), seq.adapter)]
             seq.slot = self.runner.kv.insert(cache)
             seq.logits_version = self.weight_version
             self.running.append(seq)
@@ -223,13 +229,15 @@ class Scheduler:
                 self._finish(seq, {"type": "abort", "message": "client disconnected"})
         if not live:
             return
-        logits = self.runner.decode([s.slot for s in live], [s.output_ids[-1] for s in live])
+        logits = self.runner.decode([s.slot for s in live], [s.output_ids[-1] for s in live], [s.adapter for s in live])
         for row, seq in enumerate(live):
             seq.next_logits, seq.logits_version = logits[row], self.weight_version
 
     def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
         seq.finish = reason
         self._drop_cache(seq)
+        self.runner.lora.release(seq.adapter)
+        seq.adapter = None
         if seq in self.running:
             self.running.remove(seq)
         meta: dict[str, Any] = {

@@ -11,6 +11,7 @@ import torch
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from services.engine.config import EngineSettings
+from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
 from services.engine.scheduler import Scheduler
 from services.engine.weights import DistributedReceiver, apply_tensors, read_safetensors_dir
@@ -30,6 +31,9 @@ class EngineMetrics:
         self.weight_updates = m.counter("weight_updates", "Successful weight updates.", "total")
         self.weight_update_failures = m.counter("weight_update_failures", "Refused or failed weight updates.", "total")
         self.weight_version = m.gauge("weight_version", "Weight version served (when it is an integer).")
+        self.lora_requests = m.counter(
+            "lora_requests", "Samples admitted with a LoRA adapter (lora_path on /generate).", "total"
+        )
 
 
 @dataclass
@@ -53,8 +57,9 @@ class EngineState:
         self.metrics = EngineMetrics()
         self._seen = _Seen()
         self.receiver = DistributedReceiver()
+        self.lora = LoraSet(self.model)
         self.scheduler = Scheduler(
-            runner=ModelRunner(self.model),
+            runner=ModelRunner(self.model, lora=self.lora),
             decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
@@ -80,6 +85,13 @@ class EngineState:
             self.scheduler.set_weight_version(version)
             self._set_version_gauge(version)
         self.metrics.weight_updates.inc()
+
+    def set_weight_version(self, version: str, abort_all: bool) -> None:
+        """SGLang's ``/update_weight_version``: the version a LoRA switch reports (on the scheduler thread)."""
+        if abort_all:
+            self.scheduler.abort(abort_all=True, message="aborted for a weight version update")
+        self.scheduler.set_weight_version(version)
+        self._set_version_gauge(version)
 
     def _set_version_gauge(self, version: str) -> None:
         if version.lstrip("-").isdigit():
@@ -114,4 +126,5 @@ class EngineState:
             "max_decode_batch_size": counts.max_decode_batch,
             "generated_tokens": self.scheduler.generated_tokens,
             "paused": self.scheduler.paused,
+            "loaded_lora_adapters": self.lora.loaded(),
         }

@@ -114,6 +114,12 @@ class RolloutSettings(ServiceSettings):
         description="Where pulled versions are received when weights_shm_dir is not available (a file per"
         " version on disk); empty: a temporary dir.",
     )
+    lora_alpha: float = Field(
+        16.0,
+        gt=0,
+        description="LoRA alpha of the adapter versions a LoRA trainer publishes (verl lora_alpha; must equal the"
+        " trainer's): a version holds the adapter's tensors only, whose rank and modules they show themselves.",
+    )
     push_timeout_s: float = Field(60.0, gt=0, description="Longest wait for queue capacity on a push, seconds.")
 
     # --- multi-turn episodes: tools and interactions (verl's actor_rollout_ref.rollout.multi_turn.*) ---

@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +32,14 @@ from typing import Any, Protocol
 import httpx
 
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
-from services.engine.client import EngineClient, EngineError, EngineUnavailableError, engine_link_failed
+from services.engine.client import (
+    EngineClient,
+    EngineError,
+    EngineUnavailableError,
+    UpdateResult,
+    engine_link_failed,
+)
+from services.engine.lora import adapter_dir
 from services.paramsync.memfile import VersionFiles
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import parse_version
@@ -122,6 +131,8 @@ class WeightSync:
     metrics: RolloutMetrics
     resubscribe: RetryPolicy = RESUBSCRIBE
     files: VersionFiles = field(init=False)
+    # Names of the LoRA adapters loaded into the engine, oldest first (adapter versions only).
+    adapters: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.files = VersionFiles(versions_dir(self.settings, self.weights_dir), keep=_KEEP_VERSIONS)
@@ -188,7 +199,11 @@ class WeightSync:
                 fetch_started = time.perf_counter()
                 path = await self._materialise(ann)
                 self.metrics.weight_fetch.observe(time.perf_counter() - fetch_started)
-                await self._switch(str(path), ann.version)
+                adapter = self._adapter_dir(path, ann.version)
+                if adapter is None:
+                    await self._switch(ann.version, lambda: self._update_weights(str(path), ann.version))
+                else:
+                    await self._switch_adapter(adapter, ann.version)
         except Exception as exc:
             log.warning("could not load version %d: %r", ann.version, exc)
             self.metrics.param_sync_failures.inc()
@@ -212,7 +227,44 @@ class WeightSync:
             ann.version, self.files, self.state.replica_id, reusable_below=self.state.held_version
         )
 
-    async def _switch(self, path: str, version: int) -> None:
+    def _adapter_dir(self, path: Path, version: int) -> Path | None:
+        """The peft directory of an adapter version (a LoRA trainer's; see services/engine/lora.py), else None."""
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if len(files) != 1:
+            return None
+        return adapter_dir(files[0], self.files.root / "adapters" / f"v{version}", self.settings.lora_alpha)
+
+    async def _switch_adapter(self, directory: Path, version: int) -> None:
+        """An adapter version: loaded under a new name next to the previous ones. New requests name
+        it from the switch on; the previous adapter stays loaded until the next switch, as requests
+        built just before this one still name it, and the one before is unloaded now."""
+        name = f"relayrl-v{version}"
+
+        async def load() -> UpdateResult:
+            result = await self.engine.load_lora_adapter(name, str(directory))
+            if result.success:
+                result = await self.engine.update_weight_version(version)
+            if result.success:
+                # Before generation continues: every request from here on names the new adapter.
+                self.engine.lora_adapter = name
+            return result
+
+        await self._switch(version, load)
+        self.adapters.append(name)
+        while len(self.adapters) > _KEEP_VERSIONS:
+            result = await self.engine.unload_lora_adapter(self.adapters.pop(0))
+            if not result.success:
+                log.warning("could not unload a LoRA adapter: %s", result.message)
+        for old in (self.files.root / "adapters").glob("v*"):
+            if f"relayrl-{old.name}" not in self.adapters:
+                shutil.rmtree(old, ignore_errors=True)
+
+    async def _update_weights(self, path: str, version: int) -> UpdateResult:
+        in_place = self.settings.partial_rollout_mode == "in_place"
+        # SGLang cannot flush its cache while requests sit frozen in the running batch.
+        return await self.engine.update_weights_from_disk(path, weight_version=version, flush_cache=not in_place)
+
+    async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]]) -> None:
         async with self.state.controlling():
             # A replica paused by its operator stays paused; the update still lands.
             user_paused = self.state.paused
@@ -221,11 +273,8 @@ class WeightSync:
             try:
                 if not user_paused:
                     await self.engine.pause_generation("in_place" if in_place else "abort")
-                # SGLang cannot flush its cache while requests sit frozen in the running batch.
                 applying = time.perf_counter()
-                result = await self.engine.update_weights_from_disk(
-                    path, weight_version=version, flush_cache=not in_place
-                )
+                result = await apply()
                 self.metrics.weight_apply.observe(time.perf_counter() - applying)
             finally:
                 # Also when the pause itself failed: its answer may be what was lost, not the pause.

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from services.trainer import distributed as D
+from services.trainer import lora
 from services.trainer.step import Models
 
 LATEST = "latest"
@@ -105,6 +106,9 @@ def save(
             schedulers["critic"] = models.critic_sched.state_dict()
         torch.save(schedulers, partial / "schedulers.pt")
         (partial / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+        if lora.is_peft(models.actor):
+            # What `relayrl export` needs to turn the actor's shards back into a peft adapter.
+            (partial / lora.CONFIG_FILE).write_text(json.dumps(lora.adapter_config(models.actor), indent=1))
     if extra is not None:
         extra(partial)
     D.barrier()

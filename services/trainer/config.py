@@ -7,6 +7,7 @@ off-policy variant is ROLL's ``pg_variant``. No torch import here, so ``--help``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -23,6 +24,8 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 LrSchedulerType = Literal["constant", "cosine"]
 KlType = Literal["k1", "k2", "k3"]
 LoggerBackend = Literal["console", "tensorboard", "wandb"]
+# peft's shorthand for every linear layer but the output head; verl's default target_modules.
+ALL_LINEAR = "all-linear"
 
 
 class TrainerSettings(ServiceSettings):
@@ -139,6 +142,23 @@ class TrainerSettings(ServiceSettings):
         False,
         description="Every checkpoint also holds hf/: the policy as a Hugging Face directory (config, safetensors,"
         " tokenizer, generation config), what `relayrl export` writes for that step.",
+    )
+
+    # --- LoRA (verl actor_rollout_ref.model.lora_rank / lora_alpha / target_modules) -------
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank (verl lora_rank); 0 trains every weight. Above 0 only the adapter trains, each"
+        " published version is the adapter alone, and the KL reference is the model with the adapter off.",
+    )
+    lora_alpha: float = Field(
+        16.0, gt=0, description="LoRA alpha (verl lora_alpha): the adapter's update is scaled by alpha / rank."
+    )
+    # NoDecode: the validator below takes JSON, names separated by commas, or peft's all-linear.
+    target_modules: Annotated[list[str] | str, NoDecode] = Field(
+        ALL_LINEAR,
+        description="Modules that get an adapter (verl target_modules): all-linear (every linear layer but the"
+        ' output head), or module names such as ["q_proj","v_proj"] (in the environment also q_proj,v_proj).',
     )
 
     # --- experiment tracking (verl trainer.logger / project_name / experiment_name) -------
@@ -269,6 +289,15 @@ class TrainerSettings(ServiceSettings):
             return [name.strip().strip("'\"") for name in names if name.strip()]
         return value
 
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _target_modules(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() != ALL_LINEAR:
+            if value.strip().startswith("["):
+                return json.loads(value)
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value.strip() if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainerSettings:
         if self.checkpoint_every % self.sync_every:
@@ -296,6 +325,10 @@ class TrainerSettings(ServiceSettings):
     @property
     def needs_reference(self) -> bool:
         return self.use_kl_loss or self.use_kl_in_reward
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
 
     @property
     def needs_critic(self) -> bool:

@@ -18,6 +18,7 @@ import torch
 from services.paramsync.manifest import TensorSpec
 from services.paramsync.tensors import open_spec
 from services.trainer import distributed as D
+from services.trainer import lora
 
 Items = list[tuple[str, torch.Tensor]]
 
@@ -31,7 +32,12 @@ def published_items(actor: torch.nn.Module) -> Items:
     """What a version holds: the state dict with each tensor once. A tied tensor (Qwen2.5's
     lm_head, which is the embedding) is one parameter under two names; the engine's model ties
     it the same way, so sending it twice would only add its bytes again (27 % of the 0.5B
-    shape). ``named_parameters`` lists a shared parameter under its first name only."""
+    shape). ``named_parameters`` lists a shared parameter under its first name only.
+
+    With LoRA a version is the adapter alone, in peft's names (``lora.adapter_items``): the
+    engines keep the base weights they loaded, and only the adapter ever changes."""
+    if lora.is_peft(actor):
+        return lora.adapter_items(actor)
     listed = {name for name, _ in actor.named_parameters()}
     aliases = {name for name, _ in actor.named_parameters(remove_duplicate=False)} - listed
     return [(name, t) for name, t in state_items(actor) if name not in aliases]

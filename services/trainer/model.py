@@ -17,7 +17,10 @@ from services.trainer.config import LrSchedulerType
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a Hugging Face model (``model.model.layers`` in Qwen2/Llama)."""
+    """The transformer blocks of a Hugging Face model (``model.model.layers`` in Qwen2/Llama),
+    also inside a peft wrapper (LoRA)."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     base = getattr(model, model.base_model_prefix, model)
     layers = getattr(base, "layers", None)
     if layers is None:
@@ -129,6 +132,7 @@ class LrSchedule:
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: LrSchedule):
-    """AdamW with ``schedule`` on its learning rate."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+    """AdamW over the trainable parameters (with LoRA, the adapter's) with ``schedule`` on its learning rate."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, foreach=False)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)

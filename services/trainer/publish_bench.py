@@ -1,7 +1,9 @@
 """The trainer side of ``relayrl bench weights``: one rank of a torchrun job that publishes versions
 of the FSDP2-sharded model through the trainer's own publish code, one version per command.
 
-Run as ``torchrun --nproc-per-node 2 -m services.trainer.publish_bench MODEL_DIR CONTROL_PORT``.
+Run as ``torchrun --nproc-per-node 2 -m services.trainer.publish_bench MODEL_DIR CONTROL_PORT
+[LORA_RANK]``; with a LORA_RANK above 0 the actor gets a peft adapter before it is sharded, as the
+trainer's ``lora_rank`` does, and each version is that adapter.
 Rank 0 connects to the bench on ``CONTROL_PORT`` (loopback), says hello with its pid (the bench
 reads its peak memory) and reads ``{"paramsync": "host:port"}``: the job loads the model while
 the bench starts the stack. Then for each line ``{"version": v}`` every rank perturbs its shard (so
@@ -31,8 +33,10 @@ if TYPE_CHECKING:
 # The longest rank 0 waits for the bench's next command, and for one upload.
 COMMAND_TIMEOUT_S = 600.0
 UPLOAD_TIMEOUT_S = 600.0
-# Added to every weight per version: changes every tensor's bytes, keeps the model sane.
+# Added to every trained weight per version: changes every published tensor's bytes, keeps the model sane.
 PERTURBATION = 1e-4
+# The adapter's alpha (the trainer's default); the bench's replicas are given the same.
+LORA_ALPHA = 16.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +81,13 @@ def publish_version(
 
 
 def perturb(actor: torch.nn.Module) -> None:
+    """What an optimizer step changes: the trained parameters (with LoRA, the adapter's only)."""
     import torch
 
     with torch.no_grad():
         for param in actor.parameters():
-            param.add_(PERTURBATION)
+            if param.requires_grad:
+                param.add_(PERTURBATION)
 
 
 async def _open_sink(address: str) -> Any:
@@ -112,18 +118,22 @@ class BenchLink:
         self._sock.close()
 
 
-def run(model_dir: Path, control_port: int) -> None:
+def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
     import torch
 
     from services.trainer import distributed as D
-    from services.trainer.config import TrainerSettings
+    from services.trainer import lora
+    from services.trainer.config import ALL_LINEAR, TrainerSettings
     from services.trainer.gather import BucketGather
     from services.trainer.links import IoThread, Publisher
     from services.trainer.model import load_actor, shard_model
 
     ctx = D.init_distributed("cpu")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    actor = shard_model(load_actor(model_dir, ctx.device), ctx.device.type)
+    actor = load_actor(model_dir, ctx.device)
+    if lora_rank:
+        actor = lora.add_adapter(actor, lora.LoraSpec(lora_rank, LORA_ALPHA, ALL_LINEAR))
+    actor = shard_model(actor, ctx.device.type)
     # The trainer's default bucket size: the bench measures the publish a run gets.
     gather = BucketGather(TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20)
     io = sink = link = publisher = None
@@ -150,4 +160,4 @@ def run(model_dir: Path, control_port: int) -> None:
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), int(sys.argv[2]))
+    run(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0)

@@ -19,12 +19,13 @@ from relayrl.stalls import StallWatch
 from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
+from services.trainer import lora
 from services.trainer.batching import TrainSample, samples_from_groups
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, read_rows, tokenize_rows
 from services.trainer.feed import Batch, Feed
-from services.trainer.gather import BucketGather, published_items, state_items, weight_specs
+from services.trainer.gather import BucketGather, Items, published_items, state_items, weight_specs
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
@@ -57,26 +58,32 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
     def wrap(m: torch.nn.Module) -> torch.nn.Module:
         return shard_model(m, ctx.device.type) if fsdp else m
 
-    actor = wrap(load_actor(s.model_dir, ctx.device))
+    actor = load_actor(s.model_dir, ctx.device)
+    if s.lora:
+        actor = lora.add_adapter(actor, lora.LoraSpec(s.lora_rank, s.lora_alpha, s.target_modules))
+    actor = wrap(actor)
     schedule = LrSchedule(s.warmup_steps, s.lr_scheduler_type, s.total_steps, s.min_lr_ratio)
     opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule)
     models = Models(actor, opt, sched)
     if s.needs_critic:
         models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed))
         models.critic_opt, models.critic_sched = build_optimizer(models.critic, s.critic_lr, s.weight_decay, schedule)
-    if s.needs_reference:
+    if s.needs_reference and s.lora:
+        models.ref = lora.AdapterDisabled(actor)
+    elif s.needs_reference:
         ref = load_actor(s.model_dir, ctx.device).eval()
         ref.requires_grad_(False)
         models.ref = wrap(ref)
     return models
 
 
-def gather_weights(actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]] | None:
-    """The full state dict on rank 0 (collective), as private CPU copies; None on other ranks.
+def gather_weights(actor: torch.nn.Module, items: Items | None = None) -> Items | None:
+    """The full tensors of ``items`` (default: the whole state dict) on rank 0 (collective), as
+    private CPU copies; None on other ranks.
 
     One full copy on rank 0: for writing a model directory, not for publishing (see publish).
     """
-    items = state_items(actor)
+    items = state_items(actor) if items is None else items
     names = [name for name, _ in items]
     tensors = [t for bucket in BucketGather(64 * 1024 * 1024).buckets(items) for t in bucket]
     return list(zip(names, tensors, strict=True)) if D.get_rank() == 0 else None
@@ -117,11 +124,18 @@ def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None
     as ``relayrl export`` does)."""
     from relayrl.models.loading import load_causal_lm, save_hf_dir
 
-    weights = gather_weights(actor)
-    if weights is None:
-        return
-    model = load_causal_lm(base_dir)
-    model.load_state_dict(dict(weights))
+    if lora.is_peft(actor):
+        # The base is frozen and on disk: only the adapter need be gathered, then merged into it.
+        adapter = gather_weights(actor, published_items(actor))
+        if adapter is None:
+            return
+        model = lora.merged_model(base_dir, dict(adapter), lora.adapter_config(actor))
+    else:
+        weights = gather_weights(actor)
+        if weights is None:
+            return
+        model = load_causal_lm(base_dir)
+        model.load_state_dict(dict(weights))
     save_hf_dir(model, base_dir, out_dir)
 
 

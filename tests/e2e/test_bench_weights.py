@@ -50,3 +50,27 @@ def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
     assert all(isinstance(met, bool) for met in result["targets"].values())
     # Stages are announced on stderr while they run.
     assert "version 2 applied at every replica" in done.stderr
+
+
+def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) -> None:
+    from relayrl.models.loading import load_causal_lm
+    from services.trainer import lora
+    from services.trainer.config import ALL_LINEAR
+    from services.trainer.gather import published_items, weight_specs
+
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
+    done = subprocess.run(
+        [*argv, "--versions", "2", "--lora-rank", "4", "--json"], capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["lora_rank"] == 4
+    adapted = lora.add_adapter(load_causal_lm(tiny_model_dir), lora.LoraSpec(4, 16.0, ALL_LINEAR))
+    assert result["model_bytes"] == sum(spec.num_bytes for spec in weight_specs(published_items(adapted)))
+    # Each version reached the replica (as an adapter) and the engine answered with it. A few
+    # hundred kB upload within the gather they run beside, so upload_s may be 0.
+    median = result["by_replicas"]["1"]["median"]
+    assert median["gather_s"] > 0 and median["total_s"] == median["applied_s"]["rollout-0"] > 0
+    for stage in ("fetch_s", "apply_s", "paused_s"):
+        assert median[stage]["rollout-0"] > 0, stage
+    assert median["first_token_s"]["engine-0"] > 0

@@ -54,6 +54,11 @@ def _problems(tmp_path: Path, text: str) -> str:
             ["No module named 'no_such_reward_mod'", "custom_reward_function: {path:"],
             id="an unimportable module reward, suggesting the file form",
         ),
+        pytest.param(
+            "trainer:\n  lora_rank: 8\n  lora_alpha: 32\n",
+            ["rollout.lora_alpha (16) must equal trainer.lora_alpha (32)"],
+            id="a LoRA trainer's alpha that the rollouts would not load its versions with",
+        ),
     ],
 )
 def test_each_problem_is_named(tmp_path, text, named):
@@ -91,6 +96,12 @@ def test_reward_files_that_do_not_import_or_do_not_fit_are_reported(tmp_path):
     (tmp_path / "narrow.py").write_text("def score(text):\n    return 0.0\n")
     message = _problems(tmp_path, "custom_reward_function: {path: narrow.py, name: score}\n")
     assert "must accept compute_score(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
+def test_a_lora_config_with_one_alpha_passes(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text("trainer:\n  lora_rank: 8\n  lora_alpha: 32\nrollout:\n  lora_alpha: 32\n")
+    assert load_checked(path).rollout["lora_alpha"] == 32
 
 
 def test_a_fixed_port_in_use_is_reported(tmp_path):
