@@ -65,7 +65,7 @@ AGENTIC_KEYS = {"tool_latency_ms", "engine_idle_ratio", "env_calls", "env_s", "e
 def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environment(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "agentic", "--tool-latency-ms", "100"]
     # Beyond η + 1 = 3 steps, so the async window holds generation too (the first 3 steps are released at once).
-    argv += ["--steps", "6", "--alone-steps", "3", "--timeout-s", "180", "--json"]
+    argv += ["--steps", "4", "--alone-steps", "3", "--timeout-s", "180", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
