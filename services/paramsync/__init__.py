@@ -13,7 +13,7 @@ Rules every caller can rely on:
 - Each tensor carries a checksum (xxh3_128 by default, sha256 or crc32 on request; see
   ``digest.py``); paramsync checks it on upload and the client checks it again on fetch, so a
   replica never receives a corrupt version.
-- Weight bytes travel over the bulk data plane (plain TCP, ``dataplane/server.py``) when the
+- Weight bytes travel over the bulk data plane (plain TCP, ``channels/tcp.py``) when the
   client can reach it, else over the Publish and Fetch gRPC streams; both follow these rules.
 - With the ``grpc`` transport a version is announced when its upload *starts* and Fetch streams
   its chunks as they arrive; if that upload then fails the Fetch ends with ABORTED and the same

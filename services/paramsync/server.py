@@ -10,9 +10,9 @@ from pathlib import Path
 
 from relayrl.http_app import create_http_app
 from relayrl.serving import Servers, serve_until_signal, start_servers
+from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
-from services.paramsync.dataplane.server import DataPlaneServer
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, add_to_server
