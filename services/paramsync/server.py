@@ -13,12 +13,12 @@ from relayrl.serving import Servers, serve_until_signal, start_servers
 from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
+from services.paramsync.delivery import setup_delivery
 from services.paramsync.discovery import create_discovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, add_to_server
 from services.paramsync.store import VersionStore
 from services.paramsync.table import VersionTable, lag_deadline_s
-from services.paramsync.transports import setup_transport
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
     return ParamSyncCore(
         store=VersionStore(settings.keep_versions),
         table=table,
-        transport=setup_transport(settings, table),
+        delivery=setup_delivery(settings, table),
         metrics=metrics,
         chunk_bytes=settings.chunk_bytes,
         upload_idle_timeout_s=settings.upload_idle_timeout_s,
