@@ -3,7 +3,7 @@
 The trainer publishes each policy version once (:class:`services.paramsync.client.ParamSyncClient`);
 paramsync checks it, keeps the last ``K`` versions and delivers them to every replica in the
 delivery mode the ``transport`` setting picks (:mod:`services.paramsync.delivery`: replicas
-``pull`` a version, or paramsync ``push``\ es it), over a byte channel
+``pull`` a version, or paramsync ``push`` it), over a byte channel
 (:mod:`services.paramsync.channels`: ``tcp``, ``grpc_chunks``, ``disk``, ``torch_dist``).
 
 Rules every caller can rely on:
@@ -16,7 +16,8 @@ Rules every caller can rely on:
   ``digest.py``); paramsync checks it on upload and the client checks it again on fetch, so a
   replica never receives a corrupt version.
 - Weight bytes travel over the bulk data plane (plain TCP, ``channels/tcp.py``) when the
-  client can reach it, else over the Publish and Fetch gRPC streams (``channels/grpc_chunks.py``); both follow these rules.
+  client can reach it, else over the Publish and Fetch gRPC streams
+  (``channels/grpc_chunks.py``); both follow these rules.
 - With the ``grpc`` transport a version is announced when its upload *starts* and Fetch streams
   its chunks as they arrive; if that upload then fails the Fetch ends with ABORTED and the same
   version may be announced again when the trainer re-sends it (on the data plane paramsync

@@ -14,13 +14,24 @@ from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
 from services.paramsync.delivery import setup_delivery
-from services.paramsync.discovery import create_discovery
+from services.paramsync.discovery import StaticDiscovery
+from services.paramsync.endpoints import ReplicaDiscovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, add_to_server
 from services.paramsync.store import VersionStore
 from services.paramsync.table import VersionTable, lag_deadline_s
 
 log = logging.getLogger(__name__)
+
+
+def create_discovery(settings: ParamSyncSettings) -> ReplicaDiscovery:
+    """The discovery backend ``RELAYRL_PARAMSYNC_DISCOVERY`` names: static or kubernetes."""
+    if settings.discovery == "kubernetes":
+        # Imported only here: the kubernetes client is heavy and only this backend needs it.
+        from services.paramsync.discovery_k8s import KubernetesDiscovery
+
+        return KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)
+    return StaticDiscovery(settings.replica_endpoints())
 
 
 def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
