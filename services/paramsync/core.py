@@ -1,7 +1,7 @@
 """Paramsync's core: the upload life cycle, the versions held, the replicas' table, deliveries
 and announcements. It knows nothing of gRPC: it raises :class:`StoreError` (mapped to a status in
 :mod:`services.paramsync.errors`), and the gRPC servicer (:mod:`services.paramsync.service`) and
-the bulk data plane (:mod:`services.paramsync.dataplane`) are its two front doors.
+the bulk data plane (:mod:`services.paramsync.channels.tcp`) are its two front doors.
 
 Everything runs on one asyncio loop, so the store and the table need no locks. Long work
 (hashing is incremental per chunk; disk writes and broadcasts) runs in the delivery task or in
@@ -84,7 +84,7 @@ class ParamSyncCore:
     resume_window_s: float = 10.0
     store_dir: Path | None = None
     announcer: Announcer = field(default_factory=lambda: Announcer(), init=False)
-    # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
+    # Set by the server once the bulk data plane listens (services.paramsync.channels.tcp).
     data_port: int = field(default=0, init=False)
     _delivered: Announcement | None = field(default=None, init=False)
     _delivery_wanted: asyncio.Event = field(default_factory=asyncio.Event, init=False)
