@@ -1,8 +1,10 @@
 """Paramsync: versioned weight broadcast from the trainer to every rollout replica.
 
 The trainer publishes each policy version once (:class:`services.paramsync.client.ParamSyncClient`);
-paramsync checks it, keeps the last ``K`` versions and delivers them to every replica through
-one of the transports in :mod:`services.paramsync.transports`.
+paramsync checks it, keeps the last ``K`` versions and delivers them to every replica in the
+delivery mode the ``transport`` setting picks (:mod:`services.paramsync.delivery`: replicas
+``pull`` a version, or paramsync ``push`` it), over a byte channel
+(:mod:`services.paramsync.channels`: ``tcp``, ``grpc_chunks``, ``disk``, ``torch_dist``).
 
 Rules every caller can rely on:
 
@@ -13,8 +15,9 @@ Rules every caller can rely on:
 - Each tensor carries a checksum (xxh3_128 by default, sha256 or crc32 on request; see
   ``digest.py``); paramsync checks it on upload and the client checks it again on fetch, so a
   replica never receives a corrupt version.
-- Weight bytes travel over the bulk data plane (plain TCP, ``dataplane/server.py``) when the
-  client can reach it, else over the Publish and Fetch gRPC streams; both follow these rules.
+- Weight bytes travel over the bulk data plane (plain TCP, ``channels/tcp.py``) when the
+  client can reach it, else over the Publish and Fetch gRPC streams
+  (``channels/grpc_chunks.py``); both follow these rules.
 - With the ``grpc`` transport a version is announced when its upload *starts* and Fetch streams
   its chunks as they arrive; if that upload then fails the Fetch ends with ABORTED and the same
   version may be announced again when the trainer re-sends it (on the data plane paramsync

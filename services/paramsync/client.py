@@ -16,9 +16,11 @@ Replica side::
                 path = await ps.fetch_to_file(ann.version, VersionFiles(Path("/dev/shm/replica")))
             await ps.report_version("rollout-0", ann.version, ok=True, sync_s=elapsed)
 
-Weights travel over paramsync's bulk data plane (plain TCP, see ``BulkRequest`` in the proto)
-when it serves one, else over the Publish and Fetch gRPC streams; ``data_plane=False`` forces
-gRPC. If the data plane does not accept a connection the call falls back to gRPC with a warning.
+Weights travel over one of two byte channels (:mod:`services.paramsync.channels`), both behind
+the one ``ByteChannel`` interface: paramsync's bulk data plane (``tcp``, plain TCP, see
+``BulkRequest`` in the proto) when it serves one, else the Publish and Fetch gRPC streams
+(``grpc_chunks``); ``data_plane=False`` forces gRPC. If the data plane does not accept a
+connection the call falls back to gRPC with a warning.
 
 Failures raise :mod:`services.paramsync.errors` types: ``VersionConflict`` (an older or
 different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is returned),
@@ -34,10 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -45,27 +47,26 @@ from relayrl.retry import RetryPolicy, call_with_retries, retrying
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync.dataplane import client as dataplane_client
-from services.paramsync.dataplane.client import DataPlaneAddress, DataPlaneUnreachable, Place, TensorRun
+from services.paramsync.channels import tcp
+from services.paramsync.channels.base import ByteChannel, TensorRun
+from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
+from services.paramsync.channels.tcp import DataPlaneAddress, DataPlaneUnreachable, TcpChannel
 from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
 from services.paramsync.errors import (
     TRANSIENT_CODES,
-    ChecksumMismatch,
-    ParamSyncError,
     from_rpc_error,
     is_transient,
-    stage_deadline_error,
     sync_retry_policy,
 )
 from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion, TensorSpec
 from services.paramsync.memfile import VersionFiles
 from services.paramsync.memory import RecycledMemory
-from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -121,12 +122,6 @@ def _runs_of(pairs: Sequence[tuple[str, torch.Tensor]], run_bytes: int) -> Itera
             start, size = i + 1, 0
     if start < len(pairs):
         yield start, len(pairs)
-
-
-def _write_failed(err: grpc.aio.AioRpcError) -> bool:
-    """grpc's own status for a message it could not write because the connection broke (it says
-    INTERNAL, not UNAVAILABLE); a server's INTERNAL carries its own details."""
-    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
 
 
 class _StreamedUpload:
@@ -208,17 +203,7 @@ class ParamSyncClient:
         self._data_address: DataPlaneAddress | bool | None = None
         self._channel = grpc_channel(address)
         self._stub = pb_grpc.ParamSyncStub(self._channel)
-        # Weight streams use hand-framed chunks (wire.py): same bytes on the wire, fewer copies.
-        self._publish = self._channel.stream_unary(
-            "/relayrl.v1.ParamSync/Publish",
-            request_serializer=serialize_stream_message,
-            response_deserializer=pb.PublishResponse.FromString,
-        )
-        self._fetch = self._channel.unary_stream(
-            "/relayrl.v1.ParamSync/Fetch",
-            request_serializer=pb.FetchRequest.SerializeToString,
-            response_deserializer=decode_stream_message,
-        )
+        self._publish, self._fetch = stream_calls(self._channel)
 
     async def close(self) -> None:
         if self._memory is not None:
@@ -257,6 +242,21 @@ class ParamSyncClient:
         # Asked again next call: a restarted paramsync may listen on another port.
         log.warning("%s; using gRPC streams for this transfer", exc)
         self._data_address = None
+
+    def _chunk_streams(self, replica_id: str = "") -> GrpcChunksChannel:
+        peer = f"paramsync {self.address}"
+        return GrpcChunksChannel(self._publish, self._fetch, peer, self.chunk_bytes, self.sync_timeout, replica_id)
+
+    async def _over_a_channel(self, transfer: Callable[[ByteChannel], Awaitable[T]], replica_id: str = "") -> T:
+        """``transfer`` over the data plane where paramsync serves one, else (or when it does not
+        accept a connection) over the gRPC chunk streams."""
+        address = await self._data_plane_address()
+        if address is not None:
+            try:
+                return await transfer(TcpChannel(address, self.sync_timeout, replica_id))
+            except DataPlaneUnreachable as exc:
+                self._give_up_data_plane(exc)
+        return await transfer(self._chunk_streams(replica_id))
 
     # --- trainer side -------------------------------------------------------------------------
 
@@ -307,15 +307,7 @@ class ParamSyncClient:
 
         async def call() -> int:
             resume_from = upload.resume_from()
-            address = await self._data_plane_address()
-            if address is not None:
-                try:
-                    return await dataplane_client.publish_runs(
-                        address, manifest, upload.runs(), resume_from, self.sync_timeout
-                    )
-                except DataPlaneUnreachable as exc:
-                    self._give_up_data_plane(exc)
-            return await self._publish_stream(upload, resume_from)
+            return await self._over_a_channel(lambda channel: channel.send(manifest, upload.runs(), resume_from))
 
         try:
             received = await self._with_retries(call)
@@ -323,65 +315,6 @@ class ParamSyncClient:
             await self._abort_upload(version, f"{type(exc).__name__}: {exc}")
             raise
         return PublishResult(version, received, manifest.total_bytes, time.perf_counter() - started)
-
-    async def _publish_stream(self, upload: _StreamedUpload, resume_from: int) -> int:
-        """One attempt of a streamed upload over the Publish RPC; returns the bytes paramsync stored.
-
-        Bounded as on the data plane: it fails when paramsync takes nothing for ``sync_timeout``
-        seconds (grpc stops taking messages when paramsync stops reading), not counting the waits
-        for the next bucket, which its producer bounds. A deadline on the whole call would count
-        the gather as well, and grpc reports one that expires mid-write as INTERNAL.
-        """
-        manifest, loop = upload.manifest, asyncio.get_running_loop()
-        deadline = asyncio.timeout(self.sync_timeout)
-        stage, live = "upload start", True
-        failed: list[BaseException] = []
-
-        def at(next_stage: str, bounded: bool = True) -> None:
-            nonlocal stage
-            stage = next_stage
-            if live:
-                deadline.reschedule(loop.time() + self.sync_timeout if bounded else None)
-
-        async def messages() -> AsyncIterator[pb.WeightStreamMessage | bytes]:
-            yield pb.WeightStreamMessage(manifest=manifest.to_proto(), resume_from_bytes=resume_from)
-            runs = upload.runs()
-            while True:
-                at("upload (waiting for the next bucket)", bounded=False)
-                try:
-                    run = await anext(runs)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    failed.append(exc)
-                    raise
-                at("upload")
-                yield pb.WeightStreamMessage(
-                    checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
-                )
-                for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
-                    for offset in range(0, view.nbytes, self.chunk_bytes):
-                        yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
-                        at("upload")
-            at("commit")
-
-        try:
-            async with deadline:
-                return (await self._publish(messages())).bytes_received
-        except TimeoutError as exc:
-            raise stage_deadline_error(stage, f"paramsync {self.address}", manifest.version, self.sync_timeout) from exc
-        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-            # grpc swallows an error of the request iterator and cancels the call: raise the error.
-            task = asyncio.current_task()
-            if failed and not (task is not None and task.cancelling()):
-                raise failed[0] from None
-            if isinstance(exc, grpc.aio.AioRpcError) and _write_failed(exc):
-                peer = f"paramsync {self.address}"
-                message = f"{stage} of version {manifest.version} (peer: {peer}) failed: the link broke mid-write"
-                raise ParamSyncError(message, grpc.StatusCode.UNAVAILABLE) from exc
-            raise
-        finally:
-            live = False
 
     async def _abort_upload(self, version: int, reason: str) -> None:
         """Tells paramsync to drop the open upload of ``version`` now rather than after its resume window."""
@@ -439,12 +372,12 @@ class ParamSyncClient:
             address = await self._data_plane_address()
             if address is not None:
                 try:
-                    got = await dataplane_client.fetch(address, request, self.sync_timeout, self._memory)
+                    got = await tcp.fetch(address, request, self.sync_timeout, self._memory)
                 except DataPlaneUnreachable as exc:
                     self._give_up_data_plane(exc)
                 else:
                     return FetchedVersion(got.manifest, got.tensors)
-            return await _receive_version(self._fetch(request, timeout=self.sync_timeout))
+            return await _receive_tensors(self._chunk_streams(replica_id), request.version)
 
         return await self._with_retries(call)
 
@@ -458,19 +391,10 @@ class ParamSyncClient:
         (ChecksumMismatch) or other failure no file of the version is left. ``reusable_below``:
         files of versions older than this are no longer read and their memory may be reused.
         """
-        request = pb.FetchRequest(replica_id=replica_id, version=version)
 
         async def call() -> Path:
             with files.receiving(reusable_below) as landing:
-                address = await self._data_plane_address()
-                if address is not None:
-                    try:
-                        await dataplane_client.fetch_into(address, request, self.sync_timeout, landing.place)
-                    except DataPlaneUnreachable as exc:
-                        self._give_up_data_plane(exc)
-                    else:
-                        return landing.commit()
-                await _receive_into(self._fetch(request, timeout=self.sync_timeout), landing.place)
+                await self._over_a_channel(lambda channel: channel.receive(version, landing.place), replica_id)
                 return landing.commit()
 
         return await self._with_retries(call)
@@ -494,8 +418,8 @@ class ParamSyncClient:
         return VersionTable(reply.latest_version, [ReplicaVersion.from_proto(r) for r in reply.replicas])
 
 
-async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> FetchedVersion:
-    """Assembles a Fetch stream into tensors, checking order, sizes and every checksum."""
+async def _receive_tensors(channel: ByteChannel, version: int) -> FetchedVersion:
+    """``version`` received over ``channel`` into fresh tensors, every checksum checked."""
     from services.paramsync.tensors import empty_like_spec, typed_view
 
     buffers: list[torch.Tensor] = []
@@ -504,60 +428,6 @@ async def _receive_version(stream: AsyncIterator[pb.WeightStreamMessage | RawChu
         buffers.extend(empty_like_spec(spec) for spec in manifest.tensors)
         return [memoryview(buf.numpy()) for buf in buffers]
 
-    manifest = await _receive_into(stream, place)
+    manifest = await channel.receive(version, place)
     tensors = {spec.name: typed_view(buf, spec) for spec, buf in zip(manifest.tensors, buffers, strict=True)}
     return FetchedVersion(manifest, tensors)
-
-
-async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk], place: Place) -> Manifest:
-    """Writes a Fetch stream into the views ``place`` gives, checking order, sizes and every
-    checksum; returns the complete manifest (for an open one, the one that follows the bytes)."""
-    manifest: Manifest | None = None
-    closed: Manifest | None = None
-    views: Sequence[memoryview] = []
-    digests: list[str] = []
-    index, filled, hasher = 0, 0, None
-    async for msg in stream:
-        if manifest is None:
-            if isinstance(msg, RawChunk) or not msg.HasField("manifest"):
-                raise ParamSyncError("Fetch stream did not start with a manifest")
-            manifest = Manifest.from_proto(msg.manifest)
-            # Making a version file claims its memory up front: not on the event loop.
-            views = await asyncio.to_thread(place, manifest)
-            hasher = new_hasher(manifest.checksum_algorithm)
-            continue
-        if not isinstance(msg, RawChunk) and msg.HasField("manifest"):
-            closed = Manifest.from_proto(msg.manifest)
-            continue
-        chunk = msg if isinstance(msg, RawChunk) else msg.chunk
-        # Zero-byte tensors have no chunk of their own; step over them before matching.
-        while index < len(manifest.tensors) and manifest.tensors[index].num_bytes == filled:
-            digests.append(hasher.hexdigest())
-            index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
-        if index >= len(manifest.tensors) or chunk.tensor_name != manifest.tensors[index].name:
-            raise ChecksumMismatch(f"unexpected chunk for {chunk.tensor_name!r} at offset {chunk.offset}")
-        spec = manifest.tensors[index]
-        end = filled + len(chunk.data)
-        if chunk.offset != filled or end > spec.num_bytes:
-            raise ChecksumMismatch(f"chunk of {spec.name!r} at offset {chunk.offset} out of order or past its end")
-        views[index][filled:end] = chunk.data
-        hasher.update(chunk.data)
-        filled = end
-    if manifest is None:
-        raise ParamSyncError("Fetch stream ended before the manifest")
-    while index < len(manifest.tensors):
-        if filled != manifest.tensors[index].num_bytes:
-            raise ChecksumMismatch(
-                f"stream ended with {manifest.tensors[index].name!r} at {filled}/{manifest.tensors[index].num_bytes}"
-                " bytes"
-            )
-        digests.append(hasher.hexdigest())
-        index, filled, hasher = index + 1, 0, new_hasher(manifest.checksum_algorithm)
-    if manifest.is_open:
-        if closed is None or closed.layout() != manifest.layout():
-            raise ChecksumMismatch(f"version {manifest.version}: the stream ended without its checksums")
-        manifest = closed
-    for spec, digest in zip(manifest.tensors, digests, strict=True):
-        if digest != spec.checksum:
-            raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")
-    return manifest

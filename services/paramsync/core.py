@@ -1,7 +1,7 @@
 """Paramsync's core: the upload life cycle, the versions held, the replicas' table, deliveries
 and announcements. It knows nothing of gRPC: it raises :class:`StoreError` (mapped to a status in
 :mod:`services.paramsync.errors`), and the gRPC servicer (:mod:`services.paramsync.service`) and
-the bulk data plane (:mod:`services.paramsync.dataplane`) are its two front doors.
+the bulk data plane (:mod:`services.paramsync.channels.tcp`) are its two front doors.
 
 Everything runs on one asyncio loop, so the store and the table need no locks. Long work
 (hashing is incremental per chunk; disk writes and broadcasts) runs in the delivery task or in
@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Protocol
 
 from services.paramsync import safetensors_io
+from services.paramsync.delivery.base import Delivery
 from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
 from services.paramsync.manifest import Announcement, Manifest
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.store import StoredVersion, StoreError, VersionState, VersionStore
 from services.paramsync.table import VersionTable
-from services.paramsync.transports.base import WeightTransport
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Announcer:
 class ParamSyncCore:
     store: VersionStore
     table: VersionTable
-    transport: WeightTransport
+    delivery: Delivery
     metrics: ParamSyncMetrics
     chunk_bytes: int
     upload_idle_timeout_s: float
@@ -84,7 +84,7 @@ class ParamSyncCore:
     resume_window_s: float = 10.0
     store_dir: Path | None = None
     announcer: Announcer = field(default_factory=lambda: Announcer(), init=False)
-    # Set by the server once the bulk data plane listens (services.paramsync.dataplane).
+    # Set by the server once the bulk data plane listens (services.paramsync.channels.tcp).
     data_port: int = field(default=0, init=False)
     _delivered: Announcement | None = field(default=None, init=False)
     _delivery_wanted: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -107,7 +107,7 @@ class ParamSyncCore:
             return
 
     async def run_deliveries(self) -> None:
-        """Delivers the latest version whenever one is committed or (push transports) replicas join."""
+        """Delivers the latest version whenever one is committed or (push delivery) replicas join."""
         while True:
             await self._delivery_wanted.wait()
             self._delivery_wanted.clear()
@@ -119,14 +119,14 @@ class ParamSyncCore:
                     if self.store_dir is not None:
                         await asyncio.to_thread(safetensors_io.write_version, stored, self.store_dir)
                         await asyncio.to_thread(safetensors_io.prune, self.store_dir, self.store.keep_versions)
-                    announcement = await self.transport.deliver(stored, self.table.endpoints())
+                    announcement = await self.delivery.deliver(stored, self.table.endpoints())
             except Exception:
                 log.exception("delivering version %d failed", stored.version)
                 self.metrics.sync_failures.labels("delivery").inc()
                 continue
             if self._delivered is None or announcement.version > self._delivered.version:
                 self._delivered = announcement
-                if not self.transport.forwards_uploads:
+                if not self.delivery.forwards_uploads:
                     self.announcer.announce(announcement)
 
     async def watch_discovery(self, discovery: ReplicaDiscovery) -> None:
@@ -136,7 +136,7 @@ class ParamSyncCore:
                 self.table.remove(gone)
             for replica in current - known:
                 self.table.ensure(replica.replica_id, replica.engine_url)
-            if self.transport.pushes and current - known:
+            if self.delivery.pushes and current - known:
                 self._delivery_wanted.set()
             known = current
 
@@ -155,10 +155,10 @@ class ParamSyncCore:
 
     def current_announcement(self) -> Announcement | None:
         """What a new subscriber is told at once: the newest version it can start loading now."""
-        if not self.transport.forwards_uploads:
+        if not self.delivery.forwards_uploads:
             return self._delivered
         newest = self.store.uploading or self.store.latest
-        return self.transport.announcement(newest) if newest is not None else None
+        return self.delivery.announcement(newest) if newest is not None else None
 
     # --- the upload life cycle, shared by the Publish RPC and the bulk data plane --------------
 
@@ -174,8 +174,8 @@ class ParamSyncCore:
             log.info("version %d re-published with identical content; nothing to do", manifest.version)
             return None
         stored.link_epoch += 1
-        if stored.republish_of is None and resume_from == 0 and self.transport.forwards_uploads:
-            self.announcer.announce(self.transport.announcement(stored))
+        if stored.republish_of is None and resume_from == 0 and self.delivery.forwards_uploads:
+            self.announcer.announce(self.delivery.announcement(stored))
         if resume_from:
             log.info("upload of version %d resumed at byte %d", manifest.version, resume_from)
         return stored
@@ -278,7 +278,7 @@ class ParamSyncCore:
         queue = self.announcer.open()
         try:
             self.table.record_subscribed(replica_id, engine_url, held_version)
-            if self.transport.pushes and engine_url:
+            if self.delivery.pushes and engine_url:
                 self._delivery_wanted.set()
             current = self.current_announcement()
             if current is not None and current.version > held_version:

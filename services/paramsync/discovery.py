@@ -1,4 +1,4 @@
-"""Replica discovery: where paramsync learns which rollout replicas exist.
+"""Replica discovery: where paramsync learns which rollout replicas exist, and the static backend.
 
 A discovery source is anything with an async ``watch()`` that yields the *complete* current
 set of replicas each time it changes (the first item is the initial set). Paramsync diffs
@@ -12,8 +12,10 @@ Implementations:
 
 - :class:`StaticDiscovery`: a fixed list from ``RELAYRL_PARAMSYNC_STATIC_REPLICAS``.
 - ``services.paramsync.discovery_k8s.KubernetesDiscovery(namespace: str, label_selector: str)``:
-  watches EndpointSlices; each ready endpoint is one replica, ``replica_id`` the pod name and
-  ``engine_url`` ``http://<address>:<engine port>``. Selected with ``RELAYRL_PARAMSYNC_DISCOVERY=kubernetes``.
+  watches EndpointSlices (it and this module import nothing of each other); each ready endpoint
+  is one replica, ``replica_id`` the pod name and
+  ``engine_url`` ``http://<address>:<engine port>``. Selected with ``RELAYRL_PARAMSYNC_DISCOVERY=kubernetes``
+  (:func:`services.paramsync.server.create_discovery` picks the backend).
 
 ``watch()`` must not return while paramsync runs (it is cancelled at shutdown), and should
 retry its own transient failures rather than raise.
@@ -24,8 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 
-from services.paramsync.config import ParamSyncSettings
-from services.paramsync.endpoints import ReplicaDiscovery, ReplicaEndpoint
+from services.paramsync.endpoints import ReplicaEndpoint
 
 
 class StaticDiscovery:
@@ -37,13 +38,3 @@ class StaticDiscovery:
     async def watch(self) -> AsyncIterator[frozenset[ReplicaEndpoint]]:
         yield self._replicas
         await asyncio.Event().wait()
-
-
-def create_discovery(settings: ParamSyncSettings) -> ReplicaDiscovery:
-    """The discovery backend ``RELAYRL_PARAMSYNC_DISCOVERY`` names: static or kubernetes."""
-    if settings.discovery == "kubernetes":
-        # Imported only here: the kubernetes client is heavy and only this backend needs it.
-        from services.paramsync.discovery_k8s import KubernetesDiscovery
-
-        return KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)
-    return StaticDiscovery(settings.replica_endpoints())

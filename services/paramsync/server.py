@@ -10,17 +10,28 @@ from pathlib import Path
 
 from relayrl.http_app import create_http_app
 from relayrl.serving import Servers, serve_until_signal, start_servers
+from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
-from services.paramsync.dataplane.server import DataPlaneServer
-from services.paramsync.discovery import create_discovery
+from services.paramsync.delivery import setup_delivery
+from services.paramsync.discovery import StaticDiscovery
+from services.paramsync.endpoints import ReplicaDiscovery
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.service import SERVICE_NAME, add_to_server
 from services.paramsync.store import VersionStore
 from services.paramsync.table import VersionTable, lag_deadline_s
-from services.paramsync.transports import setup_transport
 
 log = logging.getLogger(__name__)
+
+
+def create_discovery(settings: ParamSyncSettings) -> ReplicaDiscovery:
+    """The discovery backend ``RELAYRL_PARAMSYNC_DISCOVERY`` names: static or kubernetes."""
+    if settings.discovery == "kubernetes":
+        # Imported only here: the kubernetes client is heavy and only this backend needs it.
+        from services.paramsync.discovery_k8s import KubernetesDiscovery
+
+        return KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)
+    return StaticDiscovery(settings.replica_endpoints())
 
 
 def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
@@ -30,7 +41,7 @@ def build_service(settings: ParamSyncSettings) -> ParamSyncCore:
     return ParamSyncCore(
         store=VersionStore(settings.keep_versions),
         table=table,
-        transport=setup_transport(settings, table),
+        delivery=setup_delivery(settings, table),
         metrics=metrics,
         chunk_bytes=settings.chunk_bytes,
         upload_idle_timeout_s=settings.upload_idle_timeout_s,

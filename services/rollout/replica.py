@@ -54,6 +54,7 @@ class Replica:
             if weights_dir is None:
                 raise ValueError("a replica with a weight source needs a weights_dir")
             self.weight_sync = WeightSync(self.state, weight_source, engine, settings, weights_dir, self.metrics)
+            self.engine_watch.adapters = self.weight_sync
 
     def start(self) -> list[asyncio.Task[None]]:
         """Starts the engine watch, the generation loop and (with a weight source) the weight sync."""

@@ -114,6 +114,15 @@ class SubscriptionEnded(RuntimeError):
     """Paramsync closed the announcement stream."""
 
 
+@dataclass(frozen=True, slots=True)
+class HeldAdapter:
+    """A LoRA adapter version loaded into the engine: its version, its name there, its peft directory."""
+
+    version: int
+    name: str
+    directory: Path
+
+
 @dataclass
 class WeightSync:
     """Loads each version paramsync announces into the engine, and records it in the replica's state.
@@ -133,6 +142,8 @@ class WeightSync:
     files: VersionFiles = field(init=False)
     # Names of the LoRA adapters loaded into the engine, oldest first (adapter versions only).
     adapters: list[str] = field(init=False, default_factory=list)
+    # The adapter version requests name, as loaded: what a restarted engine must get back.
+    adapter: HeldAdapter | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.files = VersionFiles(versions_dir(self.settings, self.weights_dir), keep=_KEEP_VERSIONS)
@@ -250,6 +261,7 @@ class WeightSync:
             return result
 
         await self._switch(version, load)
+        self.adapter = HeldAdapter(version, name, directory)
         self.adapters.append(name)
         while len(self.adapters) > _KEEP_VERSIONS:
             result = await self.engine.unload_lora_adapter(self.adapters.pop(0))
@@ -258,6 +270,42 @@ class WeightSync:
         for old in (self.files.root / "adapters").glob("v*"):
             if f"relayrl-{old.name}" not in self.adapters:
                 shutil.rmtree(old, ignore_errors=True)
+
+    async def restore_adapter(self, engine_version: int) -> int | None:
+        """Called when the engine comes back at ``engine_version``, below the held version (it
+        restarted and serves its base weights). When the held version is an adapter, the adapter
+        is loaded again from this replica's own copy (a LoRA run never changes the base weights,
+        so base plus adapter is that version again) and the engine's version is set back to it.
+        Returns the version the engine now serves, or None while a switch holds the engine (the
+        engine watch asks again at its next probe).
+
+        Requests name an adapter the engine holds either way: if the adapter does not load, they
+        name none (the base model, the engine's version) until the re-subscription that the older
+        version starts loads the version again."""
+        held = self.adapter
+        if held is None or held.version != self.state.held_version:
+            return engine_version
+        if self.state.control_busy():
+            return None
+        async with self.state.controlling():
+            # The new engine holds no adapter: the ones loaded into the old one went with it.
+            self.adapters.clear()
+            try:
+                result = await self.engine.load_lora_adapter(held.name, str(held.directory))
+                if result.success:
+                    result = await self.engine.update_weight_version(held.version)
+            except (EngineError, httpx.TransportError) as exc:
+                result = UpdateResult(success=False, message=repr(exc))
+            if not result.success:
+                log.warning(
+                    "adapter version %d did not load into the restarted engine: %s", held.version, result.message
+                )
+                self.engine.lora_adapter = None
+                self.adapter = None
+                return engine_version
+            self.adapters.append(held.name)
+        log.info("adapter version %d loaded again into the restarted engine", held.version)
+        return held.version
 
     async def _update_weights(self, path: str, version: int) -> UpdateResult:
         in_place = self.settings.partial_rollout_mode == "in_place"

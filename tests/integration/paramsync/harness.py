@@ -13,11 +13,10 @@ from pathlib import Path
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
 from relayrl.subprocesses import stop_process
+from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
-from services.paramsync.dataplane.server import DataPlaneServer
-from services.paramsync.discovery import create_discovery
-from services.paramsync.server import build_service
+from services.paramsync.server import build_service, create_discovery
 from services.paramsync.service import SERVICE_NAME, add_to_server
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,10 +12,9 @@ import torch
 
 from relayrl.net import free_port
 from relayrl.v1 import paramsync_pb2 as pb
+from services.paramsync.channels import tcp
+from services.paramsync.channels.tcp import LENGTH, MAX_FRAME_BYTES, DataPlaneAddress, frame, recv_exactly, recv_frame
 from services.paramsync.client import ParamSyncClient
-from services.paramsync.dataplane import client as dataplane_client
-from services.paramsync.dataplane.client import DataPlaneAddress
-from services.paramsync.dataplane.frames import LENGTH, MAX_FRAME_BYTES, frame, recv_exactly, recv_frame
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
@@ -70,7 +69,7 @@ async def test_corrupt_bytes_are_refused_and_the_previous_version_stays_served()
         views = [memoryview(bytearray(raw_bytes(t))) for _, t in pairs]
         views[0][100] ^= 0x01  # embed.weight
         with pytest.raises(ChecksumMismatch, match=r"embed\.weight"):
-            await dataplane_client.publish(data_plane_of(service), manifest, views, timeout_s=10)
+            await tcp.publish(data_plane_of(service), manifest, views, timeout_s=10)
 
         assert same(await ps.fetch(), weights(1))
         with pytest.raises(VersionUnavailable):

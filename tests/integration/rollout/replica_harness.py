@@ -16,8 +16,7 @@ from relayrl.serving import start_grpc_server
 from services.engine.client import EngineClient
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
-from services.paramsync.discovery import create_discovery
-from services.paramsync.server import SERVICE_NAME, build_service
+from services.paramsync.server import SERVICE_NAME, build_service, create_discovery
 from services.paramsync.service import add_to_server
 from services.queue.client import QueueClient
 from services.rollout.config import RolloutSettings

@@ -1,0 +1,43 @@
+"""The one interface of a byte channel, seen from the peer at either end of a transfer.
+
+A channel is how a version's bytes travel between two processes; the *delivery mode* (see
+:mod:`services.paramsync.delivery`) is who starts the transfer: replicas pulling a version, or
+paramsync pushing one. ``send`` is the end a trainer holds, ``receive`` the end a replica holds;
+paramsync's own end of each channel lives in the channel's module beside them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from services.paramsync.manifest import Manifest
+
+# Given the manifest, one writable view per tensor (in manifest order) to receive it into.
+Place = Callable[[Manifest], Sequence[memoryview]]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRun:
+    """Consecutive tensors of a streamed upload: the index of the first, their checksums and bytes."""
+
+    first_tensor: int
+    checksums: list[str]
+    views: list[memoryview]
+
+
+class ByteChannel(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def send(self, manifest: Manifest, runs: AsyncIterator[TensorRun], resume_from: int = 0) -> int:
+        """Sends an open ``manifest``, then its tensors run by run (each run's checksums before its
+        bytes) from byte ``resume_from``; returns the bytes the other end stored (0: it already
+        held this version with these bytes). Waiting for the next run is the caller's."""
+
+    @abstractmethod
+    async def receive(self, version: int, place: Place) -> Manifest:
+        """Receives ``version`` (0: the latest) into the views ``place`` gives once the manifest is
+        known, every tensor verified against its checksum; returns the complete manifest."""

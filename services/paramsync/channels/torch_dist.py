@@ -1,0 +1,125 @@
+"""``torch_dist``: a version broadcast over torch.distributed into engines, SGLang's way.
+
+The sending end (:class:`TorchDistSender`, paramsync) forms a process group with itself as rank
+0 (it holds the version the trainer uploaded once) and the engines as ranks ``1..n`` via their
+``/init_weights_update_group``, then sends the tensors in buckets of about ``bucket_bytes``: for
+each bucket one ``/update_weights_from_distributed`` call per engine (names, dtypes, shapes)
+matched by one ``broadcast`` per tensor. The group is destroyed afterwards
+(``/destroy_weights_update_group``), so a replica set that changes between versions just forms a
+different group next time. Backend: gloo on CPU, NCCL on GPUs.
+
+The receiving end is the engine's own, behind those HTTP calls: SGLang's, or the built-in
+engine's ``DistributedReceiver`` (``services/engine/weights.py``), which joins the group and
+receives one broadcast per tensor in the order the call names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from relayrl.net import free_port
+from services.engine.client import EngineClient
+from services.paramsync.manifest import TensorSpec
+from services.paramsync.store import StoredVersion
+
+
+def buckets(stored: StoredVersion, bucket_bytes: int) -> Iterator[list[tuple[TensorSpec, int]]]:
+    """Groups (spec, offset) pairs in manifest order into runs of about ``bucket_bytes``."""
+    bucket: list[tuple[TensorSpec, int]] = []
+    size = 0
+    for spec, offset in zip(stored.manifest.tensors, stored.manifest.offsets(), strict=True):
+        if bucket and size + spec.num_bytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((spec, offset))
+        size += spec.num_bytes
+    if bucket:
+        yield bucket
+
+
+@dataclass(eq=False)
+class TorchDistSender:
+    """Paramsync's end: rank 0 of one process group per round, at ``master_addr:master_port``
+    (0: a free port each round); every step of a round is bounded by ``timeout_s``."""
+
+    master_addr: str
+    master_port: int
+    backend: str
+    bucket_bytes: int
+    timeout_s: float
+    _rounds: int = field(default=0, init=False)
+
+    async def send(self, stored: StoredVersion, engines: list[EngineClient]) -> None:
+        """Broadcasts ``stored`` into ``engines`` in one new process group; raises if any step fails."""
+        import torch.distributed as dist
+
+        self._rounds += 1
+        group = f"relayrl-paramsync-{stored.version}-{self._rounds}"
+        port = self.master_port or free_port(self.master_addr)
+        world = len(engines) + 1
+        joins = [
+            asyncio.create_task(e.init_weights_update_group(self.master_addr, port, i + 1, world, group, self.backend))
+            for i, e in enumerate(engines)
+        ]
+        try:
+            await asyncio.to_thread(
+                dist.init_process_group,
+                backend=self.backend,
+                init_method=f"tcp://{self.master_addr}:{port}",
+                world_size=world,
+                rank=0,
+                timeout=timedelta(seconds=self.timeout_s),
+            )
+            for result in await asyncio.gather(*joins):
+                if not result.success:
+                    raise RuntimeError(f"an engine could not join the update group: {result.message}")
+            for bucket in buckets(stored, self.bucket_bytes):
+                await _send_bucket(stored, bucket, engines, group)
+        finally:
+            for task in joins:
+                task.cancel()
+            if dist.is_initialized():
+                await asyncio.to_thread(dist.destroy_process_group)
+            await asyncio.gather(*(e.destroy_weights_update_group(group) for e in engines), return_exceptions=True)
+
+
+async def _send_bucket(
+    stored: StoredVersion, bucket: list[tuple[TensorSpec, int]], engines: list[EngineClient], group: str
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    names = [spec.name for spec, _ in bucket]
+    dtypes = [spec.dtype for spec, _ in bucket]
+    shapes = [list(spec.shape) for spec, _ in bucket]
+    # Views into the stored bytes: the broadcast reads them in place, nothing is copied.
+    tensors = [
+        torch.frombuffer(stored.data, dtype=torch.uint8, count=spec.num_bytes, offset=offset)
+        .view(getattr(torch, spec.dtype))
+        .reshape(spec.shape)
+        if spec.num_bytes
+        else torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
+        for spec, offset in bucket
+    ]
+    calls = [
+        asyncio.create_task(
+            e.update_weights_from_distributed(names, dtypes, shapes, group, weight_version=stored.version)
+        )
+        for e in engines
+    ]
+
+    def send() -> None:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+    try:
+        await asyncio.to_thread(send)
+        for result in await asyncio.gather(*calls):
+            if not result.success:
+                raise RuntimeError(f"an engine refused the update: {result.message}")
+    finally:
+        for task in calls:
+            task.cancel()
