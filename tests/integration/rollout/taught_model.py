@@ -21,19 +21,16 @@ def chat_prompt_ids(tokenizer: Any, question: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def teach(base_dir: Path, out_dir: Path, answers: dict[str, str], max_steps: int = 1500) -> Path:
-    """Writes to ``out_dir`` the model of ``base_dir`` fine-tuned to answer each question of
-    ``answers`` (a user message) with its text (the assistant turn, end token included)."""
+def teach(base_dir: Path, out_dir: Path, lessons: list[tuple[list[int], str]], max_steps: int = 1500) -> Path:
+    """Writes to ``out_dir`` the model of ``base_dir`` fine-tuned to continue each lesson's prompt
+    ids with its text (end token included)."""
     import torch
 
     torch.manual_seed(0)
     tokenizer = load_tokenizer(base_dir)
     model = load_causal_lm(base_dir)
     model.train()
-    pairs = [
-        (chat_prompt_ids(tokenizer, q), list(tokenizer(a, add_special_tokens=False)["input_ids"]))
-        for q, a in answers.items()
-    ]
+    pairs = [(prompt, list(tokenizer(text, add_special_tokens=False)["input_ids"])) for prompt, text in lessons]
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(max_steps):
         total = 0.0

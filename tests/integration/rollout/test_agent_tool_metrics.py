@@ -66,7 +66,9 @@ tools:
 
 @pytest.fixture(scope="module")
 def taught_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    model = teach(tiny_model_dir, tmp_path_factory.mktemp("taught"), {USE_TOOLS: CALLS, JUST_ANSWER: "5<|im_end|>"})
+    tokenizer = load_tokenizer(tiny_model_dir)
+    lessons = [(chat_prompt_ids(tokenizer, USE_TOOLS), CALLS), (chat_prompt_ids(tokenizer, JUST_ANSWER), "5<|im_end|>")]
+    model = teach(tiny_model_dir, tmp_path_factory.mktemp("taught"), lessons)
     engine = EngineProcess(model, free_port()).start()
     yield engine
     engine.stop()
