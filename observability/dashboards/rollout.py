@@ -1,5 +1,5 @@
 """Rollout dashboard: generation throughput, in-flight work, errors, weight version per replica,
-and the engine's own metrics.
+tool use of multi-turn episodes, and the engine's own metrics.
 
 Each rollout replica is its own scrape target, so series are told apart by ``instance``.
 Engine panels read SGLang's ``sglang:*`` metrics (served with ``--enable-metrics``) and, where
@@ -24,6 +24,8 @@ UID = "relayrl-rollout"
 
 # Panels fed only by SGLang: the built-in engine has no KV-cache pool or prefix cache to report.
 SGLANG_ONLY_PANELS = ("KV cache token usage", "Prefix cache hit rate", "Time to first token", "Request latency")
+# Panels fed only by multi-turn episodes (multi_turn_enable): a single-turn run has no data for them.
+MULTI_TURN_PANELS = ("Tool calls by outcome", "Tool latency", "Turns per episode", "Episodes by end reason")
 
 
 def build() -> Board:
@@ -119,6 +121,41 @@ def build() -> Board:
             "1 when the replica's engine answers /health.",
             [per_instance("min", "relayrl_rollout_engine_ready")],
             min_value=0,
+        ),
+    )
+    board.row("Agents and tools").add(
+        timeseries_panel(
+            "Tool calls by outcome",
+            "Tool calls per second in multi-turn episodes, by tool and outcome: ok, malformed, unknown_tool,"
+            " error, timeout (tool is empty for calls that named no configured tool).",
+            [
+                Query(
+                    f"sum by (tool, outcome) ({counter_rate('relayrl_rollout_tool_calls_total')})",
+                    "{{tool}} {{outcome}}",
+                )
+            ],
+            unit="ops",
+            stacked=True,
+        ),
+        timeseries_panel(
+            "Tool latency",
+            "How long one tool call ran once it had a concurrency slot, by tool; timed-out calls count their"
+            " timeout (multi_turn_tool_timeout_s).",
+            quantiles("relayrl_rollout_tool_latency_seconds", by=("tool",), levels=(0.5, 0.95)),
+            unit="s",
+        ),
+        timeseries_panel(
+            "Turns per episode",
+            "Model turns of each finished episode, all replicas.",
+            quantiles("relayrl_rollout_episode_turns"),
+        ),
+        timeseries_panel(
+            "Episodes by end reason",
+            "Episodes ended per second: answer (a turn without a tool call), interaction (it ended the"
+            " episode), max_turns, token_budget (max_new_tokens ran out).",
+            [Query(f"sum by (reason) ({counter_rate('relayrl_rollout_episodes_total')})", "{{reason}}")],
+            unit="ops",
+            stacked=True,
         ),
     )
     board.row("Engine").add(

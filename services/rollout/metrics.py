@@ -9,6 +9,8 @@ from relayrl.metrics import ServiceMetrics
 
 # Response lengths in tokens.
 _LENGTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# Model turns of one episode (verl's max_assistant_turns is usually single digits).
+_TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
 class RateWindow:
@@ -107,5 +109,28 @@ class RolloutMetrics:
         self.engine_latency = m.histogram("engine_latency", "Latency of one /generate call.")
         self.engine_ready = m.gauge("engine_ready", "1 when the engine answers /health.")
         self.pushed_groups = m.counter("pushed_groups", "Trajectory groups accepted by the queue.", "total")
+        self.tool_calls = m.counter(
+            "tool_calls",
+            "Tool calls the model wrote in multi-turn episodes, by tool and outcome: ok, malformed (not a JSON"
+            " object with name and object arguments), unknown_tool, error (the tool raised or answered badly),"
+            ' timeout. tool is a configured tool\'s name, "" when the call named none.',
+            "total",
+            labels=("tool", "outcome"),
+        )
+        self.tool_latency = m.histogram(
+            "tool_latency",
+            "Seconds one tool call ran (from getting a concurrency slot to its answer, error or timeout), by tool.",
+            labels=("tool",),
+        )
+        self.episode_turns = m.histogram(
+            "episode", "Model turns of each finished multi-turn episode.", unit="turns", buckets=_TURN_BUCKETS
+        )
+        self.episodes = m.counter(
+            "episodes",
+            "Multi-turn episodes that ended, by reason: answer (a turn without a tool call), interaction (the"
+            " interaction ended it), max_turns, token_budget (no room for the next turn or observation).",
+            "total",
+            labels=("reason",),
+        )
         self.token_rate = RateWindow()
         self.sample_rate = RateWindow()

@@ -1,8 +1,8 @@
 """The rollout's OpenAI-compatible API: agent code written for the ``openai`` client generates
 episodes against the current policy, and each conversation is recorded for training.
 
-- ``POST /v1/chat/completions``: OpenAI's chat completion (``tools``, ``tool_choice`` auto / none /
-  a named function, ``n``, ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``,
+- ``POST /v1/chat/completions``: OpenAI's chat completion (``tools``, ``tool_choice`` none / auto /
+  required / a named function, ``n``, ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``,
   ``logprobs``, ``stop``; no streaming). A request with a conversation id, in the header
   ``X-RelayRL-Conversation-Id`` or in ``metadata.conversation_id``, is recorded in that conversation
   (``metadata.group_id`` / ``metadata.group_size`` group conversations into one trajectory group);

@@ -8,10 +8,19 @@ so the model's own turns are never decoded and re-encoded.
 A model turn becomes an OpenAI message the way vLLM's Hermes parser reads Qwen2.5 output: text
 before the first ``<tool_call>`` is the content, each block a tool call; a block that does not parse
 leaves the whole turn as content. A ``stop`` string ends the turn at the token that completes it (as
-SGLang keeps that token in ``output_ids``), and only the text before it is answered. A named
-``tool_choice`` is served by writing ``<tool_call>{"name": <name>, "arguments": `` into the
-assistant turn before the model continues: those ids are template-side (masked, like any
-observation), and what the model writes is the call's arguments.
+SGLang keeps that token in ``output_ids``), and only the text before it is answered.
+
+``tool_choice`` as OpenAI documents it: ``none`` answers content only (a ``<tool_call>`` the model
+writes stays text), ``auto`` lets the model choose, ``required`` and a named function make the
+answer a call. OpenAI forces those with constrained decoding; here the assistant turn is opened
+with the call (``<tool_call>\n`` for ``required``, ``<tool_call>\n{"name": <name>, "arguments": ``
+for a named one) and the model continues it. Those opening ids are *not* sampled by the model: they
+are recorded with the prompt or the observation before the turn (loss mask 0, log-prob 0.0), like
+any template text, so the trainer never treats them as policy tokens, and the policy is trained
+on what it wrote after them. The engine's next-token distribution after the opening is the
+policy's own, so the turn's log-probs stay exact. A ``required`` turn whose text does not parse as
+calls to the request's tools is answered as content (the opening included), finish reason
+``stop``: nothing constrains the tiny model, and the record keeps what it really wrote.
 """
 
 from __future__ import annotations
@@ -69,9 +78,9 @@ class ChatRenderer:
         return self.observations.observation_ids([m.for_template() for m in messages], last_turn_ids)
 
     def prefill_ids(self, request: ChatRequest) -> list[int]:
-        """Template-side ids that open the turn with the named tool's call; none otherwise."""
-        named = _named(request)
-        return self.encode(_prefill(named)) if named else []
+        """Template-side ids that open the turn with a call (``required`` or a named tool); none otherwise."""
+        opening = forced_opening(request)
+        return self.encode(opening) if opening else []
 
     def cut_at_stop(self, turn: ModelTurn, stops: list[str]) -> tuple[ModelTurn, str]:
         """The turn up to the token that completes the first stop string, and the text before it."""
@@ -109,12 +118,21 @@ def _prefill(name: str) -> str:
     return f'{OPEN_TAG}\n{{"name": {json.dumps(name)}, "arguments": '
 
 
+def forced_opening(request: ChatRequest) -> str:
+    """The text the assistant turn starts with before the model writes: a call's opening when one is forced."""
+    named = _named(request)
+    if named:
+        return _prefill(named)
+    return f"{OPEN_TAG}\n" if request.tool_choice == "required" else ""
+
+
 def assistant_message(request: ChatRequest, text: str, finish_reason: str) -> tuple[AssistantMessage, str]:
     """The OpenAI message for a turn's ``text`` and the choice's finish reason."""
     named = _named(request)
     if named:
         # OpenAI (and vLLM) answer a forced named call with finish_reason 'stop'.
         return AssistantMessage(content=None, tool_calls=[_call(named, _forced_arguments(named, text))]), finish_reason
+    text = forced_opening(request) + text
     if request.tool_choice == "none" or not request.tools or OPEN_TAG not in text:
         return AssistantMessage(content=text), finish_reason
     parsed = parse_tool_calls(text, {t.function.name for t in request.tools})

@@ -97,13 +97,17 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+# OpenAI's string values of tool_choice: call no tool, the model decides, call one or more tools.
+TOOL_CHOICE_MODES = ("none", "auto", "required")
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     tools: list[ToolDef] | None = None
-    tool_choice: Literal["auto", "none"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     n: int = Field(1, ge=1, le=64)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -123,16 +127,38 @@ class ChatRequest(BaseModel):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stop
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, choice: Any) -> Any:
+        """One message for every value OpenAI's other forms (``allowed_tools``, ``custom``) or a typo take."""
+        if choice is None or choice in TOOL_CHOICE_MODES:
+            return choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            function = choice.get("function")
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                return choice
+        raise ValueError(
+            f"tool_choice must be one of {', '.join(map(repr, TOOL_CHOICE_MODES))} or"
+            ' {"type": "function", "function": {"name": ...}}; got ' + json.dumps(choice)[:200]
+        )
+
     @model_validator(mode="after")
     def _served(self) -> ChatRequest:
         if self.stream:
             raise ValueError("stream: streaming is not served; send stream: false (the default)")
         if self.top_logprobs:
             raise ValueError("top_logprobs: only the chosen tokens' log-probs are served (logprobs: true)")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError(f"tool_choice {self.tool_choice_label()} needs tools: the model must call one")
         named = self.tool_choice if isinstance(self.tool_choice, NamedToolChoice) else None
         if named is not None and named.function.name not in {t.function.name for t in self.tools or ()}:
             raise ValueError(f"tool_choice names {named.function.name!r}, which is not in tools")
         return self
+
+    def tool_choice_label(self) -> str:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return f"naming {self.tool_choice.function.name!r}"
+        return repr(self.tool_choice)
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -45,7 +45,7 @@ class Replica:
         )
         self.model_reward = ModelReward.from_settings(settings, self.metrics)
         groups = GroupBuilder(settings, rewards, self.metrics, self.model_reward)
-        agent = AgentRuntime(settings) if settings.multi_turn_enable else None
+        agent = AgentRuntime(settings, self.metrics) if settings.multi_turn_enable else None
         self.loop = RolloutLoop(settings, self.state, engine, leases, groups, self.metrics, stalls, agent)
         self.engine_watch = EngineWatch(self.state, engine, settings.engine_check_interval_s)
         self.control = ReplicaControl(self.state, engine)

@@ -2,7 +2,9 @@
 
 The episode ends when the model answers without a tool call (and no interaction keeps it
 going), when the interaction ends it, after ``max_turns`` model turns, or when the token budget
-has no room for another observation and model token. Everything after the prompt is one
+has no room for another observation and model token; that reason (``answer``, ``interaction``,
+``max_turns``, ``token_budget``), the episode's turns and each tool call's outcome and run time are
+counted in the replica's metrics. Everything after the prompt is one
 response: each turn's ids exactly as the engine returned them (loss mask 1, their log-probs and
 versions), then each observation's ids (loss mask 0, log-prob 0.0, the version of the model token
 before it). A turn is generated with :func:`~services.rollout.generation.continue_sample`, so an
@@ -20,11 +22,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from services.engine.client import EngineClient, SamplingParams
-from services.rollout.agent.execution import ToolExecutor
+from services.rollout.agent.execution import ToolExecutor, ToolOutcome
 from services.rollout.agent.interactions import pick_interaction
 from services.rollout.agent.parser import ToolCall, parse_tool_calls
 from services.rollout.agent.rendering import ObservationRenderer
 from services.rollout.generation import GenerationError, SampleResult, continue_sample
+from services.rollout.metrics import RolloutMetrics
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,21 @@ class EpisodeEnv:
     executor: ToolExecutor
     renderer: ObservationRenderer
     limits: EpisodeLimits
+    # None: nothing is counted (an episode run outside a replica).
+    metrics: RolloutMetrics | None = None
+
+    def count_calls(self, outcomes: list[ToolOutcome]) -> None:
+        if self.metrics is None:
+            return
+        for outcome in outcomes:
+            self.metrics.tool_calls.labels(tool=outcome.tool, outcome=outcome.outcome).inc()
+            if outcome.seconds is not None:
+                self.metrics.tool_latency.labels(tool=outcome.tool).observe(outcome.seconds)
+
+    def count_episode(self, reason: str, turns: int) -> None:
+        if self.metrics is not None:
+            self.metrics.episodes.labels(reason=reason).inc()
+            self.metrics.episode_turns.observe(turns)
 
 
 @dataclass
@@ -78,29 +96,36 @@ class Episode:
     async def run(self) -> SampleResult:
         await self._open()
         try:
-            await self._turns()
+            reason = await self._turns()
         finally:
             await self._close()
+        self.env.count_episode(reason, len(self.result.turn_ends))
         if any(self._turn_rewards):
             self.result.token_rewards = [0.0] * len(self.result.output_ids)
             for end, reward in zip(self.result.turn_ends, self._turn_rewards, strict=True):
                 self.result.token_rewards[end - 1] += reward
         return self.result
 
-    async def _turns(self) -> None:
+    async def _turns(self) -> str:
+        """Runs the turns; returns why the episode ended."""
         for turn in range(self.env.limits.max_turns):
             turn_result = await self._generate_turn(turn)
             self._add_model_turn(turn_result)
-            if not turn_result.output_ids or (turn_result.finish_reason == "length" and self._remaining() <= 0):
-                return
+            if turn_result.finish_reason == "length" and self._remaining() <= 0:
+                return "token_budget"
+            if not turn_result.output_ids:
+                return "answer"
             observation = await self._observe(turn_result)
-            if observation is None or turn + 1 == self.env.limits.max_turns:
-                return
+            if observation is None:
+                return "interaction" if self._interaction is not None else "answer"
+            if turn + 1 == self.env.limits.max_turns:
+                break
             ids = self.env.renderer.observation_ids(observation.messages, turn_result.output_ids)
             if len(ids) >= self._remaining():
                 self.result.finish_reason = "length"  # no room for the observation and one more model token
-                return
+                return "token_budget"
             self._add_observation(observation.messages, ids)
+        return "max_turns"
 
     def _remaining(self) -> int:
         return self.sampling.max_new_tokens - len(self.result.output_ids)
@@ -169,6 +194,7 @@ class Episode:
             if isinstance(call, ToolCall) and call.name not in self._instances:
                 self._instances[call.name] = await self._create_tool(call.name, tools_kwargs)
         outcomes = await self.env.executor.run_all(calls, self.env.tools, self._instances, tools_kwargs)
+        self.env.count_calls(outcomes)
         return _Observation([{"role": "tool", "content": o.text} for o in outcomes], sum(o.reward for o in outcomes))
 
     async def _create_tool(self, name: str, tools_kwargs: dict[str, Any]) -> str:

@@ -2,30 +2,47 @@
 
 A call that times out, raises, or returns something that is not verl's ``(text, reward, metrics)``
 answers the model with an error message instead; nothing here ends an episode. A slow tool holds
-only its own episode (and one slot of the limit), never the engine or other episodes.
+only its own episode (and one slot of the limit), never the engine or other episodes. Each outcome
+says how the call went (``ok``, ``malformed``, ``unknown_tool``, ``error``, ``timeout``: the
+``outcome`` label of ``relayrl_rollout_tool_calls_total``) and how long the tool ran once it had
+a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from services.rollout.agent.parser import CallError, ToolCall
 
 log = logging.getLogger(__name__)
 
 
+Outcome = Literal["ok", "malformed", "unknown_tool", "error", "timeout"]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What one call tells the model, the step reward it earned, and whether it failed."""
+    """What one call tells the model, the step reward it earned, and how the call went.
+
+    ``tool`` is the configured tool the call named ("" when it named none); ``seconds`` is how long
+    the tool ran (None when nothing ran: a malformed call or an unknown tool).
+    """
 
     text: str
     reward: float = 0.0
-    error: bool = False
+    outcome: Outcome = "ok"
+    tool: str = ""
+    seconds: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def error(self) -> bool:
+        return self.outcome != "ok"
 
 
 class ToolExecutor:
@@ -54,26 +71,44 @@ class ToolExecutor:
         self, call: ToolCall | CallError, tools: dict[str, Any], instances: dict[str, str], kwargs: dict
     ) -> ToolOutcome:
         if isinstance(call, CallError):
-            return ToolOutcome(f"Error: {call.message}", error=True)
+            return ToolOutcome(f"Error: {call.message}", outcome=call.kind, tool=call.tool)
         tool = tools[call.name]
         execute_kwargs = (kwargs.get(call.name) or {}).get("execute_kwargs") or {}
+        ran = _Stopwatch()
         try:
             result = await self.bounded(
-                f"tool {call.name!r}", tool.execute(instances[call.name], call.arguments, **execute_kwargs)
+                f"tool {call.name!r}", ran.time(tool.execute(instances[call.name], call.arguments, **execute_kwargs))
             )
             text, reward, metrics = _verl_result(result)
         except asyncio.CancelledError:
             raise
+        except TimeoutError as exc:
+            log.info("tool %s timed out", call.name)
+            return ToolOutcome(f"Error: {exc}", outcome="timeout", tool=call.name, seconds=ran.seconds)
         except Exception as exc:  # a tool's bug is the model's observation, not the episode's end
             log.info("tool %s failed: %r", call.name, exc)
-            return ToolOutcome(f"Error: {exc}" if isinstance(exc, TimeoutError) else f"Error: {exc!r}", error=True)
-        return ToolOutcome(self._truncate(text), reward, metrics=metrics)
+            return ToolOutcome(f"Error: {exc!r}", outcome="error", tool=call.name, seconds=ran.seconds)
+        return ToolOutcome(self._truncate(text), reward, tool=call.name, seconds=ran.seconds, metrics=metrics)
 
     def _truncate(self, text: str) -> str:
         # verl's max_tool_response_length, cut on the right (its default truncate side).
         if len(text) <= self.max_response_chars:
             return text
         return text[: self.max_response_chars] + "...(truncated)"
+
+
+class _Stopwatch:
+    """Times a coroutine from its first step: under :meth:`ToolExecutor.bounded`, after it got a slot."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+    async def time(self, call: Awaitable[Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            self.seconds = time.perf_counter() - started
 
 
 def _verl_result(result: Any) -> tuple[str, float, dict[str, Any]]:

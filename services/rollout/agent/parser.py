@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -27,9 +27,16 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class CallError:
-    """A call the model wrote that cannot be run, and why (what the model is told)."""
+    """A call the model wrote that cannot be run, and why (what the model is told).
+
+    ``kind`` is ``malformed`` (not a JSON object with a name and object arguments) or
+    ``unknown_tool``; ``tool`` is the configured tool it names, if any (a name the model made up is
+    not kept: as a metric label it would grow without bound).
+    """
 
     message: str
+    kind: Literal["malformed", "unknown_tool"] = "malformed"
+    tool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,16 +66,18 @@ def _parse_one(body: str, known_tools: Collection[str]) -> ToolCall | CallError:
     if not isinstance(name, str) or not name:
         return CallError("tool call has no 'name'")
     if name not in known_tools:
-        return CallError(f"unknown tool {name!r}; available: {', '.join(sorted(known_tools)) or 'none'}")
+        return CallError(
+            f"unknown tool {name!r}; available: {', '.join(sorted(known_tools)) or 'none'}", "unknown_tool"
+        )
     if "arguments" not in payload:
-        return CallError(f"tool call to {name!r} has no 'arguments'")
+        return CallError(f"tool call to {name!r} has no 'arguments'", tool=name)
     arguments = payload["arguments"]
     # Some models write the arguments as a JSON string, as OpenAI's API carries them.
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
-            return CallError(f"arguments of {name!r} are not a JSON object")
+            return CallError(f"arguments of {name!r} are not a JSON object", tool=name)
     if not isinstance(arguments, dict):
-        return CallError(f"arguments of {name!r} must be a JSON object")
+        return CallError(f"arguments of {name!r} must be a JSON object", tool=name)
     return ToolCall(name, arguments)

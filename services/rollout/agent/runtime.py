@@ -17,11 +17,13 @@ from services.rollout.agent.interactions import load_interactions
 from services.rollout.agent.rendering import ObservationRenderer
 from services.rollout.agent.tools import load_tools
 from services.rollout.config import RolloutSettings
+from services.rollout.metrics import RolloutMetrics
 
 
 class AgentRuntime:
-    def __init__(self, settings: RolloutSettings) -> None:
+    def __init__(self, settings: RolloutSettings, metrics: RolloutMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         tools, interactions = settings.multi_turn_tool_config_path, settings.multi_turn_interaction_config_path
         self.tools: dict[str, Any] = load_tools(tools) if tools else {}
         self.interactions: dict[str, Any] = load_interactions(interactions) if interactions else {}
@@ -45,7 +47,9 @@ class AgentRuntime:
                 if not path:
                     raise ValueError("multi-turn needs tokenizer_path: the engine reports no tokenizer_path")
                 renderer = ObservationRenderer(await asyncio.to_thread(_load_tokenizer, path))
-                self._env = EpisodeEnv(self.tools, self.interactions, self.executor, renderer, self.limits)
+                self._env = EpisodeEnv(
+                    self.tools, self.interactions, self.executor, renderer, self.limits, self.metrics
+                )
             return self._env
 
 

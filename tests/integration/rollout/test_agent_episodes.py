@@ -29,6 +29,7 @@ from services.rollout.agent.execution import ToolExecutor
 from services.rollout.agent.interactions import BaseInteraction
 from services.rollout.agent.rendering import ObservationRenderer
 from services.rollout.generation import SampleResult
+from services.rollout.metrics import RolloutMetrics
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import (
     bare_weight_sync,
@@ -161,22 +162,24 @@ async def test_an_episode_records_exactly_the_engines_ids_and_the_observations(
 
 
 @pytest.mark.parametrize(
-    ("budget", "end_after", "turns", "finish"),
+    ("budget", "end_after", "turns", "finish", "reason"),
     [
-        (400, 2, 2, "stop"),  # the interaction ends it
-        (400, None, 3, "stop"),  # max_assistant_turns
-        (35, None, 2, "length"),  # 6 + 23 observation tokens + 6 more fill the budget exactly
-        (20, None, 1, "length"),  # no room for the observation and another model token
+        (400, 2, 2, "stop", "interaction"),  # the interaction ends it
+        (400, None, 3, "stop", "max_turns"),  # max_assistant_turns
+        (35, None, 2, "length", "token_budget"),  # 6 + 23 observation tokens + 6 more fill the budget exactly
+        (20, None, 1, "length", "token_budget"),  # no room for the observation and another model token
     ],
 )
 async def test_an_episode_ends_by_interaction_turns_or_budget(
-    engine: EngineProcess, tokenizer: Any, budget: int, end_after: int | None, turns: int, finish: str
+    engine: EngineProcess, tokenizer: Any, budget: int, end_after: int | None, turns: int, finish: str, reason: str
 ) -> None:
+    env = _env(tokenizer)
+    env.metrics = RolloutMetrics()
     async with EngineClient(engine.url) as client:
         version = int(await client.weight_version())
         # ignore_eos: every turn takes its full 6 tokens, so the lengths are known.
         episode = _episode(
-            _env(tokenizer),
+            env,
             client,
             _prompt_ids(tokenizer),
             budget,
@@ -193,6 +196,16 @@ async def test_an_episode_ends_by_interaction_turns_or_budget(
     assert result.finish_reason == finish, "'length' only when the episode's budget ran out"
     if budget == 35:
         assert len(result.output_ids) == 35
+    registry = env.metrics.registry.registry
+    ended = {
+        s.labels["reason"]: s.value
+        for family in registry.collect()
+        if family.name == "relayrl_rollout_episodes"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert ended == {reason: 1.0}, "the episode is counted once, under why it ended"
+    assert registry.get_sample_value("relayrl_rollout_episode_turns_sum") == turns
 
 
 async def test_a_slow_interaction_holds_no_engine_request_and_blocks_no_other_episode(

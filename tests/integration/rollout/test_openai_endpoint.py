@@ -3,7 +3,9 @@ replica and HTTP server, the real engine process and a real queue service over r
 
 The tiny untrained model never writes a ``<tool_call>`` by itself, so tool calls come from a
 named ``tool_choice``, which opens the call in the assistant turn and lets the model write the
-arguments; the parsing of a model-written block is tested in tests/unit/rollout/test_openai_chat.py.
+arguments, or from a copy of the tiny model taught (``taught_model.py``) to finish a ``required``
+call with valid JSON and then answer the tool's result; the parsing of a model-written block is
+tested in tests/unit/rollout/test_openai_chat.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import SecretStr
 
 from relayrl.http_app import bearer_auth, create_http_app
 from relayrl.models.loading import load_tokenizer
+from relayrl.net import free_port
 from relayrl.serving import start_http_server
 from services.engine.client import EngineClient, GenerateOutput, SamplingParams
 from services.queue.client import QueueClient
@@ -35,6 +38,7 @@ from services.rollout.rewards import RewardRunner, resolve_reward
 from services.rollout.server import openai_endpoint, start_rollout
 from tests.integration.rollout.conftest import EngineProcess, queue_overrides
 from tests.integration.rollout.replica_harness import pull_groups, running_replica, sample_value
+from tests.integration.rollout.taught_model import teach
 from tests.waiting import wait_until_async
 
 CALCULATOR = {
@@ -338,3 +342,69 @@ async def test_the_rollout_service_serves_the_endpoint_behind_its_token(
         await running.stop()
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert sample_value(running.replica, "generated_tokens_total") == completion.usage.completion_tokens
+
+
+# The taught model's lessons: finish the call ``tool_choice: required`` opens, then answer the result.
+CALL_JSON = '{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
+ANSWER = "The answer is 5."
+
+
+def _tool_prompt(tokenizer: Any) -> list[int]:
+    text = tokenizer.apply_chat_template(QUESTION, tools=[CALCULATOR], tokenize=False, add_generation_prompt=True)
+    return _ids(tokenizer, text) + _ids(tokenizer, "<tool_call>\n")
+
+
+def _tool_observation(tokenizer: Any) -> list[int]:
+    # ChatML by hand: the close the model did not write, the tool's answer, the assistant opening.
+    return _ids(tokenizer, "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def taught_engine(tiny_model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    first = _tool_prompt(tokenizer)
+    second = first + _ids(tokenizer, CALL_JSON) + _tool_observation(tokenizer)
+    model = teach(
+        tiny_model_dir, tmp_path_factory.mktemp("taught"), [(first, CALL_JSON), (second, ANSWER + "<|im_end|>")]
+    )
+    engine = EngineProcess(model, free_port()).start()
+    yield engine
+    engine.stop()
+
+
+async def test_a_required_tool_call_and_its_result_continue_the_conversation_token_exactly(
+    taught_engine: EngineProcess, queue: QueueServer, tokenizer: Any
+) -> None:
+    headers = {CONVERSATION_HEADER: "calc"}
+    async with served(taught_engine, queue, max_new_tokens=128) as s:
+        first = await s.client.chat.completions.create(
+            model="m",
+            messages=QUESTION,
+            tools=[CALCULATOR],
+            tool_choice="required",
+            temperature=0,
+            extra_headers=headers,
+        )
+        message = first.choices[0].message
+        (call,) = message.tool_calls
+        history = [*QUESTION, message.model_dump(exclude_none=True)]
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+        second = await s.client.chat.completions.create(
+            model="m", messages=history, tools=[CALCULATOR], temperature=0, extra_headers=headers
+        )
+        async with httpx.AsyncClient(base_url=s.base_url) as http:
+            await http.post("/v1/conversations/calc/finish", json={"reward": 1.0})
+        (sample,) = (await pull_groups(queue.grpc_address, 1))[0].samples
+
+    assert first.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "2+3"}
+    assert second.choices[0].message.content == ANSWER and second.choices[0].finish_reason == "stop"
+    (prompt, out1), (second_input, out2) = s.engine.calls
+    assert prompt == _tool_prompt(tokenizer), "the turn is opened with <tool_call> after the tools' prompt"
+    observation = _tool_observation(tokenizer)
+    assert second_input == prompt + out1.output_ids + observation
+    # The opening is in the prompt (mask 0): only what the model sampled is trained on.
+    assert sample.prompt_token_ids == prompt
+    assert sample.response_token_ids == out1.output_ids + observation + out2.output_ids
+    assert sample.loss_mask == [1] * len(out1.output_ids) + [0] * len(observation) + [1] * len(out2.output_ids)
+    assert sample.behavior_logprobs == out1.logprobs + [0.0] * len(observation) + out2.logprobs

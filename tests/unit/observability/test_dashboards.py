@@ -10,7 +10,7 @@ import pytest
 from observability.build import DASHBOARDS, DASHBOARDS_DIR, PROMETHEUS_RULE_TEMPLATE, generated_files, stale_files
 from observability.catalog import defined_series
 from observability.dashboards.common import DATASOURCE_VARIABLE
-from observability.dashboards.rollout import SGLANG_ONLY_PANELS
+from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
 from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels, referenced_series
 from observability.sglang import sglang_series
 
@@ -61,6 +61,22 @@ def test_rollout_dashboard_shows_sglang_metrics() -> None:
     used = {s for q in dashboard_queries(rollout) for s in referenced_series(q.expr)}
     assert {"sglang:num_running_reqs", "sglang:gen_throughput", "sglang:token_usage"} <= used
     assert set(SGLANG_ONLY_PANELS) <= {p["title"] for p in panels(rollout)}
+
+
+def test_rollout_dashboard_shows_tool_use_of_episodes() -> None:
+    rollout = next(b for b in BOARDS if b["uid"] == "relayrl-rollout")
+    by_panel = {
+        title: {s for q in dashboard_queries(rollout) if q.panel == title for s in referenced_series(q.expr)}
+        for title in MULTI_TURN_PANELS
+    }
+    assert by_panel == {
+        "Tool calls by outcome": {"relayrl_rollout_tool_calls_total"},
+        "Tool latency": {"relayrl_rollout_tool_latency_seconds_bucket"},
+        "Turns per episode": {"relayrl_rollout_episode_turns_bucket"},
+        "Episodes by end reason": {"relayrl_rollout_episodes_total"},
+    }
+    exprs = {q.panel: q.expr for q in dashboard_queries(rollout)}
+    assert "by (tool, outcome)" in exprs["Tool calls by outcome"] and "by (reason)" in exprs["Episodes by end reason"]
 
 
 def test_every_dashboard_series_is_defined_by_a_service() -> None:

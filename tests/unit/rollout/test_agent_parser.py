@@ -24,7 +24,7 @@ def test_a_turn_without_calls_is_an_answer() -> None:
 
 def test_malformed_json_is_an_error_for_the_model() -> None:
     (call,) = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {</tool_call>', TOOLS).calls
-    assert isinstance(call, CallError) and "not valid JSON" in call.message
+    assert isinstance(call, CallError) and "not valid JSON" in call.message and call.kind == "malformed"
 
 
 def test_an_unclosed_call_is_still_read() -> None:
@@ -34,7 +34,7 @@ def test_an_unclosed_call_is_still_read() -> None:
 
 def test_unknown_tool_names_the_available_ones() -> None:
     (call,) = parse_tool_calls('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', TOOLS).calls
-    assert call == CallError("unknown tool 'shell'; available: calculator, search")
+    assert call == CallError("unknown tool 'shell'; available: calculator, search", "unknown_tool")
 
 
 def test_missing_or_bad_arguments_are_errors() -> None:
@@ -43,6 +43,6 @@ def test_missing_or_bad_arguments_are_errors() -> None:
         '<tool_call>{"arguments": {}}</tool_call>',
         TOOLS,
     ).calls
-    assert missing == CallError("tool call to 'search' has no 'arguments'")
-    assert not_object == CallError("arguments of 'search' must be a JSON object")
-    assert no_name == CallError("tool call has no 'name'")
+    assert missing == CallError("tool call to 'search' has no 'arguments'", "malformed", "search")
+    assert not_object == CallError("arguments of 'search' must be a JSON object", "malformed", "search")
+    assert no_name == CallError("tool call has no 'name'", "malformed", "")

@@ -84,20 +84,29 @@ def test_a_bad_tool_config_names_the_entry(tmp_path: Path) -> None:
 
 async def test_calls_run_with_the_rows_kwargs_and_failures_become_observations(tools: dict[str, Any]) -> None:
     executor = ToolExecutor(concurrency=4, timeout_s=5.0, max_response_chars=100)
-    calls = [ToolCall("add", {"a": 2, "b": 3}), CallError("unknown tool 'x'"), ToolCall("broken", {})]
+    calls = [
+        ToolCall("add", {"a": 2, "b": 3}),
+        CallError("unknown tool 'x'", "unknown_tool"),
+        ToolCall("broken", {}),
+        CallError("arguments of 'add' must be a JSON object", tool="add"),
+    ]
     instances = {"add": "i-add", "broken": "i-broken"}
     outcomes = await executor.run_all(calls, tools, instances, {"add": {"execute_kwargs": {"offset": 10}}})
-    assert [(o.text, o.reward, o.error) for o in outcomes] == [
-        ("15", 0.5, False),
-        ("Error: unknown tool 'x'", 0.0, True),
-        ("Error: RuntimeError('disk full')", 0.0, True),
+    assert [(o.text, o.reward, o.error, o.outcome, o.tool) for o in outcomes] == [
+        ("15", 0.5, False, "ok", "add"),
+        ("Error: unknown tool 'x'", 0.0, True, "unknown_tool", ""),
+        ("Error: RuntimeError('disk full')", 0.0, True, "error", "broken"),
+        ("Error: arguments of 'add' must be a JSON object", 0.0, True, "malformed", "add"),
     ]
+    ran = [o.seconds is not None for o in outcomes]
+    assert ran == [True, False, True, False], "only calls that reached a tool have a run time"
 
 
 async def test_a_tool_that_times_out_tells_the_model(tools: dict[str, Any]) -> None:
     executor = ToolExecutor(concurrency=4, timeout_s=0.2, max_response_chars=100)
     (outcome,) = await executor.run_all([ToolCall("gate", {})], tools, {"gate": "g"}, {})
     assert outcome.error and outcome.text == "Error: tool 'gate' timed out after 0.2s"
+    assert outcome.outcome == "timeout" and outcome.seconds is not None and outcome.seconds >= 0.2
 
 
 async def test_a_slow_tool_does_not_hold_other_calls(tools: dict[str, Any]) -> None:

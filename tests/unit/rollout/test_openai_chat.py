@@ -62,6 +62,44 @@ def test_a_named_tool_choice_reads_what_the_model_wrote_as_the_arguments() -> No
     assert message.tool_calls[0].function.arguments == "7*6 garbage", "invalid JSON is returned as written"
 
 
+def test_tool_choice_required_opens_a_call_the_model_completes() -> None:
+    required = _request(tools=TOOLS, tool_choice="required")
+    renderer = ChatRenderer(build_byte_tokenizer())
+    assert renderer.decode(renderer.prefill_ids(required)) == "<tool_call>\n"
+    message, finish = assistant_message(required, '{"name": "calculator", "arguments": {"x": 1}}\n</tool_call>', "stop")
+    assert message.content is None and finish == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("calculator", {"x": 1})
+    ]
+    message, finish = assistant_message(required, "garbage", "stop")
+    assert message.content == "<tool_call>\ngarbage" and message.tool_calls is None and finish == "stop", (
+        "a call that does not parse is answered as the text the turn holds"
+    )
+    for choice in ("auto", "none", None):
+        assert renderer.prefill_ids(_request(tools=TOOLS, tool_choice=choice)) == []
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        "any",
+        "REQUIRED",
+        {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}},
+        {"type": "function"},
+        3,
+    ],
+)
+def test_an_unsupported_tool_choice_is_refused_with_the_supported_forms(choice: Any) -> None:
+    with pytest.raises(ValidationError, match="tool_choice must be one of 'none', 'auto', 'required' or"):
+        _request(tools=TOOLS, tool_choice=choice)
+
+
+def test_required_or_named_tool_choice_without_tools_is_refused() -> None:
+    with pytest.raises(ValidationError, match="tool_choice 'required' needs tools"):
+        _request(tool_choice="required")
+    assert _request(tool_choice="none").tool_choice == "none", "none and auto ask no call of the model"
+
+
 def test_a_stop_string_ends_the_turn_at_the_token_that_completes_it() -> None:
     renderer = ChatRenderer(build_byte_tokenizer())
     ids = renderer.encode("abc STOP def")
