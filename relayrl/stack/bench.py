@@ -39,7 +39,7 @@ from relayrl.stack.launch import LocalStack
 from relayrl.stack.progress import scrape, scrape_sample
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import Supervisor, supervised
-from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, Workload, get_workload
+from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, Workload, get_workload, resolve_dtype
 
 PRESETS = ("tiny", "small", "base")
 # η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
@@ -103,19 +103,21 @@ class BenchRun:
     seed: int
     timeout_s: float
     tool_latency_ms: float = 0.0
+    # fp32 or bf16: the trainer's FSDP2 param_dtype and the engine's weights.
+    dtype: str = "fp32"
 
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
         environment = self.workload.environment
         return StackConfig(
             stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
-            trainer=self.workload.trainer_settings(self.dataset, steps, self.seed),
+            trainer={**self.workload.trainer_settings(self.dataset, steps, self.seed), "param_dtype": self.dtype},
             rollout={
                 "max_inflight_prompts": 32,
                 "max_new_tokens": self.workload.max_new_tokens,
                 **self.workload.rollout,
                 **(environment(self.env_dir(name), self.tool_latency_ms) if environment else {}),
             },
-            engine=self.workload.engine,
+            engine={**self.workload.engine, "dtype": "bfloat16" if self.dtype == "bf16" else "float32"},
         )
 
     def env_dir(self, name: str) -> Path:
@@ -356,12 +358,14 @@ def result_json(
     asynchronous: ModeResult,
     cpu_split: dict[str, object],
     tool_latency_ms: float = 0.0,
+    dtype: str = "fp32",
 ) -> dict[str, Any]:
     bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
     result = {
         "benchmark": "e2e",
         "workload": workload.name,
         "preset": preset,
+        "dtype": dtype,
         "steps": steps,
         "async_max_staleness": eta,
         "cpu_split": cpu_split,
@@ -482,6 +486,13 @@ def bench(
             min=0, help=f"agentic only: the environment's latency per call, ms (default {DEFAULT_TOOL_LATENCY_MS:g})."
         ),
     ] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Compute dtype of the trainer (FSDP2 param_dtype) and the engine: fp32, bf16, or auto (realistic: "
+            "bf16 where the CPU has native bf16; toy and agentic: fp32)."
+        ),
+    ] = "auto",
 ) -> None:
     """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
     try:
@@ -497,6 +508,10 @@ def bench(
             f"the {chosen.name} workload is single-turn: it has no environment to slow down",
             param_hint="--tool-latency-ms",
         )
+    try:
+        chosen_dtype = resolve_dtype(chosen, dtype)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--dtype") from None
     latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
@@ -505,10 +520,11 @@ def bench(
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
         work = Path(tmp)
-        _phase(f"{chosen.name} workload, {preset} preset, CPUs {cpu_split}")
+        _phase(f"{chosen.name} workload, {preset} preset, {chosen_dtype}, CPUs {cpu_split}")
         model_dir = _init_model(work, preset)
         dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
-        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, latency_ms if chosen.environment else 0.0)
+        tool_latency = latency_ms if chosen.environment else 0.0
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, chosen_dtype)
         _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
         alone = measure_alone(run, alone_steps)
         _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
@@ -517,7 +533,7 @@ def bench(
         _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
         asynchronous = run_mode(run, async_staleness, steps)
     result = result_json(
-        chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split, run.tool_latency_ms
+        chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split, run.tool_latency_ms, run.dtype
     )
     if json_out is not None:
         json_out.write_text(json.dumps(result) + "\n")

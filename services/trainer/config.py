@@ -65,7 +65,13 @@ class TrainerSettings(ServiceSettings):
         "η: a group trained at version v was started by a policy of version >= v − η (0 = on-policy).",
         ge=0,
     )
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo, fp32) or cuda (NCCL, bf16 compute).")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL).")
+    param_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="Dtype FSDP2 gathers parameters in and computes with (verl's fsdp_config.mixed_precision."
+        "param_dtype); master weights, gradient reduction, the optimizer and log-probs stay fp32. auto: bf16 on "
+        "cuda, fp32 on cpu. bf16 on cpu is fast only where the CPU has native bf16 (AVX512-BF16 or AMX).",
+    )
     seed: int = Field(0, description="Seed of data shuffling and of torch.")
 
     # --- data ----------------------------------------------------------------------------
@@ -321,6 +327,11 @@ class TrainerSettings(ServiceSettings):
                 raise ValueError("set ppo_max_token_len_per_gpu or its former name micro_batch_tokens, not both")
             self.ppo_max_token_len_per_gpu = self.micro_batch_tokens
         return self
+
+    @property
+    def bf16_compute(self) -> bool:
+        """Whether FSDP2 gathers and computes in bf16: ``param_dtype``, ``auto`` resolved by the device."""
+        return self.param_dtype == "bf16" or (self.param_dtype == "auto" and self.device == "cuda")
 
     @property
     def needs_reference(self) -> bool:

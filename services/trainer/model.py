@@ -28,16 +28,17 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def shard_model(model: nn.Module, device_type: str) -> nn.Module:
+def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     """FSDP2: each decoder block is its own unit (all-gathered just in time), then the root.
 
-    On CUDA parameters are gathered and computed in bf16 while master weights, gradients'
-    reduction and the optimizer stay in fp32; on CPU everything is fp32.
+    With ``bf16`` parameters are gathered and computed in bf16 while master weights, gradients'
+    reduction and the optimizer stay in fp32 (log-probs are taken from fp32 logits); else
+    everything is fp32.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {}
-    if device_type == "cuda":
+    if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)

@@ -133,7 +133,7 @@ def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
     actor = load_actor(model_dir, ctx.device)
     if lora_rank:
         actor = lora.add_adapter(actor, lora.LoraSpec(lora_rank, LORA_ALPHA, ALL_LINEAR))
-    actor = shard_model(actor, ctx.device.type)
+    actor = shard_model(actor, bf16=ctx.device.type == "cuda")
     # The trainer's default bucket size: the bench measures the publish a run gets.
     gather = BucketGather(TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20)
     io = sink = link = publisher = None

@@ -56,7 +56,7 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
     torch.manual_seed(s.seed)
 
     def wrap(m: torch.nn.Module) -> torch.nn.Module:
-        return shard_model(m, ctx.device.type) if fsdp else m
+        return shard_model(m, s.bf16_compute) if fsdp else m
 
     actor = load_actor(s.model_dir, ctx.device)
     if s.lora:

@@ -108,7 +108,7 @@ def run_sft(s: SftSettings) -> SftSummary:
     try:
         torch.manual_seed(s.seed)
         schedule = plan_schedule(s, len(examples), ctx.world_size)
-        model = shard_model(load_actor(s.model_dir, ctx.device), ctx.device.type)
+        model = shard_model(load_actor(s.model_dir, ctx.device), bf16=ctx.device.type == "cuda")
         opt, sched = build_optimizer(model, s.lr, s.weight_decay, LrSchedule(schedule.warmup_steps))
         step_log = StepLog(s.out_dir / "metrics.jsonl", schedule.total_steps) if ctx.is_main else None
         if step_log is not None:

@@ -1,7 +1,8 @@
 """One rank of a fixed training run (launched by torchrun from test_fsdp_equivalence.py).
 
-Trains ``steps`` steps on the same seeded synthetic batches whatever the world size and
-writes, from rank 0, each step's metrics and the final full state dict to ``out``.
+Trains ``steps`` steps on the same seeded synthetic batches whatever the world size (and the
+trainer's ``param_dtype``, an optional fourth argument) and writes, from rank 0, each step's
+metrics and the final full state dict to ``out``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def batch(step: int) -> list[TrainSample]:
     return samples
 
 
-def main(model_dir: str, out: str, steps: int) -> None:
+def main(model_dir: str, out: str, steps: int, param_dtype: str = "auto") -> None:
     torch.set_num_threads(1)
     ctx = D.init_distributed("cpu")
     settings = TrainerSettings(
@@ -50,6 +51,7 @@ def main(model_dir: str, out: str, steps: int) -> None:
         pg_variant="decoupled",
         use_kl_loss=True,
         entropy_coeff=0.01,
+        param_dtype=param_dtype,
     )
     models = build_models(settings, ctx)
     history = [train_step(models, batch(step), settings, pad_id=0) for step in range(steps)]
@@ -60,4 +62,4 @@ def main(model_dir: str, out: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])

@@ -44,3 +44,13 @@ def test_an_unknown_logger_names_the_variable_and_the_choices(monkeypatch):
     message = str(info.value)
     assert "RELAYRL_TRAINER_LOGGER" in message and "'console', 'tensorboard' or 'wandb'" in message
     assert "'tensorbord'" in message
+
+
+def test_param_dtype_auto_computes_in_bf16_on_cuda_and_fp32_on_cpu(monkeypatch):
+    assert not TrainerSettings().bf16_compute
+    assert TrainerSettings(device="cuda").bf16_compute
+    assert TrainerSettings(param_dtype="bf16").bf16_compute
+    assert not TrainerSettings(device="cuda", param_dtype="fp32").bf16_compute
+    monkeypatch.setenv("RELAYRL_TRAINER_PARAM_DTYPE", "fp16")
+    with pytest.raises(SettingsError, match="RELAYRL_TRAINER_PARAM_DTYPE"):
+        load_settings(TrainerSettings)
