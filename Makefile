@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes: two by default (CI has 2 cores; most tests wait on real processes rather than
+# compute). e2e tests run one at a time on one worker (tests/conftest.py). PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 
 .PHONY: setup system-deps helm test test-unit test-integration test-e2e lint proto bench demo clean
 
@@ -25,16 +29,16 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: setup
-	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m unit $(PYTEST_ARGS)
 
 test-integration: setup
-	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m integration $(PYTEST_ARGS)
 
 test-e2e: setup
-	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m e2e $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -35,6 +35,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).relative_to(TESTS).parts
         if parts[0] in _SLICES:
             item.add_marker(getattr(pytest.mark, parts[0]))
+            if parts[0] == "e2e":
+                # `make test` runs two xdist workers with --dist loadgroup: whole-stack runs go one at a
+                # time on one worker, beside the unit and integration tests on the other, so no two
+                # stacks (each wanting both cores) ever share the machine.
+                item.add_marker(pytest.mark.xdist_group("e2e"))
             if len(parts) > 2 and parts[1] in _AREAS:
                 item.add_marker(getattr(pytest.mark, _AREAS[parts[1]]))
 
