@@ -39,7 +39,7 @@ from relayrl.stack.launch import LocalStack
 from relayrl.stack.progress import scrape, scrape_sample
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import Supervisor, supervised
-from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, Workload, get_workload, resolve_dtype
+from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, DTYPES, Workload, get_workload, native_bf16
 
 PRESETS = ("tiny", "small", "base")
 # η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
@@ -489,10 +489,10 @@ def bench(
     dtype: Annotated[
         str,
         typer.Option(
-            help="Compute dtype of the trainer (FSDP2 param_dtype) and the engine: fp32, bf16, or auto (realistic: "
-            "bf16 where the CPU has native bf16; toy and agentic: fp32)."
+            help="Compute dtype of the trainer (FSDP2 param_dtype) and the engine's weights: fp32 or bf16 (fast "
+            "on CPUs with AVX512-BF16 or AMX)."
         ),
-    ] = "auto",
+    ] = "fp32",
 ) -> None:
     """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
     try:
@@ -508,10 +508,8 @@ def bench(
             f"the {chosen.name} workload is single-turn: it has no environment to slow down",
             param_hint="--tool-latency-ms",
         )
-    try:
-        chosen_dtype = resolve_dtype(chosen, dtype)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--dtype") from None
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}", param_hint="--dtype")
     latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
@@ -520,11 +518,13 @@ def bench(
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
         work = Path(tmp)
-        _phase(f"{chosen.name} workload, {preset} preset, {chosen_dtype}, CPUs {cpu_split}")
+        _phase(f"{chosen.name} workload, {preset} preset, {dtype}, CPUs {cpu_split}")
+        if dtype == "bf16" and not native_bf16():
+            _phase("this CPU has no native bf16 (AVX512-BF16 or AMX): torch emulates it, slower than fp32")
         model_dir = _init_model(work, preset)
         dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
         tool_latency = latency_ms if chosen.environment else 0.0
-        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, chosen_dtype)
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype)
         _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
         alone = measure_alone(run, alone_steps)
         _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")

@@ -68,9 +68,6 @@ class Workload:
     # Trainer steps of the bench's sync and async runs, and of its stage-alone run.
     bench_steps: int = 100
     bench_alone_steps: int = 10
-    # The bench's --dtype auto: compute in bf16 where the CPU does so natively, as real-shaped work
-    # runs on GPUs; False keeps fp32 (the toy workload's figures stay comparable with earlier ones).
-    bf16_where_native: bool = False
 
     def trainer_settings(self, dataset: Path, steps: int, seed: int) -> dict[str, Any]:
         return {
@@ -163,7 +160,6 @@ WORKLOADS: dict[str, Workload] = {
         rollout={"partial_rollout_mode": "in_place"},
         bench_steps=10,
         bench_alone_steps=4,
-        bf16_where_native=True,
     ),
     "agentic": Workload(
         "agentic",
@@ -192,7 +188,8 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
-DTYPES = ("auto", "fp32", "bf16")
+# The bench's --dtype: the trainer's FSDP2 param_dtype and the engine's weights.
+DTYPES = ("fp32", "bf16")
 
 
 def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -203,15 +200,6 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     except OSError:
         return False
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-
-
-def resolve_dtype(workload: Workload, dtype: str) -> str:
-    """fp32 or bf16 for the bench's ``--dtype`` (auto: the workload's choice on this CPU)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if dtype != "auto":
-        return dtype
-    return "bf16" if workload.bf16_where_native and native_bf16() else "fp32"
 
 
 def get_workload(name: str) -> Workload:

@@ -41,7 +41,7 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
     printed = json.loads(done.stdout.strip().splitlines()[-1])
     assert printed == json.loads(out.read_text())
     assert printed.keys() >= KEYS
-    assert (printed["workload"], printed["preset"]) == ("realistic", "tiny")
+    assert (printed["workload"], printed["preset"], printed["dtype"]) == ("realistic", "tiny", "fp32")
     assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
     for key in ("engine_alone_samples_per_s", "trainer_alone_samples_per_s", "sync_samples_per_s"):
         assert printed[key] > 0
@@ -83,10 +83,11 @@ def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environme
         assert printed["env_s_per_call"][mode] >= 0.1
 
 
-def test_an_unknown_preset_or_workload_is_a_clear_error() -> None:
+def test_an_unknown_preset_workload_or_dtype_is_a_clear_error() -> None:
     for flag, value, choices in (
         ("--preset", "huge", "tiny, small, base"),
         ("--workload", "huge", "toy, realistic, agentic"),
+        ("--dtype", "fp16", "fp32, bf16"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "relayrl.cli", "bench", "e2e", flag, value],

@@ -135,17 +135,11 @@ def _tokenizer(tmp_path: Path):
     return load_tokenizer(init_tiny(tmp_path / "model"))
 
 
-def test_auto_dtype_is_bf16_only_for_the_realistic_workload_on_a_cpu_with_native_bf16(tmp_path: Path) -> None:
-    from relayrl.stack import workloads
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path: Path) -> None:
+    from relayrl.stack.workloads import native_bf16
 
     with_bf16, without = tmp_path / "with", tmp_path / "without"
     with_bf16.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
     without.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
-    assert workloads.native_bf16(with_bf16) and not workloads.native_bf16(without)
-    assert not workloads.native_bf16(tmp_path / "missing")
-    native = workloads.native_bf16()
-    assert workloads.resolve_dtype(get_workload("realistic"), "auto") == ("bf16" if native else "fp32")
-    assert workloads.resolve_dtype(get_workload("toy"), "auto") == "fp32"
-    assert workloads.resolve_dtype(get_workload("toy"), "bf16") == "bf16"
-    with pytest.raises(ValueError, match="choose one of auto, fp32, bf16"):
-        workloads.resolve_dtype(get_workload("toy"), "fp16")
+    assert native_bf16(with_bf16) and not native_bf16(without)
+    assert not native_bf16(tmp_path / "missing")
