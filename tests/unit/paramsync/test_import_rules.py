@@ -1,6 +1,8 @@
 """Paramsync's import rules (issue #18 item 5): it imports nothing from the rollout service (the
-rollout uses paramsync's client, never the other way), and the two discovery backends do not
-import each other (each stands alone; ``endpoints.py`` holds what they share)."""
+rollout uses paramsync's client, never the other way) nor from the engine (the engine takes the
+receiving end of the ``torch_dist`` channel from paramsync, and paramsync reaches engines over
+SGLang's HTTP API only), and the two discovery backends do not import each other (each stands
+alone; ``endpoints.py`` holds what they share)."""
 
 from __future__ import annotations
 
@@ -22,13 +24,21 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_paramsync_imports_nothing_from_the_rollout() -> None:
+def _offenders(prefix: str) -> dict[str, list[str]]:
     offenders = {
-        str(path.relative_to(PARAMSYNC)): sorted(n for n in _imports(path) if n.startswith("services.rollout"))
+        str(path.relative_to(PARAMSYNC)): sorted(n for n in _imports(path) if n.startswith(prefix))
         for path in PARAMSYNC.rglob("*.py")
     }
     assert len(offenders) > 20  # the walk found the package
-    assert {k: v for k, v in offenders.items() if v} == {}
+    return {k: v for k, v in offenders.items() if v}
+
+
+def test_paramsync_imports_nothing_from_the_rollout() -> None:
+    assert _offenders("services.rollout") == {}
+
+
+def test_paramsync_imports_nothing_from_the_engine() -> None:
+    assert _offenders("services.engine") == {}
 
 
 def test_the_discovery_backends_do_not_import_each_other() -> None:
