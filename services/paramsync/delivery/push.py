@@ -41,7 +41,7 @@ class PushDelivery(Delivery):
 
     name = "distributed"
     mode = "push"
-    channel = "torch_dist"
+    channels = ("torch_dist",)
 
     table: VersionTable
     sender: TorchDistSender
