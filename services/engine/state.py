@@ -14,7 +14,8 @@ from services.engine.config import EngineSettings
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
 from services.engine.scheduler import Scheduler
-from services.engine.weights import DistributedReceiver, apply_tensors, read_safetensors_dir
+from services.engine.weights import apply_tensors, read_safetensors_dir
+from services.paramsync.channels.torch_dist import TorchDistReceiver
 
 
 class EngineMetrics:
@@ -56,7 +57,7 @@ class EngineState:
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.metrics = EngineMetrics()
         self._seen = _Seen()
-        self.receiver = DistributedReceiver()
+        self.receiver = TorchDistReceiver()
         self.lora = LoraSet(self.model)
         self.scheduler = Scheduler(
             runner=ModelRunner(self.model, lora=self.lora),

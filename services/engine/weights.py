@@ -1,4 +1,4 @@
-"""Replacing the served model's weights: from a safetensors directory, or by torch.distributed broadcast.
+"""Replacing the served model's weights with tensors from a safetensors directory or a broadcast.
 
 A directory's files are mapped, not read: every tensor is a view into its file's mapping, and
 the update copies each straight into its parameter. A version the rollout replica received
@@ -9,24 +9,17 @@ Both paths check every tensor's name and shape against the model before writing 
 so a bad update leaves the old weights fully in place. An update may carry a subset of the
 tensors (as SGLang allows); the rest keep their values.
 
-The distributed path mirrors SGLang's ``/init_weights_update_group`` +
-``/update_weights_from_distributed``: the engine joins a process group (rendezvous over TCP
-at ``master_address:master_port``) as rank ``rank_offset`` of ``world_size``, and for each
-update receives one ``broadcast`` per tensor from rank 0, in the order of ``names``. On CPU
-the backend is gloo. The engine uses the process's default group, so it serves one update
-group at a time; the sender joins with ``torch.distributed.init_process_group`` using the
-same ``tcp://`` address.
+The broadcast's receiving end (SGLang's ``/init_weights_update_group`` +
+``/update_weights_from_distributed``) lives beside its sending end in paramsync's ``torch_dist``
+channel (``services/paramsync/channels/torch_dist.py``); the tensors it receives are applied here.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -52,13 +45,6 @@ def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
-
-
 def check_compatible(model: torch.nn.Module, shapes: Mapping[str, Sequence[int]]) -> None:
     """Raises ValueError naming each tensor the model lacks or whose shape differs."""
     params = model.state_dict()
@@ -81,51 +67,3 @@ def apply_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -
         # copy_ converts the dtype on the way: one copy, whatever the received dtype.
         params[name].copy_(tensor)
     return len(tensors)
-
-
-class DistributedReceiver:
-    """The engine's side of a weight-update process group."""
-
-    def __init__(self) -> None:
-        self.group_name: str | None = None
-        self._lock = threading.Lock()
-
-    def init_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-    ) -> None:
-        with self._lock:
-            if self.group_name is not None:
-                raise ValueError(f"weight update group {self.group_name!r} already exists; destroy it first")
-            if backend != "gloo":
-                raise ValueError(f"the CPU engine supports backend 'gloo' only, got {backend!r}")
-            dist.init_process_group(
-                backend=backend,
-                init_method=f"tcp://{master_address}:{master_port}",
-                world_size=world_size,
-                rank=rank_offset,
-                timeout=timedelta(seconds=120),
-            )
-            self.group_name = group_name
-
-    def receive(
-        self, group_name: str, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
-    ) -> dict[str, torch.Tensor]:
-        """Receives one broadcast from rank 0 per name, in order."""
-        if self.group_name != group_name:
-            raise ValueError(f"no weight update group {group_name!r} (have {self.group_name!r})")
-        if not len(names) == len(dtypes) == len(shapes):
-            raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
-        buffers = {
-            name: torch.empty(tuple(shape), dtype=_dtype(dtype))
-            for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
-        }
-        for name in names:
-            dist.broadcast(buffers[name], src=0)
-        return buffers
-
-    def destroy(self, group_name: str) -> None:
-        with self._lock:
-            if self.group_name != group_name:
-                raise ValueError(f"no weight update group {group_name!r} (have {self.group_name!r})")
-            dist.destroy_process_group()
-            self.group_name = None

@@ -11,9 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from services.paramsync.manifest import Manifest
+
+ChannelName = Literal["tcp", "grpc_chunks", "disk", "torch_dist"]
 
 # Given the manifest, one writable view per tensor (in manifest order) to receive it into.
 Place = Callable[[Manifest], Sequence[memoryview]]
@@ -29,7 +31,7 @@ class TensorRun:
 
 
 class ByteChannel(ABC):
-    name: ClassVar[str]
+    name: ClassVar[ChannelName]
 
     @abstractmethod
     async def send(self, manifest: Manifest, runs: AsyncIterator[TensorRun], resume_from: int = 0) -> int:

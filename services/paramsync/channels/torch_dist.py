@@ -8,22 +8,28 @@ matched by one ``broadcast`` per tensor. The group is destroyed afterwards
 (``/destroy_weights_update_group``), so a replica set that changes between versions just forms a
 different group next time. Backend: gloo on CPU, NCCL on GPUs.
 
-The receiving end is the engine's own, behind those HTTP calls: SGLang's, or the built-in
-engine's ``DistributedReceiver`` (``services/engine/weights.py``), which joins the group and
-receives one broadcast per tensor in the order the call names.
+The sending end reaches each engine with the engine client, over SGLang's HTTP API (those three
+calls). The receiving end is behind those calls: SGLang's own, or the built-in engine's
+:class:`TorchDistReceiver`, which joins the group and receives one broadcast per tensor in the
+order the call names.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from relayrl.net import free_port
 from services.engine.client import EngineClient
 from services.paramsync.manifest import TensorSpec
 from services.paramsync.store import StoredVersion
+
+if TYPE_CHECKING:
+    import torch
 
 
 def buckets(stored: StoredVersion, bucket_bytes: int) -> Iterator[list[tuple[TensorSpec, int]]]:
@@ -123,3 +129,76 @@ async def _send_bucket(
     finally:
         for task in calls:
             task.cancel()
+
+
+# --- the engine's end ------------------------------------------------------------------------
+
+
+def _dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class TorchDistReceiver:
+    """The engine's end of a weight-update process group, behind its ``/init_weights_update_group``,
+    ``/update_weights_from_distributed`` and ``/destroy_weights_update_group``.
+
+    It joins through the process's default group (rendezvous over TCP at
+    ``master_address:master_port``, as rank ``rank_offset`` of ``world_size``), so an engine serves
+    one update group at a time. Only gloo: the built-in engine runs on CPU.
+    """
+
+    def __init__(self) -> None:
+        self.group_name: str | None = None
+        self._lock = threading.Lock()
+
+    def init_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        import torch.distributed as dist
+
+        with self._lock:
+            if self.group_name is not None:
+                raise ValueError(f"weight update group {self.group_name!r} already exists; destroy it first")
+            if backend != "gloo":
+                raise ValueError(f"the CPU engine supports backend 'gloo' only, got {backend!r}")
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{master_address}:{master_port}",
+                world_size=world_size,
+                rank=rank_offset,
+                timeout=timedelta(seconds=120),
+            )
+            self.group_name = group_name
+
+    def receive(
+        self, group_name: str, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        """Receives one broadcast from rank 0 per name, in order."""
+        import torch
+        import torch.distributed as dist
+
+        if self.group_name != group_name:
+            raise ValueError(f"no weight update group {group_name!r} (have {self.group_name!r})")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
+        buffers = {
+            name: torch.empty(tuple(shape), dtype=_dtype(dtype))
+            for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+        }
+        for name in names:
+            dist.broadcast(buffers[name], src=0)
+        return buffers
+
+    def destroy(self, group_name: str) -> None:
+        import torch.distributed as dist
+
+        with self._lock:
+            if self.group_name != group_name:
+                raise ValueError(f"no weight update group {group_name!r} (have {self.group_name!r})")
+            dist.destroy_process_group()
+            self.group_name = None

@@ -2,8 +2,8 @@
 
 ``pull``: paramsync announces the version and each replica fetches (or reads) it, loads it and
 reports back with ReportVersion. ``push``: paramsync loads the version into every engine itself
-and records each replica's outcome in the version table. Each delivery names the byte channel
-(:mod:`services.paramsync.channels`) its bytes take; ``name`` is the ``transport`` setting's value.
+and records each replica's outcome in the version table. Each delivery names the byte channels
+(:mod:`services.paramsync.channels`) its bytes may take; ``name`` is the ``transport`` setting's value.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
+from services.paramsync.channels.base import ChannelName
 from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.manifest import Announcement
 from services.paramsync.store import StoredVersion
@@ -23,7 +24,9 @@ class Delivery(ABC):
 
     name: ClassVar[str]
     mode: ClassVar[Literal["pull", "push"]]
-    channel: ClassVar[str]
+    # In the order a transfer tries them: where there are several, the receiving peer picks one per
+    # transfer (a replica fetches over tcp where paramsync serves the data plane, else grpc_chunks).
+    channels: ClassVar[tuple[ChannelName, ...]]
     # Announce at upload start so replicas fetch while the trainer is still uploading.
     forwards_uploads: ClassVar[bool] = False
 

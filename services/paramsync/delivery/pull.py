@@ -21,7 +21,7 @@ from services.paramsync.store import StoredVersion
 class PullOverStreams(Delivery):
     name = "grpc"
     mode = "pull"
-    channel = "tcp|grpc_chunks"
+    channels = ("tcp", "grpc_chunks")
     forwards_uploads = True
 
     async def deliver(self, stored: StoredVersion, replicas: Sequence[ReplicaEndpoint]) -> Announcement:
@@ -31,7 +31,7 @@ class PullOverStreams(Delivery):
 class PullFromDisk(Delivery):
     name = "disk"
     mode = "pull"
-    channel = "disk"
+    channels = ("disk",)
 
     def __init__(self, disk: DiskChannel) -> None:
         self.disk = disk

@@ -42,7 +42,7 @@ class PushDelivery(Delivery):
 
     name = "distributed"
     mode = "push"
-    channel = "torch_dist"
+    channels = ("torch_dist",)
 
     table: VersionTable
     sender: TorchDistSender

@@ -1,25 +1,32 @@
 """Each byte channel's two ends through the one ByteChannel interface, against a real paramsync
 (gRPC server and TCP data plane): what one peer sends, another receives byte for byte, and a
-receiver whose bytes differ from the checksums gets nothing."""
+receiver whose bytes differ from the checksums gets nothing. ``torch_dist``'s two ends run in two
+processes joined by a real gloo group."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from relayrl.net import free_port, wait_for_port
 from relayrl.serving import grpc_channel
+from services.engine.client import EngineClient
 from services.paramsync.channels.base import ByteChannel, TensorRun
 from services.paramsync.channels.disk import DiskChannel
 from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
 from services.paramsync.channels.tcp import DataPlaneAddress, TcpChannel
+from services.paramsync.channels.torch_dist import TorchDistSender
 from services.paramsync.digest import new_hasher
 from services.paramsync.manifest import Manifest
 from services.paramsync.store import StoredVersion
 from services.paramsync.tensors import as_pairs, open_specs
-from tests.integration.paramsync.harness import running_service
+from tests.integration.paramsync.harness import REPO, python_env, running_service
+from tests.integration.paramsync.harness import stop as stop_process
 
 WEIGHTS = {
     "a": torch.arange(300_000, dtype=torch.float32),
@@ -85,8 +92,9 @@ async def test_grpc_chunks_channel_both_ends() -> None:
     assert got == _expected()
 
 
-async def test_disk_channel_both_ends(tmp_path: Path) -> None:
-    opened = Manifest(3, tuple(open_specs(as_pairs(WEIGHTS))))
+def _stored(version: int) -> StoredVersion:
+    """WEIGHTS as a complete version, as paramsync holds one."""
+    opened = Manifest(version, tuple(open_specs(as_pairs(WEIGHTS))))
     sums = []
     for data in _expected().values():
         hasher = new_hasher(opened.checksum_algorithm)
@@ -94,8 +102,12 @@ async def test_disk_channel_both_ends(tmp_path: Path) -> None:
         sums.append(hasher.hexdigest())
     stored = StoredVersion.empty(opened.with_checksums(sums))
     stored.data[:] = b"".join(_expected().values())
+    return stored
+
+
+async def test_disk_channel_both_ends(tmp_path: Path) -> None:
     disk = DiskChannel(tmp_path, keep_versions=1)
-    directory = await disk.send(stored)
+    directory = await disk.send(_stored(3))
     assert directory.is_dir()
     back = await disk.receive(3)
     assert bytes(back.data) == b"".join(_expected().values())
@@ -106,3 +118,22 @@ async def test_disk_channel_both_ends(tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="checksum"):
         await disk.receive(3)
+
+
+async def test_torch_dist_channel_both_ends(tmp_path: Path) -> None:
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "torch_dist_receiver_proc.py"), str(port), str(tmp_path)],
+        env=python_env(),
+        cwd=REPO,
+    )
+    link = EngineClient(f"http://127.0.0.1:{port}", timeout=60.0, retries=0)
+    try:
+        wait_for_port("127.0.0.1", port, 60.0)
+        # Buckets smaller than "a": the broadcast crosses in several rounds of HTTP call + broadcasts.
+        sender = TorchDistSender("127.0.0.1", 0, "gloo", bucket_bytes=64 * 1024, timeout_s=60.0)
+        await sender.send(_stored(5), [link])
+    finally:
+        await link.aclose()
+        stop_process(receiver)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == _expected()
