@@ -13,10 +13,14 @@ import os
 import shutil
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.paramsync.digest import new_hasher
 from services.paramsync.manifest import SAFETENSORS_DTYPES, Manifest, TensorSpec
 from services.paramsync.store import StoredVersion
+
+if TYPE_CHECKING:
+    from services.paramsync.channels.base import Place
 
 FILE_NAME = "model.safetensors"
 _DIR_PREFIX = "v"
@@ -73,8 +77,10 @@ def write_version(stored: StoredVersion, root: Path) -> Path:
     return target
 
 
-def read_version(directory: Path) -> StoredVersion:
-    """Reads a directory written by :func:`write_version`; raises ValueError if it is not one."""
+def read_into(directory: Path, place: Place) -> Manifest:
+    """Reads a directory written by :func:`write_version` into the views ``place`` gives once the
+    manifest in its metadata is known, every tensor checked against its checksum; returns that
+    manifest. ValueError if it is not such a directory, is truncated, or a tensor differs."""
     path = directory / FILE_NAME
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
@@ -90,16 +96,27 @@ def read_version(directory: Path) -> StoredVersion:
             created_at_unix_s=meta["created_at_unix_s"],
         )
         manifest.validate()
-        stored = StoredVersion.empty(manifest)
-        if f.readinto(stored.data) != manifest.total_bytes:
-            raise ValueError(f"{path} is truncated")
-    view = memoryview(stored.data)
-    for spec, start in zip(manifest.tensors, manifest.offsets(), strict=True):
-        hasher = new_hasher(manifest.checksum_algorithm)
-        hasher.update(view[start : start + spec.num_bytes])
-        if hasher.hexdigest() != spec.checksum:
-            raise ValueError(f"{path}: tensor {spec.name!r} does not match its checksum")
-    return stored
+        for spec, view in zip(manifest.tensors, place(manifest), strict=True):
+            if f.readinto(view) != spec.num_bytes:
+                raise ValueError(f"{path} is truncated")
+            hasher = new_hasher(manifest.checksum_algorithm)
+            hasher.update(view)
+            if hasher.hexdigest() != spec.checksum:
+                raise ValueError(f"{path}: tensor {spec.name!r} does not match its checksum")
+    return manifest
+
+
+def read_version(directory: Path) -> StoredVersion:
+    """Reads a directory written by :func:`write_version` as a stored version; ValueError as :func:`read_into`."""
+    placed: list[StoredVersion] = []
+
+    def place(manifest: Manifest) -> list[memoryview]:
+        placed.append(StoredVersion.empty(manifest))
+        data, starts = placed[0].data, manifest.offsets()
+        return [data[start : start + spec.num_bytes] for spec, start in zip(manifest.tensors, starts, strict=True)]
+
+    read_into(directory, place)
+    return placed[0]
 
 
 def list_versions(root: Path) -> list[int]:

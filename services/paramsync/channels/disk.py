@@ -4,8 +4,9 @@ The sending end (:meth:`DiskChannel.send`, paramsync) writes each committed vers
 and keeps the newest ``keep_versions`` directories (plus the one being written), so a replica
 still loading the previous version does not lose its files. The receiving end reads the
 directory: an engine's ``/update_weights_from_disk`` maps it, and :meth:`DiskChannel.receive`
-reads it back verified against the manifest in its metadata (as paramsync does with its own
-``store_dir`` at start-up). The format is :mod:`services.paramsync.safetensors_io`'s.
+reads it straight into the memory its caller names (``place``, as the ``tcp`` and
+``grpc_chunks`` receivers do), verified against the manifest in its metadata. The format is
+:mod:`services.paramsync.safetensors_io`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.paramsync.safetensors_io import prune, read_version, version_dir, write_version
+from services.paramsync.channels.base import Place
+from services.paramsync.manifest import Manifest
+from services.paramsync.safetensors_io import prune, read_into, version_dir, write_version
 from services.paramsync.store import StoredVersion
 
 
@@ -29,6 +32,7 @@ class DiskChannel:
         await asyncio.to_thread(prune, self.root, self.keep_versions + 1)
         return directory
 
-    async def receive(self, version: int) -> StoredVersion:
-        """Reads ``version`` back, every tensor checked; ValueError if it is not a complete version."""
-        return await asyncio.to_thread(read_version, version_dir(self.root, version))
+    async def receive(self, version: int, place: Place) -> Manifest:
+        """Reads ``version`` into the views ``place`` gives once its manifest is known, every tensor
+        checked; returns the manifest. ValueError if it is not a complete version."""
+        return await asyncio.to_thread(read_into, version_dir(self.root, version), place)

@@ -55,6 +55,11 @@ def _runs(manifest: Manifest, tensors: dict[str, torch.Tensor]) -> AsyncIterator
 async def _send_and_receive(sender: ByteChannel, receiver: ByteChannel, version: int) -> dict[str, bytes]:
     manifest = Manifest(version, tuple(open_specs(as_pairs(WEIGHTS))))
     assert await sender.send(manifest, _runs(manifest, WEIGHTS)) == manifest.total_bytes
+    return await _receive(receiver, version)
+
+
+async def _receive(receiver: ByteChannel | DiskChannel, version: int) -> dict[str, bytes]:
+    """``version`` received into fresh buffers given by ``place``, as each tensor's bytes."""
     buffers: dict[str, bytearray] = {}
 
     def place(got: Manifest) -> list[memoryview]:
@@ -109,15 +114,14 @@ async def test_disk_channel_both_ends(tmp_path: Path) -> None:
     disk = DiskChannel(tmp_path, keep_versions=1)
     directory = await disk.send(_stored(3))
     assert directory.is_dir()
-    back = await disk.receive(3)
-    assert bytes(back.data) == b"".join(_expected().values())
+    assert await _receive(disk, 3) == _expected()
     # a flipped byte on disk: the receiving end refuses the version
     path = directory / "model.safetensors"
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="checksum"):
-        await disk.receive(3)
+        await _receive(disk, 3)
 
 
 async def test_torch_dist_channel_both_ends(tmp_path: Path) -> None:
