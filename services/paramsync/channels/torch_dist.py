@@ -8,10 +8,11 @@ matched by one ``broadcast`` per tensor. The group is destroyed afterwards
 (``/destroy_weights_update_group``), so a replica set that changes between versions just forms a
 different group next time. Backend: gloo on CPU, NCCL on GPUs.
 
-The sending end reaches each engine with the engine client, over SGLang's HTTP API (those three
-calls). The receiving end is behind those calls: SGLang's own, or the built-in engine's
-:class:`TorchDistReceiver`, which joins the group and receives one broadcast per tensor in the
-order the call names.
+The sending end reaches each engine over SGLang's HTTP API (:class:`EngineGroupLink`: those
+three calls and ``/health``, the wire format the engine serves), so paramsync needs nothing of
+the engine's code. The receiving end is behind those calls: SGLang's own, or the built-in
+engine's :class:`TorchDistReceiver`, which joins the group and receives one broadcast per tensor
+in the order the call names.
 """
 
 from __future__ import annotations
@@ -21,15 +22,90 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import httpx
 
 from relayrl.net import free_port
-from services.engine.client import EngineClient
 from services.paramsync.manifest import TensorSpec
 from services.paramsync.store import StoredVersion
 
 if TYPE_CHECKING:
     import torch
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCallResult:
+    """SGLang's answer to a weight-update-group call: ``{"success", "message"}``."""
+
+    success: bool
+    message: str
+
+
+class EngineGroupLink:
+    """The sending end's control link to one engine at ``base_url``: ``/health`` and the three
+    weight-update-group calls, each bounded by ``timeout_s`` and sent once (a collective must not
+    be entered twice, and a failed round is retried whole by the delivery)."""
+
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _call(self, path: str, body: dict[str, Any]) -> GroupCallResult:
+        response = await self._http.post(path, json=body)
+        try:
+            payload = response.json()
+            return GroupCallResult(bool(payload["success"]), str(payload.get("message", "")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(
+                f"POST {self.base_url}{path} -> {response.status_code}, not SGLang's answer: {response.text[:200]}"
+            ) from exc
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> GroupCallResult:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._call("/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: int,
+    ) -> GroupCallResult:
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": True,
+            "abort_all_requests": False,
+            "weight_version": str(weight_version),
+        }
+        return await self._call("/update_weights_from_distributed", body)
+
+    async def destroy_weights_update_group(self, group_name: str) -> GroupCallResult:
+        return await self._call("/destroy_weights_update_group", {"group_name": group_name})
 
 
 def buckets(stored: StoredVersion, bucket_bytes: int) -> Iterator[list[tuple[TensorSpec, int]]]:
@@ -58,7 +134,7 @@ class TorchDistSender:
     timeout_s: float
     _rounds: int = field(default=0, init=False)
 
-    async def send(self, stored: StoredVersion, engines: list[EngineClient]) -> None:
+    async def send(self, stored: StoredVersion, engines: list[EngineGroupLink]) -> None:
         """Broadcasts ``stored`` into ``engines`` in one new process group; raises if any step fails."""
         import torch.distributed as dist
 
@@ -93,7 +169,7 @@ class TorchDistSender:
 
 
 async def _send_bucket(
-    stored: StoredVersion, bucket: list[tuple[TensorSpec, int]], engines: list[EngineClient], group: str
+    stored: StoredVersion, bucket: list[tuple[TensorSpec, int]], engines: list[EngineGroupLink], group: str
 ) -> None:
     import torch
     import torch.distributed as dist

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relayrl.retry import retrying
-from services.engine.client import EngineClient
-from services.paramsync.channels.torch_dist import TorchDistSender
+from services.paramsync.channels.torch_dist import EngineGroupLink, TorchDistSender
 from services.paramsync.delivery.base import Delivery
 from services.paramsync.endpoints import ReplicaEndpoint
 from services.paramsync.errors import sync_retry_policy
@@ -71,7 +70,7 @@ class PushDelivery(Delivery):
         return [r for r in replicas if self.table.version_of(r.replica_id) < stored.version]
 
     async def _round(self, stored: StoredVersion, replicas: list[ReplicaEndpoint]) -> None:
-        clients = {r.replica_id: EngineClient(r.engine_url, timeout=self.sync_timeout, retries=0) for r in replicas}
+        clients = {r.replica_id: EngineGroupLink(r.engine_url, self.sync_timeout) for r in replicas}
         try:
             healthy = []
             answers = await asyncio.gather(*(c.health() for c in clients.values()))

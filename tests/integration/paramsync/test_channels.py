@@ -15,12 +15,11 @@ import torch
 
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import grpc_channel
-from services.engine.client import EngineClient
 from services.paramsync.channels.base import ByteChannel, TensorRun
 from services.paramsync.channels.disk import DiskChannel
 from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
 from services.paramsync.channels.tcp import DataPlaneAddress, TcpChannel
-from services.paramsync.channels.torch_dist import TorchDistSender
+from services.paramsync.channels.torch_dist import EngineGroupLink, TorchDistSender
 from services.paramsync.digest import new_hasher
 from services.paramsync.manifest import Manifest
 from services.paramsync.store import StoredVersion
@@ -131,7 +130,7 @@ async def test_torch_dist_channel_both_ends(tmp_path: Path) -> None:
         env=python_env(),
         cwd=REPO,
     )
-    link = EngineClient(f"http://127.0.0.1:{port}", timeout=60.0, retries=0)
+    link = EngineGroupLink(f"http://127.0.0.1:{port}", 60.0)
     try:
         wait_for_port("127.0.0.1", port, 60.0)
         # Buckets smaller than "a": the broadcast crosses in several rounds of HTTP call + broadcasts.

@@ -1,6 +1,8 @@
 """Paramsync's import rules (issue #18 item 5): it imports nothing from the rollout service (the
-rollout uses paramsync's client, never the other way), and the two discovery backends do not
-import each other (each stands alone; ``endpoints.py`` holds what they share)."""
+rollout uses paramsync's client, never the other way) nor from the engine (the engine takes the
+receiving end of the ``torch_dist`` channel from paramsync, and paramsync reaches engines over
+SGLang's HTTP API only), and the two discovery backends do not import each other (each stands
+alone; ``endpoints.py`` holds what they share)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ def _offenders(prefix: str) -> dict[str, list[str]]:
 
 def test_paramsync_imports_nothing_from_the_rollout() -> None:
     assert _offenders("services.rollout") == {}
+
+
+def test_paramsync_imports_nothing_from_the_engine() -> None:
+    assert _offenders("services.engine") == {}
 
 
 def test_the_discovery_backends_do_not_import_each_other() -> None:
