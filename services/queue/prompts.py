@@ -22,10 +22,6 @@ meanwhile is not renewed, which tells the replica to drop that prompt. A replica
 push a group for its lease (the group was stale, or generation failed) gives the lease back
 (``abandon``): the prompt waits again at once, never for the lease timeout, and is dropped
 (counted) only after ``max_prompt_abandons`` give-backs.
-A blocking lease returns early, empty and marked ``newer_version_waiting``, when every waiting
-prompt needs a version above ``held_version``: the replica's version moves on while a call
-blocks, and a call still comparing against the old one would hold those prompts back until it
-timed out.
 Lease expiry is judged by the clock of the service instance handling the call, so instances
 sharing a run need synchronised clocks (NTP); the lease timeout dwarfs ordinary skew.
 """
@@ -171,13 +167,6 @@ class LeaseGrant:
     delivery_count: int
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseResult:
-    grants: list[LeaseGrant]
-    # No grant, and prompts are waiting, each for a version above the caller's held_version.
-    newer_version_waiting: bool = False
-
-
 class PromptQueue:
     def __init__(self, redis: aioredis.Redis, settings: QueueSettings, bells: Bells) -> None:
         self._redis = redis
@@ -219,7 +208,9 @@ class PromptQueue:
         await pipe.execute()
         return len(prompts)
 
-    async def lease(self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float) -> LeaseResult:
+    async def lease(
+        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float
+    ) -> list[LeaseGrant]:
         if not replica_id or not replica_id.isprintable():
             raise BadRequest("replica_id must be a printable, non-empty name")
         if not 1 <= max_prompts <= MAX_PROMPTS_PER_LEASE:
@@ -236,13 +227,9 @@ class PromptQueue:
             out = await self._lease(
                 keys=self._script_keys, args=[repr(now), held_version, max_prompts, repr(expires), replica_id]
             )
-            if out:
-                return LeaseResult([_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)])
-            if await self._redis.zcount(self._keys.prompts_waiting, f"({held_version}", "+inf"):
-                return LeaseResult([], newer_version_waiting=True)
             left = deadline - time.monotonic()
-            if left <= 0:
-                return LeaseResult([])
+            if out or left <= 0:
+                return [_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)]
             await wait_for_ring(rung, min(left, self._settings.poll_interval_s, await self._until_first_expiry()))
 
     async def _until_first_expiry(self) -> float:

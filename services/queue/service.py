@@ -130,7 +130,7 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
 
     @_status_mapped
     async def Lease(self, request: qpb.LeaseRequest, context: grpc.aio.ServicerContext) -> qpb.LeaseResponse:
-        result = await self._store.lease(
+        grants = await self._store.lease(
             request.replica_id, request.max_prompts, request.held_version, request.block_timeout_s
         )
         return qpb.LeaseResponse(
@@ -141,9 +141,8 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
                     expires_at_unix_s=g.expires_at_unix_s,
                     delivery_count=g.delivery_count,
                 )
-                for g in result.grants
-            ],
-            newer_version_waiting=result.newer_version_waiting,
+                for g in grants
+            ]
         )
 
     @_status_mapped

@@ -39,18 +39,12 @@ class Lease(Protocol):
     expires_at: float
 
 
-class LeaseBatch(Protocol):
-    leases: Sequence[Lease]
-    # Nothing leased: every waiting prompt needs a version above the one the call was sent with.
-    newer_version_waiting: bool
-
-
 class ReplicaQueue(Protocol):
     """What the replica needs from the queue service (services.queue.client.QueueClient fits)."""
 
-    async def lease_batch(
+    async def lease(
         self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
-    ) -> LeaseBatch: ...
+    ) -> Sequence[Lease]: ...
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int: ...
 
@@ -92,20 +86,14 @@ class LeaseKeeper:
 
     async def lease(self, max_prompts: int) -> Sequence[Lease]:
         """Up to ``max_prompts`` new leases; none when the replica stopped being leasable while
-        the queue was out of reach.
-
-        When the queue answers that the prompts left all need a newer version, this waits (up to
-        the block timeout) for the replica's version to move before returning, so the next call
-        asks with that version instead of spinning on the old one."""
+        the queue was out of reach."""
         async for attempt in retrying("lease prompts", any_error, QUEUE_RETRY, log):
             with attempt:
                 if not self.state.leasable():
                     return []
-                held = self.state.held_version
-                batch = await self.queue.lease_batch(self.replica_id, max_prompts, held, self.block_timeout_s)
-                if batch.newer_version_waiting and self.state.held_version == held:
-                    await self.state.version_changed(self.block_timeout_s)
-                return batch.leases
+                return await self.queue.lease(
+                    self.replica_id, max_prompts, self.state.held_version, self.block_timeout_s
+                )
         raise AssertionError("unreachable: tenacity returns or re-raises")
 
     async def keep(self) -> None:

@@ -70,31 +70,6 @@ async def test_lease_blocks_until_a_prompt_is_released(start_queue):
         assert [lease.prompt.prompt_id for lease in leases] == ["ds/7"]
 
 
-async def test_a_blocked_lease_returns_when_only_prompts_for_a_newer_version_wait(start_queue):
-    server = await start_queue()
-    async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as replica:
-        waiting = asyncio.create_task(
-            replica.lease_batch("replica-a", max_prompts=1, held_version=0, block_timeout_s=30)
-        )
-        await asyncio.sleep(0.2)  # the lease is blocked at version 0 before the release, not after
-        await trainer.release([prompt(0, min_start=1)])
-        # Not after its 30 s: the replica may hold version 1 by now and should ask again with it.
-        early = await asyncio.wait_for(waiting, 2.5)
-        assert early.leases == [] and early.newer_version_waiting
-        # Asked again with only such prompts waiting, it returns at once, marked the same way.
-        again = await asyncio.wait_for(replica.lease_batch("replica-a", 1, held_version=0, block_timeout_s=30), 2.5)
-        assert again.leases == [] and again.newer_version_waiting
-        (lease,) = (await replica.lease_batch("replica-a", 1, held_version=1, block_timeout_s=30)).leases
-        assert lease.prompt.prompt_id == "ds/0"
-        # With nothing waiting at all, an empty answer after the block is not marked.
-        idle = await replica.lease_batch("replica-a", 1, held_version=1, block_timeout_s=0.2)
-        assert idle.leases == [] and not idle.newer_version_waiting
-        # A prompt this version may start is leased; one for a newer version beside it does not stop it.
-        await trainer.release([prompt(1, min_start=5), prompt(2, min_start=1)])
-        mixed = await replica.lease_batch("replica-a", 5, held_version=1, block_timeout_s=30)
-        assert [x.prompt.prompt_id for x in mixed.leases] == ["ds/2"] and not mixed.newer_version_waiting
-
-
 async def test_a_blocked_lease_is_woken_by_a_give_back_and_by_a_lease_expiring(start_queue):
     server = await start_queue(lease_timeout_s=1.0)
     async with QueueClient(server.grpc_address) as client:

@@ -75,37 +75,3 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
     assert on_disk == []
     assert in_memory == ([shm_versions / f"v{new:012d}" / "model.safetensors"] if transport == "grpc" else [])
     assert not shm_versions.exists()
-
-
-async def test_a_prompt_for_the_next_version_starts_once_the_replica_holds_it_not_after_its_lease_block(
-    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    # A lease call may block 30 s here: the prompt must not wait for it to time out at the old version.
-    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
-    try:
-        async with (
-            EngineClient(engine.url) as client,
-            paramsync_service() as paramsync_address,
-            ParamSyncClient(paramsync_address) as paramsync,
-            QueueClient(queue.grpc_address) as q,
-        ):
-            new = int(await client.weight_version()) + 1
-            async with running_replica(
-                engine.url,
-                queue.grpc_address,
-                replica_id="r-next",
-                paramsync_address=paramsync_address,
-                weights_dir=str(tmp_path / "weights"),
-                lease_block_timeout_s=30.0,
-            ) as replica:
-                await wait_until_async(replica.state.ready, what="engine ready")
-                await q.release([prompt(41, min_start_version=new)])
-                await paramsync.publish(new, new_policy(tiny_model_dir, 1.1))
-                await wait_until_async(lambda: replica.state.held_version == new, what="the new version held")
-                held_at = asyncio.get_running_loop().time()
-                (group,) = await pull_groups(queue.grpc_address, 1, timeout_s=60, version=new)
-                waited_s = asyncio.get_running_loop().time() - held_at
-    finally:
-        await queue.stop()
-    assert all(s.policy_versions == [new] * len(s.response_token_ids) for s in group.samples)
-    assert waited_s < 15.0, f"the prompt waited {waited_s:.1f} s after its version was held"
