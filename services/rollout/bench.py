@@ -12,11 +12,13 @@ rounds, so load from other processes on a shared machine hits both alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +41,25 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def tiny_engine_and_redis(prefix: str) -> Iterator[tuple[str, Path, str]]:
+    """What one bench run against the built-in engine needs: a tiny model served by an engine
+    process, and a private redis-server; yields (engine URL, model directory, redis URL)."""
+    from relayrl.models.tiny import init_tiny
+    from relayrl.redis_process import RedisProcess
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        model_dir = init_tiny(Path(tmp) / "model")
+        redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
+        port = free_port()
+        engine = start_engine(model_dir, port)
+        try:
+            yield f"http://127.0.0.1:{port}", model_dir, redis.url
+        finally:
+            stop_process(engine, 15)
+            redis.stop()
 
 
 def start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -154,17 +175,5 @@ async def _measure(
 
 
 def run_bench(prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int) -> BenchResult:
-    from relayrl.models.tiny import init_tiny
-    from relayrl.redis_process import RedisProcess
-
-    with tempfile.TemporaryDirectory(prefix="relayrl-bench-rollout-") as tmp:
-        model_dir = init_tiny(Path(tmp) / "model")
-        redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
-        port = free_port()
-        engine = start_engine(model_dir, port)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            return asyncio.run(_measure(url, redis.url, prompts, n, max_new_tokens, inflight, rounds))
-        finally:
-            stop_process(engine, 15)
-            redis.stop()
+    with tiny_engine_and_redis("relayrl-bench-rollout-") as (url, _, redis_url):
+        return asyncio.run(_measure(url, redis_url, prompts, n, max_new_tokens, inflight, rounds))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -171,23 +170,10 @@ async def _measure(
 
 
 def run_bench(episodes: int, turns: int, max_tokens: int, concurrency: int, rounds: int) -> OpenAIBenchResult:
-    from relayrl.models.tiny import init_tiny
-    from relayrl.net import free_port
-    from relayrl.redis_process import RedisProcess
-    from relayrl.subprocesses import stop_process
-    from services.rollout.bench import start_engine
+    from services.rollout.bench import tiny_engine_and_redis
 
-    with tempfile.TemporaryDirectory(prefix="relayrl-bench-openai-") as tmp:
-        model_dir = init_tiny(Path(tmp) / "model")
-        redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
-        port = free_port()
-        engine = start_engine(model_dir, port)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            return asyncio.run(_measure(url, model_dir, redis.url, episodes, turns, max_tokens, concurrency, rounds))
-        finally:
-            stop_process(engine, 15)
-            redis.stop()
+    with tiny_engine_and_redis("relayrl-bench-openai-") as (url, model_dir, redis_url):
+        return asyncio.run(_measure(url, model_dir, redis_url, episodes, turns, max_tokens, concurrency, rounds))
 
 
 def bench(
