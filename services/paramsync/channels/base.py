@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from services.paramsync.errors import ChecksumMismatch
 from services.paramsync.manifest import Manifest
 
 ChannelName = Literal["tcp", "grpc_chunks", "disk", "torch_dist"]
@@ -43,3 +44,12 @@ class ByteChannel(ABC):
     async def receive(self, version: int, place: Place) -> Manifest:
         """Receives ``version`` (0: the latest) into the views ``place`` gives once the manifest is
         known, every tensor verified against its checksum; returns the complete manifest."""
+
+
+def check_digests(manifest: Manifest, digests: Sequence[str]) -> Manifest:
+    """A receiving end's last step: every tensor's digest, in manifest order, equals the checksum
+    the (closed) manifest promises; returns the manifest."""
+    for spec, digest in zip(manifest.tensors, digests, strict=True):
+        if digest != spec.checksum:
+            raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")
+    return manifest

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.channels.base import ByteChannel, Place, TensorRun
+from services.paramsync.channels.base import ByteChannel, Place, TensorRun, check_digests
 from services.paramsync.core import Checksums, Chunk, ParamSyncCore
 from services.paramsync.digest import new_hasher
 from services.paramsync.errors import ChecksumMismatch, ParamSyncError, stage_deadline_error, status_of
@@ -175,10 +175,7 @@ async def _receive_into(stream: AsyncIterator[pb.WeightStreamMessage | RawChunk]
         if closed is None or closed.layout() != manifest.layout():
             raise ChecksumMismatch(f"version {manifest.version}: the stream ended without its checksums")
         manifest = closed
-    for spec, digest in zip(manifest.tensors, digests, strict=True):
-        if digest != spec.checksum:
-            raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum {digest} != expected")
-    return manifest
+    return check_digests(manifest, digests)
 
 
 # --- paramsync's end ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.channels.base import ByteChannel, Place, TensorRun
+from services.paramsync.channels.base import ByteChannel, Place, TensorRun, check_digests
 from services.paramsync.core import ParamSyncCore, check_link
 from services.paramsync.digest import new_hasher
 from services.paramsync.errors import (
@@ -299,10 +299,7 @@ def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> M
         if closed.layout() != manifest.layout():
             raise ChecksumMismatch(f"version {manifest.version}: the closing manifest lists other tensors")
         manifest = closed
-    for spec, digest in zip(manifest.tensors, digests, strict=True):
-        if digest != spec.checksum:
-            raise ChecksumMismatch(f"tensor {spec.name!r} of version {manifest.version}: checksum differs")
-    return manifest
+    return check_digests(manifest, digests)
 
 
 async def fetch_into(address: DataPlaneAddress, request: pb.FetchRequest, timeout_s: float, place: Place) -> Manifest:
