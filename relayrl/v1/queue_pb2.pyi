@@ -151,10 +151,12 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., prompt: _Optional[_Union[_trajectory_pb2.PromptGroup, _Mapping]] = ..., expires_at_unix_s: _Optional[float] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("leases",)
+    __slots__ = ("leases", "newer_version_waiting")
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEWER_VERSION_WAITING_FIELD_NUMBER: _ClassVar[int]
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
-    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
+    newer_version_waiting: bool
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., newer_version_waiting: _Optional[bool] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("replica_id", "lease_ids")

@@ -62,6 +62,13 @@ class PromptLease:
         return cls(lease.lease_id, PromptSpec.from_proto(lease.prompt), lease.expires_at_unix_s, lease.delivery_count)
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseBatch:
+    leases: list[PromptLease]
+    # No lease came because the waiting prompts need a newer held_version than the one asked with.
+    newer_version_waiting: bool
+
+
 @dataclass
 class QueueClient:
     """One channel to the queue service at ``address`` (``host:port``)."""
@@ -144,11 +151,18 @@ class QueueClient:
 
         Blocks up to ``block_timeout_s`` for the first one; returns ``[]`` when none came.
         """
+        return (await self.lease_batch(replica_id, max_prompts, held_version, block_timeout_s)).leases
+
+    async def lease_batch(
+        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
+    ) -> LeaseBatch:
+        """As :meth:`lease`, and says whether it returned early because only prompts for a
+        newer version wait (then ask again once the held version changed)."""
         request = qpb.LeaseRequest(
             replica_id=replica_id, max_prompts=max_prompts, held_version=held_version, block_timeout_s=block_timeout_s
         )
         reply = await _call(self._prompts.Lease, request, _deadline(block_timeout_s, default_s=60.0))
-        return [PromptLease.from_proto(lease) for lease in reply.leases]
+        return LeaseBatch([PromptLease.from_proto(lease) for lease in reply.leases], reply.newer_version_waiting)
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
         """Marks leases done (their groups were pushed); returns how many prompts it finished."""

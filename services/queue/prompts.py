@@ -160,6 +160,13 @@ MAX_LEASE_IDS_PER_CALL = 4096
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseOutcome:
+    grants: list[LeaseGrant]
+    # Nothing was leasable at the asked version but prompts for a newer one wait.
+    newer_version_waiting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseGrant:
     lease_id: str
     prompt: pb.PromptGroup
@@ -210,7 +217,15 @@ class PromptQueue:
 
     async def lease(
         self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float
-    ) -> list[LeaseGrant]:
+    ) -> LeaseOutcome:
+        """Up to ``max_prompts`` prompts that may start at ``held_version``; blocks up to
+        ``block_timeout_s`` for the first one, unless prompts that need a newer version wait.
+
+        A blocked call keeps the version it was sent with. Were it to keep blocking while only
+        prompts for a newer version wait, a replica whose weights move on meanwhile would sit
+        out the rest of the block before it could lease them (up to ``block_timeout_s`` lost
+        per weight version). So such a call returns at once and says why.
+        """
         if not replica_id or not replica_id.isprintable():
             raise BadRequest("replica_id must be a printable, non-empty name")
         if not 1 <= max_prompts <= MAX_PROMPTS_PER_LEASE:
@@ -229,7 +244,9 @@ class PromptQueue:
             )
             left = deadline - time.monotonic()
             if out or left <= 0:
-                return [_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)]
+                return LeaseOutcome([_grant(out[i], out[i + 1], out[i + 2], expires) for i in range(0, len(out), 3)])
+            if await self._redis.zcount(self._keys.prompts_waiting, f"({held_version}", "+inf"):
+                return LeaseOutcome([], newer_version_waiting=True)
             await wait_for_ring(rung, min(left, self._settings.poll_interval_s, await self._until_first_expiry()))
 
     async def _until_first_expiry(self) -> float:

@@ -130,10 +130,11 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
 
     @_status_mapped
     async def Lease(self, request: qpb.LeaseRequest, context: grpc.aio.ServicerContext) -> qpb.LeaseResponse:
-        grants = await self._store.lease(
+        outcome = await self._store.lease(
             request.replica_id, request.max_prompts, request.held_version, request.block_timeout_s
         )
         return qpb.LeaseResponse(
+            newer_version_waiting=outcome.newer_version_waiting,
             leases=[
                 qpb.Lease(
                     lease_id=g.lease_id,
@@ -141,8 +142,8 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
                     expires_at_unix_s=g.expires_at_unix_s,
                     delivery_count=g.delivery_count,
                 )
-                for g in grants
-            ]
+                for g in outcome.grants
+            ],
         )
 
     @_status_mapped

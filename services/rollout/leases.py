@@ -39,12 +39,17 @@ class Lease(Protocol):
     expires_at: float
 
 
+class LeaseAnswer(Protocol):
+    leases: Sequence[Lease]
+    newer_version_waiting: bool
+
+
 class ReplicaQueue(Protocol):
     """What the replica needs from the queue service (services.queue.client.QueueClient fits)."""
 
-    async def lease(
+    async def lease_batch(
         self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float = 0.0
-    ) -> Sequence[Lease]: ...
+    ) -> LeaseAnswer: ...
 
     async def complete(self, replica_id: str, lease_ids: list[str]) -> int: ...
 
@@ -86,15 +91,21 @@ class LeaseKeeper:
 
     async def lease(self, max_prompts: int) -> Sequence[Lease]:
         """Up to ``max_prompts`` new leases; none when the replica stopped being leasable while
-        the queue was out of reach."""
+        the queue was out of reach, or after ``block_timeout_s`` without any.
+
+        When the queue says only prompts for newer weights wait, this waits for the held
+        version to change (at most ``block_timeout_s``) before returning, so the next lease
+        asks with the new version at once.
+        """
         async for attempt in retrying("lease prompts", any_error, QUEUE_RETRY, log):
             with attempt:
                 if not self.state.leasable():
                     return []
-                return await self.queue.lease(
-                    self.replica_id, max_prompts, self.state.held_version, self.block_timeout_s
-                )
-        raise AssertionError("unreachable: tenacity returns or re-raises")
+                held = self.state.held_version
+                answer = await self.queue.lease_batch(self.replica_id, max_prompts, held, self.block_timeout_s)
+        if answer.newer_version_waiting and self.state.held_version == held:
+            await self.state.version_changed(self.block_timeout_s)
+        return answer.leases
 
     async def keep(self) -> None:
         """Renews each lease in flight when half its time is left; drops prompts whose lease was lost.

@@ -70,6 +70,32 @@ async def test_lease_blocks_until_a_prompt_is_released(start_queue):
         assert [lease.prompt.prompt_id for lease in leases] == ["ds/7"]
 
 
+async def test_a_lease_does_not_block_when_only_prompts_for_newer_weights_wait(start_queue):
+    """A blocked lease keeps the version it was sent with; were it to keep blocking here, a
+    replica whose weights move on meanwhile could not lease these prompts until it timed out."""
+    server = await start_queue()
+    async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as replica:
+        await trainer.release([prompt(0, min_start=3)])
+        batch = await asyncio.wait_for(replica.lease_batch("replica-a", 4, held_version=2, block_timeout_s=30), 5)
+        assert batch.leases == [] and batch.newer_version_waiting
+
+        # Blocked with nothing waiting, then woken by a release only newer weights may start.
+        (only,) = await replica.lease("replica-b", max_prompts=1, held_version=3)
+        waiting = asyncio.create_task(replica.lease_batch("replica-a", 4, held_version=2, block_timeout_s=30))
+        await asyncio.sleep(0.2)  # what is under test: blocked while nothing at all waits
+        assert not waiting.done()
+        await trainer.release([prompt(1, min_start=4)])
+        batch = await asyncio.wait_for(waiting, 5)
+        assert batch.leases == [] and batch.newer_version_waiting
+
+        # Prompts it may start are leased as before, and the flag stays down.
+        await trainer.release([prompt(2, min_start=1)])
+        batch = await replica.lease_batch("replica-a", 4, held_version=2, block_timeout_s=30)
+        assert [lease.prompt.prompt_id for lease in batch.leases] == ["ds/2"]
+        assert not batch.newer_version_waiting
+        assert await replica.complete("replica-b", [only.lease_id]) == 1
+
+
 async def test_a_blocked_lease_is_woken_by_a_give_back_and_by_a_lease_expiring(start_queue):
     server = await start_queue(lease_timeout_s=1.0)
     async with QueueClient(server.grpc_address) as client:

@@ -75,3 +75,35 @@ async def test_prompt_waits_for_its_min_start_version_then_runs_on_it(
     assert on_disk == []
     assert in_memory == ([shm_versions / f"v{new:012d}" / "model.safetensors"] if transport == "grpc" else [])
     assert not shm_versions.exists()
+
+
+async def test_a_replica_leases_prompts_for_its_new_weights_without_waiting_out_a_lease_call(
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With a 30 s lease block, a lease sent at the old version must not hold the replica back
+    once the new version is applied: every synchronous step would otherwise lose that wait."""
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id)))
+    try:
+        async with (
+            EngineClient(engine.url) as client,
+            paramsync_service(transport="grpc", shared_dir=str(tmp_path / "shared")) as paramsync_address,
+            ParamSyncClient(paramsync_address) as paramsync,
+            QueueClient(queue.grpc_address) as q,
+        ):
+            new = int(await client.weight_version()) + 1
+            async with running_replica(
+                engine.url,
+                queue.grpc_address,
+                replica_id="r-next",
+                paramsync_address=paramsync_address,
+                weights_dir=str(tmp_path / "weights"),
+                lease_block_timeout_s=30.0,
+            ) as replica:
+                await wait_until_async(replica.state.ready, what="engine ready")
+                await q.release([prompt(41, min_start_version=new)])
+                await asyncio.sleep(0.5)  # the replica has asked for prompts at its old version by now
+                await paramsync.publish(new, new_policy(tiny_model_dir, 1.1))
+                (group,) = await pull_groups(queue.grpc_address, 1, timeout_s=15.0, version=new)
+    finally:
+        await queue.stop()
+    assert all(s.policy_versions == [new] * len(s.response_token_ids) for s in group.samples)
