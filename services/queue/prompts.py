@@ -215,9 +215,7 @@ class PromptQueue:
         await pipe.execute()
         return len(prompts)
 
-    async def lease(
-        self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float
-    ) -> LeaseOutcome:
+    async def lease(self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float) -> LeaseOutcome:
         """Up to ``max_prompts`` prompts that may start at ``held_version``; blocks up to
         ``block_timeout_s`` for the first one, unless prompts that need a newer version wait.
 
