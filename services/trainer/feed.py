@@ -93,8 +93,9 @@ class Feed:
         self.dataset = dataset
         self.control = control
         self.stalls = stalls
-        # Told of every group skipped here (reason, group ids) when it is acknowledged: the run's
-        # record of drops, which a crash cannot roll back the way it rolls back the state's counters.
+        # Told of every group skipped here (reason, group ids) just before it is acknowledged: the
+        # run's record of drops, which a crash cannot roll back the way it rolls back the state's
+        # counters. Before, so a crash in between can only re-deliver a group already recorded.
         self.on_drop = on_drop
         self.state = FeedState()
         self._buffer: list[Delivered] = []
@@ -214,8 +215,8 @@ class Feed:
             # Trained on in the state we run from and acknowledged, but the ack was lost.
             self.state.duplicate_groups += 1
             log.warning("group %s was trained on already; skipping it", d.group.group_id)
-            self._ack_now([d.entry_id])
             self._dropped("duplicate", [d.group.group_id])
+            self._ack_now([d.entry_id])
             return
         self._seen.add(d.entry_id)
         if d.group.is_eval:
@@ -227,6 +228,7 @@ class Feed:
         ):
             self.state.filtered_groups += 1
             self._filtered_now[reason] += 1
+            self._dropped(reason, [d.group.group_id])
             self._ack_now([d.entry_id])
             return
         self._buffer.append(d)
@@ -238,8 +240,8 @@ class Feed:
                 fresh.append(d)
             else:
                 self.state.dropped_stale += 1
-                self._ack_now([d.entry_id])
                 self._dropped("stale", [d.group.group_id])
+                self._ack_now([d.entry_id])
         self._buffer = fresh
 
     def _dropped(self, reason: str, group_ids: list[str]) -> None:

@@ -214,6 +214,7 @@ class Trainer:
                 break
             started = time.perf_counter()
             metrics = self.train(plan)
+            self.record_trained(plan)
             if self.state.step % self.s.sync_every == 0:
                 self.state.version += 1
                 if plan.checkpoint_after:
@@ -357,9 +358,17 @@ class Trainer:
             }
         )
         self.telemetry.record(self.state.step, metrics)
-        # Which groups this step trained on, at which version: `relayrl chaos` checks from it that
-        # none was trained twice or beyond the staleness bound across restarts.
-        self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages)
+
+    def record_trained(self, plan: StepPlan) -> None:
+        """Which groups this step trained on, at which version: `relayrl chaos` checks from it that
+        none was lost, trained twice or beyond the staleness bound across restarts.
+
+        Written before the step's checkpoint, which acknowledges the groups: written after it, a
+        crash in between (during the publish, say) would leave trained, acknowledged groups that no
+        line names, since a resume from that checkpoint never writes the step again.
+        """
+        if self.ctx.is_main:
+            self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages)
 
     def finish(self) -> None:
         at_boundary = self.state.step > 0 and self.state.step % self.s.sync_every == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -12,8 +14,9 @@ import httpx
 import pytest
 
 from relayrl.net import free_port, wait_for_port
+from relayrl.stack.chaos.ledger import Lineage
 from services.queue.client import QueueClient
-from tests.integration.trainer.harness import Stack, start_trainer, stop_group
+from tests.integration.trainer.harness import REPO, Stack, start_trainer, stop_group
 from tests.waiting import wait_until
 
 SMALL = dict(batch_size=2, n_samples=2, max_new_tokens=4, micro_batch_tokens=64, dataset_size=32, lr=1e-3)
@@ -124,6 +127,47 @@ def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, ti
         # every group delivered to the killed trainer came back and was trained and acknowledged
         assert stats.pending == 0 and stats.dropped_by_reason.get("malformed", 0) == 0
         assert stats.total_consumed >= total * SMALL["batch_size"]
+
+
+# A trainer SIGKILLed the moment the checkpoint of step 2 is durable and its groups are
+# acknowledged: before it publishes and records the step.
+DIES_AFTER_ACK = """
+import os, signal
+from services.trainer.cli import app
+from services.trainer.feed import Feed
+
+acknowledge = Feed.acknowledge_through
+def dying(self, step):
+    acknowledge(self, step)
+    if step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+Feed.acknowledge_through = dying
+app(["run"])
+"""
+
+
+def test_a_step_acknowledged_before_a_crash_stays_on_the_run_record(redis_server, tiny_model_dir, tmp_path):
+    """groups.jsonl is the run's record of what was trained (`relayrl chaos` counts lost groups
+    from it). A resumed trainer never trains a checkpointed step again, so the line of a step
+    whose groups were acknowledged must already be written, or those groups count as lost."""
+    run_dir = tmp_path / "run"
+    with Stack(redis_server.url, f"t{uuid.uuid4().hex[:6]}") as stack:
+        env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=4, checkpoint_every=2, **SMALL)
+        with (tmp_path / "first.log").open("ab") as log_file:
+            first = subprocess.run(
+                [sys.executable, "-c", DIES_AFTER_ACK], env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                timeout=120,
+            )  # fmt: skip
+        assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+        proc = start_trainer(env, tmp_path / "second.log")
+        try:
+            assert proc.wait(120) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        finally:
+            stop_group(proc)
+    lineage = Lineage.read(run_dir / "groups.jsonl")
+    assert sorted(lineage.steps) == [1, 2, 3, 4]
+    assert lineage.trained_twice() == 0
 
 
 def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
