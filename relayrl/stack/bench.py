@@ -105,6 +105,12 @@ class BenchRun:
     tool_latency_ms: float = 0.0
     # fp32 or bf16: the trainer's FSDP2 param_dtype and the engine's weights.
     dtype: str = "fp32"
+    # The rollout's partial_rollout_mode; None: the workload's.
+    partial_rollout_mode: str | None = None
+
+    @property
+    def rollout_mode(self) -> str:
+        return self.partial_rollout_mode or self.workload.rollout.get("partial_rollout_mode", "abort_resume")
 
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
         environment = self.workload.environment
@@ -115,6 +121,7 @@ class BenchRun:
                 "max_inflight_prompts": 32,
                 "max_new_tokens": self.workload.max_new_tokens,
                 **self.workload.rollout,
+                "partial_rollout_mode": self.rollout_mode,
                 **(environment(self.env_dir(name), self.tool_latency_ms) if environment else {}),
             },
             engine={**self.workload.engine, "dtype": "bfloat16" if self.dtype == "bf16" else "float32"},
@@ -359,6 +366,7 @@ def result_json(
     cpu_split: dict[str, object],
     tool_latency_ms: float = 0.0,
     dtype: str = "fp32",
+    partial_rollout_mode: str = "in_place",
 ) -> dict[str, Any]:
     bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
     result = {
@@ -366,6 +374,7 @@ def result_json(
         "workload": workload.name,
         "preset": preset,
         "dtype": dtype,
+        "partial_rollout_mode": partial_rollout_mode,
         "steps": steps,
         "async_max_staleness": eta,
         "cpu_split": cpu_split,
@@ -493,6 +502,13 @@ def bench(
             "on CPUs with AVX512-BF16 or AMX)."
         ),
     ] = "fp32",
+    partial_rollout_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="What a weight update does to generations in flight: in_place (every workload's default), "
+            "abort_resume or restart (the rollout's partial_rollout_mode)."
+        ),
+    ] = None,
 ) -> None:
     """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
     try:
@@ -510,6 +526,13 @@ def bench(
         )
     if dtype not in DTYPES:
         raise typer.BadParameter(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}", param_hint="--dtype")
+    from services.rollout.config import PARTIAL_ROLLOUT_MODES
+
+    if partial_rollout_mode not in (None, *PARTIAL_ROLLOUT_MODES):
+        raise typer.BadParameter(
+            f"unknown mode {partial_rollout_mode!r}; choose one of {', '.join(PARTIAL_ROLLOUT_MODES)}",
+            param_hint="--partial-rollout-mode",
+        )
     latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
@@ -524,7 +547,7 @@ def bench(
         model_dir = _init_model(work, preset)
         dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
         tool_latency = latency_ms if chosen.environment else 0.0
-        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype)
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype, partial_rollout_mode)
         _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
         alone = measure_alone(run, alone_steps)
         _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
@@ -533,7 +556,17 @@ def bench(
         _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
         asynchronous = run_mode(run, async_staleness, steps)
     result = result_json(
-        chosen, preset, steps, async_staleness, alone, sync, asynchronous, cpu_split, run.tool_latency_ms, run.dtype
+        chosen,
+        preset,
+        steps,
+        async_staleness,
+        alone,
+        sync,
+        asynchronous,
+        cpu_split,
+        run.tool_latency_ms,
+        run.dtype,
+        run.rollout_mode,
     )
     if json_out is not None:
         json_out.write_text(json.dumps(result) + "\n")

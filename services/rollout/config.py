@@ -22,6 +22,8 @@ from pydantic import Field, model_validator
 
 from relayrl.config import ServiceSettings, shared_field
 
+PARTIAL_ROLLOUT_MODES = ("abort_resume", "in_place", "restart")
+
 
 class RolloutSettings(ServiceSettings):
     service_name: ClassVar[str] = "rollout"
@@ -49,7 +51,7 @@ class RolloutSettings(ServiceSettings):
     max_new_tokens: int = Field(256, ge=1, description="Default response length budget, tokens.")
     partial_rollout_mode: str = Field(
         "abort_resume",
-        pattern="^(abort_resume|in_place|restart)$",
+        pattern=f"^({'|'.join(PARTIAL_ROLLOUT_MODES)})$",
         description="On a weight update mid-generation: 'abort_resume' aborts and resubmits prompt + generated"
         " tokens with the remaining budget (per-token versions kept); 'in_place' keeps generating under the"
         " new weights; 'restart' discards the partial response and starts again.",

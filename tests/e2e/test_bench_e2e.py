@@ -35,6 +35,8 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
     # No --alone-steps: the workload's own default (4 for realistic) applies.
+    # Every workload switches weights in place unless told otherwise: this run covers the other way.
+    argv += ["--partial-rollout-mode", "abort_resume"]
     argv += ["--steps", "3", "--timeout-s", "240", "--json", "--json-out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,6 +44,7 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
     assert printed == json.loads(out.read_text())
     assert printed.keys() >= KEYS
     assert (printed["workload"], printed["preset"], printed["dtype"]) == ("realistic", "tiny", "fp32")
+    assert printed["partial_rollout_mode"] == "abort_resume"
     assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
     for key in ("engine_alone_samples_per_s", "trainer_alone_samples_per_s", "sync_samples_per_s"):
         assert printed[key] > 0
@@ -70,7 +73,11 @@ def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environme
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
     assert printed.keys() >= KEYS | AGENTIC_KEYS
-    assert (printed["workload"], printed["tool_latency_ms"]) == ("agentic", 100.0)
+    assert (printed["workload"], printed["tool_latency_ms"], printed["partial_rollout_mode"]) == (
+        "agentic",
+        100.0,
+        "in_place",
+    )
     assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
     # Episodes of the guess game: up to three guesses, each answered by the environment.
     episodes = printed["episodes"]
