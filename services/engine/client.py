@@ -251,6 +251,34 @@ class EngineClient:
         items = payload if isinstance(payload, list) else [payload]
         return [GenerateOutput.from_sglang(item) for item in items]
 
+    async def generate_batch(
+        self,
+        inputs: Sequence[Sequence[int]],
+        sampling_params: Sequence[SamplingParams],
+        rids: Sequence[str],
+        return_logprob: bool = True,
+    ) -> list[GenerateOutput]:
+        """One sample for each of ``inputs`` in one request (SGLang's batch form of ``/generate``:
+        lists of ``input_ids``, ``sampling_params`` and ``rid``); the outputs in input order."""
+        if not len(inputs) == len(sampling_params) == len(rids):
+            raise ValueError(f"{len(inputs)} inputs, {len(sampling_params)} sampling params and {len(rids)} rids")
+        if any(p.n != 1 for p in sampling_params):
+            raise ValueError("a batched generate asks for one sample per input (n = 1)")
+        body: dict[str, Any] = {
+            "input_ids": [list(ids) for ids in inputs],
+            "sampling_params": [p.to_json() for p in sampling_params],
+            "rid": list(rids),
+            "return_logprob": return_logprob,
+        }
+        if self.lora_adapter is not None:
+            body["lora_path"] = [self.lora_adapter] * len(inputs)
+        response = await self._request("POST", "/generate", body)
+        self._raise_for_status(response)
+        payload = response.json()
+        if not isinstance(payload, list) or len(payload) != len(inputs):
+            raise EngineError(f"a batch of {len(inputs)} inputs was answered with {_count(payload)} outputs")
+        return [GenerateOutput.from_sglang(item) for item in payload]
+
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         response = await self._request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
         self._raise_for_status(response)
@@ -404,3 +432,7 @@ class EngineClient:
     async def weight_version(self) -> str:
         """The engine's current ``weight_version`` string, from ``/get_model_info``."""
         return str((await self.model_info()).get("weight_version", ""))
+
+
+def _count(payload: Any) -> str:
+    return str(len(payload)) if isinstance(payload, list) else "a single object instead of a list of"

@@ -13,7 +13,6 @@ resume itself.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
@@ -88,24 +87,16 @@ async def generate_group(
     rid: str,
 ) -> list[SampleResult]:
     """The ``n`` samples of one prompt: one request with ``n`` (the engine shares the prefill and
-    the HTTP round trip), then each interrupted sample continues on its own."""
+    the HTTP round trip); samples a weight update interrupted continue together (:func:`continue_samples`)."""
     started = time.perf_counter()
     outputs = await engine.generate(prompt_ids, _params(sampling, sampling.max_new_tokens, n), rid=rid)
     elapsed = time.perf_counter() - started
     if len(outputs) != n:
         raise EngineError(f"asked for {n} samples, engine returned {len(outputs)}")
     results = [_absorb(SampleResult(engine_s=elapsed), out, mode, held_version) for out in outputs]
-    unfinished = [i for i, r in enumerate(results) if not r.finish_reason]
-    if unfinished:
-        resumed = await asyncio.gather(
-            *(
-                continue_sample(engine, prompt_ids, sampling, mode, held_version, f"{rid}-{i}", results[i])
-                for i in unfinished
-            )
-        )
-        for i, result in zip(unfinished, resumed, strict=True):
-            results[i] = result
-    return results
+    if all(r.finish_reason for r in results):
+        return results
+    return await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, results)
 
 
 async def continue_sample(
@@ -118,21 +109,51 @@ async def continue_sample(
     result: SampleResult,
 ) -> SampleResult:
     """Resubmits an interrupted sample (prompt + tokens so far, remaining budget) until it finishes."""
+    (done,) = await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, [result])
+    return done
+
+
+async def continue_samples(
+    engine: EngineClient,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    mode: str,
+    held_version: int,
+    rid: str,
+    results: list[SampleResult],
+) -> list[SampleResult]:
+    """Resubmits the unfinished ones of ``results`` (samples of one prompt) until each finishes.
+
+    All that a weight update interrupted go back in one batched request, not one each: in
+    ``abort_resume`` mode every switch interrupts every sample in flight, and a request apiece
+    (the engine parsing and the rollout answering each) slowed the switches themselves.
+    """
+    results = list(results)
     for attempt in range(MAX_RESUBMITS + 1):
-        if result.resubmits > MAX_RESUBMITS:
-            break
-        remaining = sampling.max_new_tokens - len(result.output_ids)
-        if remaining <= 0:
-            result.finish_reason = "length"
-            return result
+        todo = []
+        for i, result in enumerate(results):
+            if result.finish_reason:
+                continue
+            if result.resubmits > MAX_RESUBMITS:
+                raise GenerationError(f"sample {rid}-{i} aborted {MAX_RESUBMITS} times in a row")
+            if len(result.output_ids) >= sampling.max_new_tokens:
+                result.finish_reason = "length"
+                continue
+            todo.append(i)
+        if not todo:
+            return results
+        inputs = [prompt_ids + results[i].output_ids for i in todo]
+        params = [_params(sampling, sampling.max_new_tokens - len(results[i].output_ids)) for i in todo]
+        rids = [f"{rid}-{i}-{attempt}" for i in todo]
         started = time.perf_counter()
-        outputs = await engine.generate(
-            prompt_ids + result.output_ids, _params(sampling, remaining), rid=f"{rid}-{attempt}"
-        )
-        result.engine_s += time.perf_counter() - started
-        if len(outputs) != 1:
-            raise EngineError(f"asked for 1 sample, engine returned {len(outputs)}")
-        result = _absorb(result, outputs[0], mode, held_version)
-        if result.finish_reason:
-            return result
-    raise GenerationError(f"sample {rid} aborted {MAX_RESUBMITS} times in a row")
+        if len(todo) == 1:
+            outputs = await engine.generate(inputs[0], params[0], rid=rids[0])
+        else:
+            outputs = await engine.generate_batch(inputs, params, rids)
+        elapsed = time.perf_counter() - started
+        if len(outputs) != len(todo):
+            raise EngineError(f"asked for {len(todo)} samples, engine returned {len(outputs)}")
+        for i, out in zip(todo, outputs, strict=True):
+            results[i].engine_s += elapsed
+            results[i] = _absorb(results[i], out, mode, held_version)
+    raise GenerationError(f"samples of {rid} aborted {MAX_RESUBMITS} times in a row")

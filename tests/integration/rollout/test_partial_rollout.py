@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from services.engine.client import EngineClient, SamplingParams
@@ -19,6 +21,19 @@ from tests.integration.rollout.replica_harness import bare_weight_sync, new_poli
 from tests.waiting import wait_until_async
 
 
+class GenerateLog(EngineClient):
+    """The real client, keeping the body of every ``/generate`` it sends."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url)
+        self.generates: list[dict[str, Any]] = []
+
+    async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
+        if path == "/generate":
+            self.generates.append(json)
+        return await super()._send_once(method, path, json)
+
+
 @pytest.mark.parametrize("mode", ["abort_resume", "in_place", "restart"])
 async def test_partial_rollout_records_per_token_versions(
     engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, mode: str
@@ -27,7 +42,7 @@ async def test_partial_rollout_records_per_token_versions(
     async with (
         paramsync_service() as address,
         ParamSyncClient(address) as paramsync,
-        EngineClient(engine.url) as client,
+        GenerateLog(engine.url) as client,
     ):
         old = int(await client.weight_version())
         sync, state = bare_weight_sync(paramsync, client, "r-partial", mode, tmp_path / "weights", old)
@@ -62,6 +77,10 @@ async def test_partial_rollout_records_per_token_versions(
         else:
             assert result.versions[0] == old, "tokens generated before the switch keep their version"
             assert result.resubmits == (1 if mode == "abort_resume" else 0)
+    # The group is one request; samples the switch interrupted go back together, in one more.
+    batches = [len(body["input_ids"]) if isinstance(body["input_ids"][0], list) else 1 for body in client.generates]
+    assert batches == ([1] if mode == "in_place" else [1, 2])
+    assert client.generates[0]["sampling_params"]["n"] == 2
     assert [(r.replica_id, r.version) for r in table.replicas] == [("r-partial", new)]
     # One version fetched and applied; the pause holds the apply and nothing of the fetch.
     assert {k: count for k, (count, _) in stages.items()} == {
