@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,13 +55,25 @@ class SyntheticRollout:
         async with QueueClient(self.queue_address) as queue, ParamSyncClient(self.paramsync_address) as ps:
             while True:
                 held = (await ps.list_replicas()).latest_version
-                leases = await queue.lease("synthetic-0", 8, held, block_timeout_s=0.2)
+                batch = await queue.lease_batch("synthetic-0", 8, held, block_timeout_s=0.2)
+                leases = batch.leases
+                if batch.newer_version_waiting:
+                    # As a replica waits for its weights: asking again at once would spin on this
+                    # loop, and the trainer under test shares the machine with it.
+                    await self._version_after(ps, held, deadline_s=0.2)
                 if not leases:
                     continue
                 groups = [self._group(lease.prompt, lease.lease_id, held, rng) for lease in leases]
                 await queue.push(groups)
                 await queue.complete("synthetic-0", [lease.lease_id for lease in leases])
                 self.pushed.extend(groups)
+
+    @staticmethod
+    async def _version_after(ps: ParamSyncClient, held: int, deadline_s: float) -> None:
+        """Returns once paramsync holds a version newer than ``held``, or after ``deadline_s``."""
+        deadline = time.monotonic() + deadline_s
+        while (await ps.list_replicas()).latest_version <= held and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     def _group(self, prompt: Any, lease_id: str, version: int, rng: random.Random) -> Group:
         samples = []
