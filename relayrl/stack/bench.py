@@ -92,6 +92,14 @@ class AloneResult:
     episodes: dict[str, float]
 
 
+# Every workload switches weights in place unless --partial-rollout-mode says otherwise. On this
+# CPU stack an abort_resume switch under load (every sample in flight aborted and resubmitted)
+# paused generation 0.24 s per version instead of 0.03 s and cut the toy's asynchronous
+# throughput threefold (README); an agentic turn is two tokens, and resubmitting it would
+# re-prefill the whole episode for at most one more.
+BENCH_PARTIAL_ROLLOUT_MODE = "in_place"
+
+
 @dataclass(frozen=True, slots=True)
 class BenchRun:
     """What every phase of one invocation shares."""
@@ -105,12 +113,12 @@ class BenchRun:
     tool_latency_ms: float = 0.0
     # fp32 or bf16: the trainer's FSDP2 param_dtype and the engine's weights.
     dtype: str = "fp32"
-    # The rollout's partial_rollout_mode; None: the workload's.
+    # The rollout's partial_rollout_mode; None: BENCH_PARTIAL_ROLLOUT_MODE.
     partial_rollout_mode: str | None = None
 
     @property
     def rollout_mode(self) -> str:
-        return self.partial_rollout_mode or self.workload.rollout.get("partial_rollout_mode", "abort_resume")
+        return self.partial_rollout_mode or BENCH_PARTIAL_ROLLOUT_MODE
 
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
         environment = self.workload.environment
@@ -366,7 +374,7 @@ def result_json(
     cpu_split: dict[str, object],
     tool_latency_ms: float = 0.0,
     dtype: str = "fp32",
-    partial_rollout_mode: str = "in_place",
+    partial_rollout_mode: str = BENCH_PARTIAL_ROLLOUT_MODE,
 ) -> dict[str, Any]:
     bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
     result = {

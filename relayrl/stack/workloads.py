@@ -149,18 +149,7 @@ def agentic_environment(directory: Path, latency_ms: float) -> dict[str, Any]:
 
 
 WORKLOADS: dict[str, Workload] = {
-    # Every workload switches weights in place: on this CPU stack an abort_resume switch under load
-    # (every in-flight sample aborted, then resubmitted on its own) paused generation 0.24 s per
-    # version instead of 0.03 s and cut the toy's asynchronous throughput threefold (README).
-    "toy": Workload(
-        "toy",
-        n_samples=4,
-        batch_size=8,
-        max_new_tokens=40,
-        lr=0.003,
-        write_dataset=toy_dataset,
-        rollout={"partial_rollout_mode": "in_place"},
-    ),
+    "toy": Workload("toy", n_samples=4, batch_size=8, max_new_tokens=40, lr=0.003, write_dataset=toy_dataset),
     "realistic": Workload(
         "realistic",
         n_samples=8,
@@ -168,7 +157,6 @@ WORKLOADS: dict[str, Workload] = {
         max_new_tokens=REALISTIC_MAX_TOKENS,
         lr=0.001,
         write_dataset=realistic_dataset,
-        rollout={"partial_rollout_mode": "in_place"},
         bench_steps=10,
         bench_alone_steps=4,
     ),
@@ -187,9 +175,6 @@ WORKLOADS: dict[str, Workload] = {
             "max_inflight_prompts": 32,
             # Every episode in flight may be waiting on the environment at once.
             "multi_turn_tool_concurrency": 256,
-            # A turn is two tokens: aborting it at a weight update to resubmit would re-prefill the
-            # whole episode so far for at most one token.
-            "partial_rollout_mode": "in_place",
         },
         engine={"max_running_requests": 256},
         environment=agentic_environment,
