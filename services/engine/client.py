@@ -254,9 +254,7 @@ class EngineClient:
             body["rid"] = rid
         if lora_path is not None:
             body["lora_path"] = lora_path
-        response = await self._request("POST", "/generate", body)
-        self._raise_for_status(response)
-        payload = response.json()
+        payload = await self._post_generate(body)
         items = payload if isinstance(payload, list) else [payload]
         return [GenerateOutput.from_sglang(item) for item in items]
 
@@ -281,12 +279,16 @@ class EngineClient:
         }
         if self.lora_adapter is not None:
             body["lora_path"] = [self.lora_adapter] * len(inputs)
-        response = await self._request("POST", "/generate", body)
-        self._raise_for_status(response)
-        payload = response.json()
+        payload = await self._post_generate(body)
         if not isinstance(payload, list) or len(payload) != len(inputs):
             raise EngineError(f"a batch of {len(inputs)} inputs was answered with {_count(payload)} outputs")
         return [GenerateOutput.from_sglang(item) for item in payload]
+
+    async def _post_generate(self, body: dict[str, Any]) -> Any:
+        """One ``/generate`` round trip (single or batch form); the decoded JSON answer."""
+        response = await self._request("POST", "/generate", body)
+        self._raise_for_status(response)
+        return response.json()
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         response = await self._request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
