@@ -42,6 +42,8 @@ from services.engine.sampling import SamplingConfig, sample
 
 log = logging.getLogger(__name__)
 
+CLOSING_MESSAGE = "aborted: the engine is shutting down"
+
 PauseMode = Literal["abort", "retract", "in_place"]
 
 
@@ -109,6 +111,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.paused: PauseMode | None = None
+        self.closing = False
         self.generated_tokens = 0
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._stop = threading.Event()
@@ -169,6 +172,8 @@ class Scheduler:
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "generate":
             self.waiting.extend(payload)
+            if self.closing:
+                self.abort(abort_all=True, message=CLOSING_MESSAGE)
         elif kind == "command":
             fn, loop, future = payload
             try:
@@ -275,6 +280,12 @@ class Scheduler:
 
     def resume(self) -> None:
         self.paused = None
+
+    def close(self) -> None:
+        """Ends every request, now and from here on: a request held by a pause (or queued behind a
+        full batch) would otherwise keep the HTTP server's graceful shutdown waiting for ever."""
+        self.closing = True
+        self.abort(abort_all=True, message=CLOSING_MESSAGE)
 
     def abort(self, rid: str = "", abort_all: bool = False, message: str = "aborted by abort_request") -> int:
         victims = [

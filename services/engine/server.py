@@ -36,5 +36,8 @@ class RunningEngine:
     state: EngineState
 
     async def stop(self) -> None:
+        # Requests end first (with an abort the client can resubmit elsewhere), so the HTTP
+        # server's drain never waits on a generation that a pause holds.
+        await self.state.scheduler.call(self.state.scheduler.close)
         await self.servers.stop()
         self.state.scheduler.stop()

@@ -126,6 +126,8 @@ class EngineState:
             "num_decode_forward_passes": counts.decode,
             "max_decode_batch_size": counts.max_decode_batch,
             "generated_tokens": self.scheduler.generated_tokens,
+            "num_running_requests": len(self.scheduler.running),
+            "num_waiting_requests": len(self.scheduler.waiting),
             "paused": self.scheduler.paused,
             "loaded_lora_adapters": self.lora.loaded(),
         }

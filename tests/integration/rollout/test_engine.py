@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -107,6 +109,13 @@ async def _wait_generating(client: EngineClient, at_least: int) -> None:
     await wait_until_async(generated, poll_s=0.01, what=f"{at_least} tokens generated")
 
 
+async def _wait_waiting(client: EngineClient, at_least: int) -> None:
+    async def waiting() -> bool:
+        return (await client.model_info())["num_waiting_requests"] >= at_least
+
+    await wait_until_async(waiting, poll_s=0.01, what=f"{at_least} requests waiting")
+
+
 async def test_pause_abort_returns_partial_output_and_holds_new_requests(engine: EngineProcess) -> None:
     async with EngineClient(engine.url) as client:
         long = SamplingParams(max_new_tokens=400, ignore_eos=True)
@@ -123,6 +132,22 @@ async def test_pause_abort_returns_partial_output_and_holds_new_requests(engine:
         await client.continue_generation()
         (out,) = await asyncio.wait_for(held, 10)
         assert out.finish_reason == "length"
+
+
+async def test_sigterm_ends_requests_a_pause_holds_and_the_engine_exits(
+    start_engine: Callable[..., EngineProcess],
+) -> None:
+    engine = start_engine()
+    async with EngineClient(engine.url) as client:
+        await client.pause_generation("abort")
+        held = asyncio.create_task(client.generate([5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True)))
+        await _wait_waiting(client, 1)
+        assert engine.process is not None
+        engine.process.send_signal(signal.SIGTERM)
+        # Before, uvicorn's drain waited for the held request for ever (the stack SIGKILLed it after 15 s).
+        (out,) = await asyncio.wait_for(held, 5)
+        assert out.finish_reason == "abort" and out.output_ids == []
+        assert await asyncio.to_thread(engine.process.wait, 5) == 0
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
