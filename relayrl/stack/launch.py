@@ -127,11 +127,13 @@ class LocalStack:
         self.supervisor.restarts_file = self.restarts_file
         self._start_redis()
         self._start_queue_and_paramsync()
+        # The trainer needs only the queue and paramsync: it loads its model while the engines load
+        # theirs (seconds each, on different CPUs) instead of after them.
+        if training:
+            self.start_training(model_dir)
         if generation:
             self._start_engines(model_dir)
             self._start_rollouts()
-        if training:
-            self.start_training(model_dir)
         self.supervisor.record_restarts()
         self._write_ctl_env()
 
