@@ -40,6 +40,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 # time on one worker, beside the unit and integration tests on the other, so no two
                 # stacks (each wanting both cores) ever share the machine.
                 item.add_marker(pytest.mark.xdist_group("e2e"))
+            elif parts[0] == "integration":
+                # An integration module's tests share its module-scoped fixtures (a whole observed
+                # stack, a trained model): split across the workers, each worker would build them again.
+                item.add_marker(pytest.mark.xdist_group("/".join(parts)))
             if len(parts) > 2 and parts[1] in _AREAS:
                 item.add_marker(getattr(pytest.mark, _AREAS[parts[1]]))
 

@@ -132,8 +132,8 @@ class LocalStack:
         if training:
             self.start_training(model_dir)
         if generation:
-            self._start_engines(model_dir)
-            self._start_rollouts()
+            # Rollouts watch their engine's health and lease nothing until it is up: all start at once.
+            self.supervisor.start_all([*self._engine_specs(model_dir), *self._rollout_specs()])
         self.supervisor.record_restarts()
         self._write_ctl_env()
 
@@ -193,8 +193,8 @@ class LocalStack:
             ]
         )
 
-    def _start_engines(self, model_dir: Path) -> None:
-        """The engines, and the reward service beside them: the rollouts start once all are ready."""
+    def _engine_specs(self, model_dir: Path) -> list[ComponentSpec]:
+        """The engines, and the reward service beside them."""
         specs = self._reward_specs()
         for i in range(self.settings.rollout_replicas):
             port = free_port(HOST)
@@ -209,7 +209,7 @@ class LocalStack:
             }
             argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]
             specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health", self.cpus.engine_cpus))
-        self.supervisor.start_all(specs)
+        return specs
 
     def _reward_specs(self) -> list[ComponentSpec]:
         if not self.config.uses_reward_model():
@@ -223,7 +223,7 @@ class LocalStack:
         ready = f"{self.endpoints.reward_http}/readyz"
         return [self._spec("reward", [*RELAYRL, "reward", "serve"], "reward", wiring, ready, self.cpus.service_cpus)]
 
-    def _start_rollouts(self) -> None:
+    def _rollout_specs(self) -> list[ComponentSpec]:
         specs = []
         for i, engine_url in enumerate(self.endpoints.engines):
             _, http_port, wiring = self._ports("RELAYRL_ROLLOUT")
@@ -251,7 +251,7 @@ class LocalStack:
                     self.cpus.service_cpus,
                 )
             )
-        self.supervisor.start_all(specs)
+        return specs
 
     def start_training(self, model_dir: Path) -> None:
         """Launches the trainer (for a stack started with ``training=False``, later)."""

@@ -44,6 +44,46 @@ def test_stopping_the_stack_leaves_no_process_behind():
     assert "[worker] child" in sink.getvalue()
 
 
+# Appends "term NAME" on SIGTERM, then waits (up to 20 s) for every name in PEERS to have done the
+# same before it appends "exit NAME" and exits: members of a wave that were stopped one after the
+# other would each wait out the 20 s.
+STOPS_WITH_PEERS = """
+import os, signal, sys, time
+log, name, peers = sys.argv[1], sys.argv[2], sys.argv[3:]
+def on_term(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(log, "a") as f:
+        f.write(f"term {name}\\n")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(f"term {p}" in open(log).read() for p in peers):
+        time.sleep(0.05)
+    with open(log, "a") as f:
+        f.write(f"exit {name}\\n")
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(f"{log}.{name}.up", "w").close()
+time.sleep(600)
+"""
+
+
+def test_components_started_together_stop_together_after_those_started_later(tmp_path):
+    log = tmp_path / "stops.log"
+
+    def spec(name: str, *peers: str) -> ComponentSpec:
+        argv = [sys.executable, "-c", STOPS_WITH_PEERS, str(log), name, *peers]
+        return ComponentSpec(name, argv, ready=(tmp_path / f"{log.name}.{name}.up").exists)
+
+    with supervised(io.StringIO()) as stack:
+        stack.start(spec("first"))
+        stack.start_all([spec("a", "b"), spec("b", "a")])
+        stack.start(spec("last"))
+    events = log.read_text().splitlines()
+    assert events[:2] == ["term last", "exit last"]
+    # Both members of the wave got SIGTERM before either exited, and the earlier wave only after both.
+    assert sorted(events[2:4]) == ["term a", "term b"] and sorted(events[4:6]) == ["exit a", "exit b"]
+    assert events[6:] == ["term first", "exit first"]
+
+
 def test_component_that_exits_early_is_named_with_its_output():
     script = "import sys; print('cannot bind port 1', flush=True); sys.exit(3)"
     with pytest.raises(ComponentError) as err, supervised(io.StringIO()) as stack:

@@ -23,6 +23,7 @@ from relayrl.stack.learning import (
 )
 from relayrl.stack.report import RunReport
 from relayrl.stack.run import RunOutcome
+from relayrl.stack.supervisor import Supervisor
 
 VAL = "val/test_score/relayrl/long_add"
 DEMO = Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs" / "demo.yaml"
@@ -133,21 +134,10 @@ def test_steps_replaces_total_steps_only_when_given(tmp_path: Path) -> None:
     assert seeded_config(base, 0, tmp_path, steps=None).trainer["total_steps"] == base.trainer["total_steps"]
 
 
-class _Recorder:
-    """A supervisor that records what it is asked to start and starts nothing."""
-
-    def __init__(self) -> None:
-        self.specs: list = []
-
-    def start_all(self, specs: list) -> None:
-        self.specs += specs
-
-
 def test_the_engine_samples_with_the_configured_seed_per_replica(tmp_path: Path) -> None:
     config = StackConfig(stack=StackSettings(rollout_replicas=2, runs_dir=tmp_path), engine={"seed": 5})
-    recorder = _Recorder()
-    LocalStack(config, recorder)._start_engines(tmp_path / "model")
-    assert [spec.env["RELAYRL_ENGINE_SEED"] for spec in recorder.specs] == ["5", "6"]
+    specs = LocalStack(config, Supervisor(None))._engine_specs(tmp_path / "model")
+    assert [spec.env["RELAYRL_ENGINE_SEED"] for spec in specs] == ["5", "6"]
 
 
 def test_one_line_per_seed_is_plotted(tmp_path: Path) -> None:
