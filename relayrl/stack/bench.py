@@ -36,7 +36,7 @@ import typer
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.environment import Calls, read_calls
 from relayrl.stack.launch import LocalStack
-from relayrl.stack.progress import scrape, scrape_sample
+from relayrl.stack.progress import read_samples
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import Supervisor, supervised
 from relayrl.stack.workloads import DEFAULT_TOOL_LATENCY_MS, DTYPES, Workload, get_workload, native_bf16
@@ -155,9 +155,14 @@ def _lost_groups(queue_address: str) -> int:
     return s.total_produced - s.total_consumed - sum(s.dropped_by_reason.values()) - s.queue_size - s.pending
 
 
-def _histogram_mean(url: str, family: str) -> tuple[float, float]:
-    """(sum, count) of a histogram on a service's /metrics."""
-    return scrape_sample(url, f"{family}_sum") or 0.0, scrape_sample(url, f"{family}_count") or 0.0
+# The rollout side's figures of a measurement window: their samples on a rollout's /metrics.
+ROLLOUT_FIGURES = {
+    "busy": "relayrl_rollout_generation_busy_seconds_total",
+    "update_sum": "relayrl_rollout_weight_update_duration_seconds_sum",
+    "update_count": "relayrl_rollout_weight_update_duration_seconds_count",
+    "paused_sum": "relayrl_rollout_generation_paused_seconds_sum",
+    "paused_count": "relayrl_rollout_generation_paused_seconds_count",
+}
 
 
 class Rollouts:
@@ -167,13 +172,14 @@ class Rollouts:
         self.urls = urls
 
     def read(self) -> dict[str, float]:
-        out = {"busy": 0.0, "update_sum": 0.0, "update_count": 0.0, "paused_sum": 0.0, "paused_count": 0.0}
+        # A rollout that does not answer fails the bench: counted as zero it would read as idle.
+        out = dict.fromkeys(ROLLOUT_FIGURES, 0.0)
         for url in self.urls:
-            out["busy"] += scrape(url, "relayrl_rollout_generation_busy_seconds") or 0.0
-            s, c = _histogram_mean(url, "relayrl_rollout_weight_update_duration_seconds")
-            out["update_sum"], out["update_count"] = out["update_sum"] + s, out["update_count"] + c
-            s, c = _histogram_mean(url, "relayrl_rollout_generation_paused_seconds")
-            out["paused_sum"], out["paused_count"] = out["paused_sum"] + s, out["paused_count"] + c
+            samples = read_samples(url)
+            if missing := [name for name in ROLLOUT_FIGURES.values() if name not in samples]:
+                raise RuntimeError(f"{url}/metrics has no {', '.join(missing)}")
+            for key, sample in ROLLOUT_FIGURES.items():
+                out[key] += samples[sample]
         return out
 
 

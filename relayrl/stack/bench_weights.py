@@ -42,7 +42,7 @@ from relayrl.stack.bench import PRESETS, _init_model
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import HOST, LocalStack
 from relayrl.stack.process import ComponentSpec
-from relayrl.stack.progress import scrape_sample
+from relayrl.stack.progress import read_samples
 from relayrl.stack.supervisor import Supervisor, supervised
 from relayrl.stack.weights_figures import (
     ROLLOUT_HISTOGRAMS,
@@ -166,9 +166,9 @@ def peak_memory_bytes(pid: int) -> int:
 
 
 def read_histograms(rollout_url: str) -> dict[str, Histogram]:
-    totals = {}
+    samples, totals = read_samples(rollout_url), {}
     for stage, family in ROLLOUT_HISTOGRAMS.items():
-        total, count = scrape_sample(rollout_url, f"{family}_sum"), scrape_sample(rollout_url, f"{family}_count")
+        total, count = samples.get(f"{family}_sum"), samples.get(f"{family}_count")
         if total is None or count is None:
             raise RuntimeError(f"{rollout_url}/metrics has no {family}")
         totals[stage] = Histogram(total, count)

@@ -52,14 +52,19 @@ def scrape(base_url: str, family: str) -> float | None:
     return None
 
 
-def scrape_sample(base_url: str, sample: str) -> float | None:
-    """The sum of the samples named exactly ``sample`` (``..._sum``, ``..._count`` of a histogram)."""
+def read_samples(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """Every sample on a service's ``/metrics`` by name, summed over labels (``..._sum``,
+    ``..._count``, a counter's ``..._total``), for figures that must not silently read as zero:
+    raises when the service does not answer."""
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=2.0).text
-    except httpx.HTTPError:
-        return None
-    values = [s.value for parsed in text_string_to_metric_families(text) for s in parsed.samples if s.name == sample]
-    return sum(values) if values else None
+        text = httpx.get(f"{base_url}/metrics", timeout=timeout_s).raise_for_status().text
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"could not read {base_url}/metrics: {exc!r}") from exc
+    samples: dict[str, float] = {}
+    for parsed in text_string_to_metric_families(text):
+        for sample in parsed.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
 
 
 def queue_depth(queue_http: str) -> float | None:

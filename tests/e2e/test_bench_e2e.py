@@ -67,8 +67,10 @@ AGENTIC_KEYS = {"tool_latency_ms", "engine_idle_ratio", "env_calls", "env_s", "e
 
 def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environment(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "agentic", "--tool-latency-ms", "100"]
-    # Beyond η + 1 = 3 steps, so the async window holds generation too (the first 3 steps are released at once).
-    argv += ["--steps", "4", "--alone-steps", "3", "--timeout-s", "180", "--json"]
+    # Beyond η + 1 = 3 steps, so the async window holds generation too (the first 3 steps are released
+    # at once): steps 4 and 5 are released after steps 1 and 2, and the window opens at step 1's row.
+    # With 4 steps a bench process starved by other load opened it after the last groups were done.
+    argv += ["--steps", "5", "--alone-steps", "3", "--timeout-s", "180", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])

@@ -2,13 +2,14 @@
 
 import asyncio
 
+import pytest
 from pydantic import SecretStr
 
 from relayrl.http_app import create_http_app
 from relayrl.metrics import ServiceMetrics
 from relayrl.net import free_port
 from relayrl.serving import start_http_server
-from relayrl.stack.progress import scrape
+from relayrl.stack.progress import read_samples, scrape
 
 
 async def test_scrape_reads_counters_and_gauges_and_tolerates_absence():
@@ -23,6 +24,13 @@ async def test_scrape_reads_counters_and_gauges_and_tolerates_absence():
         assert await asyncio.to_thread(scrape, url, "relayrl_rollout_generation_busy_seconds") == 2.5
         assert await asyncio.to_thread(scrape, url, "relayrl_rollout_queue_size_groups") == 7
         assert await asyncio.to_thread(scrape, url, "relayrl_rollout_nothing") is None
+        samples = await asyncio.to_thread(read_samples, url)
+        assert samples["relayrl_rollout_generation_busy_seconds_total"] == 2.5
+        assert samples["relayrl_rollout_queue_size_groups"] == 7
     finally:
         await server.stop()
-    assert scrape(f"http://127.0.0.1:{free_port()}", "relayrl_rollout_generation_busy_seconds") is None
+    down = f"http://127.0.0.1:{free_port()}"
+    assert scrape(down, "relayrl_rollout_generation_busy_seconds") is None
+    # The bench's figures must not read a service that did not answer as zero.
+    with pytest.raises(RuntimeError, match=f"could not read {down}/metrics"):
+        read_samples(down, timeout_s=1.0)
