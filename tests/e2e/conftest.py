@@ -46,10 +46,11 @@ def small_run(runs_dir: Path, model_dir: Path, max_staleness: int, total_steps: 
 
 
 @contextmanager
-def running_stack(config: StackConfig) -> Iterator[LocalStack]:
+def running_stack(config: StackConfig, training: bool = True) -> Iterator[LocalStack]:
+    """The whole stack; ``training=False`` leaves the trainer to ``stack.start_training(prepare_model(stack))``."""
     with supervised(None, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
-        stack.start(prepare_model(stack))
+        stack.start(prepare_model(stack), training=training)
         yield stack
     for component in supervisor.components:
         assert component.process is not None

@@ -10,6 +10,7 @@ import sys
 
 from relayrl.stack.chaos.faults import FaultTracker
 from relayrl.stack.chaos.ledger import VersionWatch, verdict
+from relayrl.stack.launch import prepare_model
 from tests.e2e.conftest import running_stack, small_run
 from tests.waiting import WaitTimeout, wait_until
 
@@ -28,10 +29,12 @@ def test_killing_each_kind_of_component_keeps_the_four_zeros(runs_dir, tiny_mode
     rng = random.Random(SEED)
     order = list(COMPONENTS)
     rng.shuffle(order)
-    with running_stack(config) as stack:
+    # The trainer starts once the chaos loop watches: the kills are keyed to its steps from the first.
+    with running_stack(config, training=False) as stack:
         tracker, watch = FaultTracker(stack), VersionWatch()
         engines = {f"engine-{i}": url for i, url in enumerate(stack.endpoints.engines)}
         next_at_step = rng.randint(1, 2)
+        stack.start_training(prepare_model(stack))
 
         def run_done() -> bool:
             """One round of the chaos: watch versions, and kill the next component once the last one is back."""
