@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Test processes: two by default (CI has 2 cores; most tests wait on real processes rather than
 # compute). e2e tests run one at a time on one worker (tests/conftest.py). PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 
 .PHONY: setup system-deps helm test test-unit test-integration test-e2e lint proto bench demo clean
 

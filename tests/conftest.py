@@ -35,17 +35,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).relative_to(TESTS).parts
         if parts[0] in _SLICES:
             item.add_marker(getattr(pytest.mark, parts[0]))
-            if parts[0] == "e2e":
-                # `make test` runs two xdist workers with --dist loadgroup: whole-stack runs go one at a
-                # time on one worker, beside the unit and integration tests on the other, so no two
-                # stacks (each wanting both cores) ever share the machine.
-                item.add_marker(pytest.mark.xdist_group("e2e"))
-            elif parts[0] == "integration":
-                # An integration module's tests share its module-scoped fixtures (a whole observed
-                # stack, a trained model): split across the workers, each worker would build them again.
-                item.add_marker(pytest.mark.xdist_group("/".join(parts)))
             if len(parts) > 2 and parts[1] in _AREAS:
                 item.add_marker(getattr(pytest.mark, _AREAS[parts[1]]))
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work `make test`'s xdist workers share out (tests of one scope run on one worker).
+
+    - every e2e test is one scope: whole-stack runs go one at a time on one worker, beside the other
+      tests on the other, so no two stacks (each wanting both cores) ever share the machine;
+    - an integration module is one scope: its tests share module fixtures (a whole observed stack,
+      a trained model) that a second worker would build again;
+    - a unit test is its own scope.
+    """
+    path = nodeid.split("::", 1)[0]
+    parts = Path(path).parts
+    if len(parts) > 1 and parts[1] == "e2e":
+        return "e2e"
+    if len(parts) > 1 and parts[1] == "integration":
+        return path
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # xdist's own loadgroup cannot group under pytest 9: it tags each node id with its group by
+    # assigning ``item._nodeid``, which pytest 9 no longer reads, so every test went its own way
+    # (e2e stacks ran two at a time, module fixtures were built once per worker).
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ByScope(config, log)
 
 
 @pytest.fixture(scope="session")
