@@ -84,7 +84,9 @@ def test_on_policy_run_trains_only_current_version_groups(redis_server, tiny_mod
 
 def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, tiny_model_dir, tmp_path):
     run_dir, http_port, token = tmp_path / "run", free_port(), "s3cret"
-    total = 6
+    # Enough steps that the run is still under way when the test pauses it a second time, a few
+    # steps after resuming it (at 6, a fast trainer sometimes finished first).
+    total = 12
     with Stack(redis_server.url, f"t{uuid.uuid4().hex[:6]}") as stack:
         env = stack.trainer_env(
             tiny_model_dir,
