@@ -27,7 +27,9 @@ async def test_engine_killed_mid_generation_loses_no_prompt(
     start_engine: Callable[..., EngineProcess], redis_server: RedisProcess, run_id: str
 ) -> None:
     engine = start_engine()
-    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=1.5)))
+    # Long enough that no lease lapses while the replica renews it on a loaded machine (1.5 s did), and
+    # within the groups' 60 s wait: a prompt not given back still comes back, re-issued, and is counted.
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=20)))
     try:
         async with (
             QueueClient(queue.grpc_address) as q,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -214,6 +215,12 @@ async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
     assert (stats.total_reissued, stats.total_completed, stats.leased, stats.waiting) == (0, 1, 0, 0)
 
 
+async def _keep_renewing(q: QueueClient, replica_id: str, lease_id: str) -> None:
+    while True:
+        await q.renew(replica_id, [lease_id])
+        await asyncio.sleep(0.2)
+
+
 async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
     engine: EngineProcess,
     queue: QueueServer,
@@ -241,7 +248,13 @@ async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
             await redis.zadd(leased_key, {key: 0})
             (other,) = await q.lease("replica-other", max_prompts=1, held_version=0)
             assert other.delivery_count == 2
-            await wait_until_async(lambda: replica.state.leases_held == 0, what="the lost prompt to be dropped")
+            # The other replica renews its lease as a live one would: on a loaded machine the wait
+            # below can outlast the 2 s lease timeout, and a lapse would re-issue the prompt again.
+            renewing = asyncio.create_task(_keep_renewing(q, "replica-other", other.lease_id))
+            try:
+                await wait_until_async(lambda: replica.state.leases_held == 0, what="the lost prompt to be dropped")
+            finally:
+                renewing.cancel()
             assert await q.complete("replica-other", [other.lease_id]) == 1
             # The dropped generation would have pushed its group about 3 s after it started.
             assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=4.0) == []

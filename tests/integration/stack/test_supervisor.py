@@ -44,6 +44,16 @@ def test_stopping_the_stack_leaves_no_process_behind():
     assert "[worker] child" in sink.getvalue()
 
 
+CRASHES_AFTER_FIRST_START = """
+import os, sys, time
+first = not os.path.exists(sys.argv[1])
+open(sys.argv[1], "w").close()
+print("boom", flush=True)
+if first:
+    time.sleep(1)
+sys.exit(4)
+"""
+
 # Appends "term NAME" on SIGTERM, then waits (up to 20 s) for every name in PEERS to have done the
 # same before it appends "exit NAME" and exits: members of a wave that were stopped one after the
 # other would each wait out the 20 s.
@@ -154,9 +164,12 @@ def test_a_killed_component_is_restarted_after_a_backoff_and_counted(tmp_path):
         assert recorded["restarts"] == 1 and recorded["last_exit_code"] == -signal.SIGKILL and recorded["running"]
 
 
-def test_a_crash_looping_component_stops_the_stack_by_name():
+def test_a_crash_looping_component_stops_the_stack_by_name(tmp_path):
     policy = RestartPolicy("on-failure", backoff_s=0.05, max_backoff_s=0.1, limit=2, window_s=60)
-    crash = [sys.executable, "-c", "import sys; print('boom', flush=True); sys.exit(4)"]
+    # The first run outlives its start (a component that dies before it is ready fails the start
+    # instead, which another test covers); every restart crashes at once.
+    marker = tmp_path / "started-once"
+    crash = [sys.executable, "-c", CRASHES_AFTER_FIRST_START, str(marker)]
     with pytest.raises(ComponentError) as err, supervised(io.StringIO(), policy) as stack:
         stack.start_all([ComponentSpec("paramsync", crash)])
         # check_alive returns nothing: it raises once the policy gives up on paramsync.
