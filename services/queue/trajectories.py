@@ -404,6 +404,9 @@ class TrajectoryQueue:
         (restarted, cursor), new = replies[0], replies[1] if count else None
         if restarted:
             log.info("consumer %s restarted (new session): re-delivering its pending entries first", consumer)
+            # Entries its previous session never received are among them: owed twice, they would be
+            # delivered twice (and the stale copy dropped while the other was trained).
+            self._undelivered.pop(consumer, None)
         if cursor is not None:
             self._no_cursor.pop(consumer, None)
             return _text(cursor), []

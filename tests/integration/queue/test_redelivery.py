@@ -135,6 +135,31 @@ async def test_groups_read_for_a_pull_the_consumer_gave_up_on_come_back_to_it(st
         assert [(d.group.group_id, d.delivery_count) for d in got] == [("g0", 2)]
 
 
+async def test_a_group_whose_pull_was_not_received_is_delivered_once_after_the_consumer_restarts(start_queue):
+    # The chaos test's -4: a trainer killed mid-pull, restarted under the same name, got the group
+    # twice (once as not received, once walking its own pending entries), and the second copy was
+    # dropped as stale while the first was trained: counted both ways.
+    server = await start_queue()
+    request = qpb.PullRequest(
+        consumer="trainer-0", session_id="first", current_version=0, max_staleness=0, max_groups=1, block_timeout_s=2
+    )
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel, QueueClient(server.grpc_address) as client:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await qgrpc.TrajectoryQueueStub(channel).Pull(request, timeout=0.3)
+        await client.push([make_group(0)])
+
+        async def pending() -> int:
+            return (await client.stats()).pending
+
+        await wait_until_async(pending, 5, "the abandoned read to leave the group pending")
+    delivered = []
+    async with QueueClient(server.grpc_address) as restarted:
+        for _ in range(3):
+            got = await restarted.pull("trainer-0", 0, 0, max_groups=10, block_timeout_s=0.2)
+            delivered += [d.group.group_id for d in got]
+    assert delivered == ["g0"]
+
+
 async def test_restart_redelivery_works_across_service_instances(start_queue):
     first, second = await start_queue(), await start_queue()
     async with QueueClient(first.grpc_address) as before:
