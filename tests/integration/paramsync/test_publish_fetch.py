@@ -226,9 +226,11 @@ async def test_a_subscription_outlives_a_paramsync_restart_and_resumes_after_its
         following = asyncio.ensure_future(anext(announcements))
         await asyncio.sleep(0.5)  # several reconnect attempts fail meanwhile
         assert not following.done()
-        async with running_service(port=port):
+        async with running_service(port=port), ParamSyncClient(f"127.0.0.1:{port}") as trainer:
             # The new instance announces its versions from the one the subscription already gave on.
-            await ps.publish(1, weights(1))
-            await ps.publish(2, weights(2))
+            # A client of its own publishes: the subscription's channel may still be in gRPC's
+            # reconnect backoff, which outlasted the short publish retries set above on a loaded machine.
+            await trainer.publish(1, weights(1))
+            await trainer.publish(2, weights(2))
             assert (await asyncio.wait_for(following, 15)).version == 2
             await announcements.aclose()  # the caller stops listening: the generator closes cleanly
