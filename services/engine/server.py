@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -12,6 +13,8 @@ from services.engine.config import EngineSettings
 from services.engine.state import EngineState
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 10.0
 
 
 async def serve(settings: EngineSettings) -> None:
@@ -37,7 +40,11 @@ class RunningEngine:
 
     async def stop(self) -> None:
         # Requests end first (with an abort the client can resubmit elsewhere), so the HTTP
-        # server's drain never waits on a generation that a pause holds.
-        await self.state.scheduler.call(self.state.scheduler.close)
+        # server's drain never waits on a generation that a pause holds. Bounded: a scheduler
+        # thread that no longer answers must not keep the engine from stopping.
+        try:
+            await asyncio.wait_for(self.state.scheduler.call(self.state.scheduler.close), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("the scheduler did not end its requests within %.0fs; stopping anyway", CLOSE_TIMEOUT_S)
         await self.servers.stop()
         self.state.scheduler.stop()
