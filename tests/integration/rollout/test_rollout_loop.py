@@ -200,17 +200,22 @@ async def test_a_restarted_replica_gives_back_its_predecessors_leases_before_lea
 
 
 async def test_a_prompt_that_outlasts_its_lease_is_renewed_and_delivered_once(
-    engine: EngineProcess, queue: QueueServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The queue's lease timeout is 2 s.
-    reward = _reward_function(tmp_path, monkeypatch, "slow_reward", "    time.sleep(2.5)\n    return 1.0\n")
-    async with QueueClient(queue.grpc_address) as q:
-        await q.release([prompt(30)])
-        async with running_replica(engine.url, queue.grpc_address, reward_function=reward, reward_timeout_s=10):
-            (group,) = await pull_groups(queue.grpc_address, 1)
-            # Without renewal the expired lease is re-issued and the prompt generated again.
-            assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=1.0) == []
-            stats = await q.prompt_stats()
+    # A 6 s lease, renewed at half its span, and a reward that outlasts it: one renewal late by
+    # more than 3 s loses it (with the module's 2 s lease, 1 s late did on a loaded machine).
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=6.0)))
+    reward = _reward_function(tmp_path, monkeypatch, "slow_reward", "    time.sleep(7)\n    return 1.0\n")
+    try:
+        async with QueueClient(queue.grpc_address) as q:
+            await q.release([prompt(30)])
+            async with running_replica(engine.url, queue.grpc_address, reward_function=reward, reward_timeout_s=20):
+                (group,) = await pull_groups(queue.grpc_address, 1)
+                # Without renewal the expired lease is re-issued and the prompt generated again.
+                assert await q.pull("trainer-0", 0, 100, 10, block_timeout_s=1.0) == []
+                stats = await q.prompt_stats()
+    finally:
+        await queue.stop()
     assert group.prompt_id == "test/30"
     assert (stats.total_reissued, stats.total_completed, stats.leased, stats.waiting) == (0, 1, 0, 0)
 
