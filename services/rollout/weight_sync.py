@@ -223,6 +223,9 @@ class WeightSync:
         elapsed = time.perf_counter() - started
         self.state.hold(ann.version, elapsed)
         await self._report(ann.version, ok=True, sync_s=elapsed)
+        # Housekeeping after the report: the engine serves the version already, and an unload waits
+        # for the engine's next step (about as long as the rest of an adapter switch).
+        await self._unload_old_adapters()
         self.files.prune()
         return True
 
@@ -248,7 +251,8 @@ class WeightSync:
     async def _switch_adapter(self, directory: Path, version: int) -> None:
         """An adapter version: loaded under a new name next to the previous ones. New requests name
         it from the switch on; the previous adapter stays loaded until the next switch, as requests
-        built just before this one still name it, and the one before is unloaded now."""
+        built just before this one still name it, and the one before that is unloaded once the
+        version is reported (:meth:`_unload_old_adapters`)."""
         name = f"relayrl-v{version}"
 
         async def load() -> UpdateResult:
@@ -263,10 +267,18 @@ class WeightSync:
         await self._switch(version, load)
         self.adapter = HeldAdapter(version, name, directory)
         self.adapters.append(name)
+
+    async def _unload_old_adapters(self) -> None:
+        """Unloads the adapters before the last two from the engine, and deletes their directories."""
         while len(self.adapters) > _KEEP_VERSIONS:
-            result = await self.engine.unload_lora_adapter(self.adapters.pop(0))
+            name = self.adapters.pop(0)
+            try:
+                result = await self.engine.unload_lora_adapter(name)
+            except (EngineError, httpx.TransportError) as exc:
+                # The version is loaded and reported; an engine that lost the call restarts without it.
+                result = UpdateResult(success=False, message=repr(exc))
             if not result.success:
-                log.warning("could not unload a LoRA adapter: %s", result.message)
+                log.warning("could not unload LoRA adapter %s: %s", name, result.message)
         for old in (self.files.root / "adapters").glob("v*"):
             if f"relayrl-{old.name}" not in self.adapters:
                 shutil.rmtree(old, ignore_errors=True)

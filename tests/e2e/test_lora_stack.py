@@ -31,6 +31,10 @@ async def _tensor_names(address: str, version: int) -> set[str]:
         return set(await client.fetch(version))
 
 
+def _loaded_adapters(engine: str) -> dict[str, str]:
+    return httpx.get(f"{engine}/get_model_info", timeout=5).json()["loaded_lora_adapters"]
+
+
 def test_a_lora_run_publishes_adapters_and_the_engine_serves_them(runs_dir: Path, tiny_model_dir: Path) -> None:
     lora = {"lora_rank": 4, "lora_alpha": 8, "target_modules": "q_proj,v_proj,lm_head"}
     config = small_run(runs_dir, tiny_model_dir, max_staleness=1, total_steps=STEPS, **lora)
@@ -41,7 +45,9 @@ def test_a_lora_run_publishes_adapters_and_the_engine_serves_them(runs_dir: Path
         engine = stack.endpoints.engines[0]
         # The rollout loads the last version after the trainer has exited.
         wait_until(lambda: _weight_version(engine) == STEPS, 60, f"the engine to serve version {STEPS}")
-        loaded = httpx.get(f"{engine}/get_model_info", timeout=5).json()["loaded_lora_adapters"]
+        # The adapters before the last two are unloaded right after the switch is reported.
+        wait_until(lambda: len(_loaded_adapters(engine)) <= 2, 10, "the engine to unload the older adapters")
+        loaded = _loaded_adapters(engine)
         lora_samples = _metric(engine, "relayrl_engine_lora_requests_total")
         names = [asyncio.run(_tensor_names(stack.endpoints.paramsync_grpc, v)) for v in range(1, STEPS + 1)]
     assert len(training_rows(stack)) == STEPS
