@@ -19,6 +19,7 @@ from services.paramsync.manifest import TensorSpec
 from services.paramsync.tensors import open_spec
 from services.trainer import distributed as D
 from services.trainer import lora
+from services.trainer.host_gather import HostGather, buffer_bytes
 
 Items = list[tuple[str, torch.Tensor]]
 
@@ -50,12 +51,19 @@ def weight_specs(items: Items) -> list[TensorSpec]:
 
 class BucketGather:
     """Gathers the actor's full tensors in buckets of about ``bucket_bytes`` and keeps count of the
-    gathered bytes alive on rank 0 (``peak_live_bytes``: what publishing costs in memory there)."""
+    gathered bytes alive on rank 0 (``peak_live_bytes``: what publishing costs in memory there).
 
-    def __init__(self, bucket_bytes: int) -> None:
+    With ``share_host_memory`` (a CPU trainer), row-sharded tensors are gathered through memory
+    the ranks share when they all run on one host (:class:`~services.trainer.host_gather.HostGather`,
+    found at the first gather), else by an all-gather.
+    """
+
+    def __init__(self, bucket_bytes: int, share_host_memory: bool = False) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
+        self.share_host_memory = share_host_memory
+        self._host: HostGather | None = None
         self._lock = threading.Lock()
         self.live_bytes = 0
         self.peak_live_bytes = 0
@@ -71,33 +79,52 @@ class BucketGather:
         with self._lock:
             self.live_bytes -= nbytes
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """Whether gathers go through shared memory (known after the first gather)."""
+        return self._host is not None
+
     def buckets(self, items: Items) -> Iterator[list[torch.Tensor]]:
         """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere).
 
-        Collective: every rank must drain the iterator. The tensors are private copies, because
-        training goes on while the upload reads them. A bucket's FSDP2 shards travel in one
-        all-gather: one per tensor (``DTensor.full_tensor``) cost a collective's fixed latency
-        each, most of a small model's publish.
+        Collective: every rank must drain the iterator. Nothing else writes a bucket's tensors while
+        they live, because training goes on while the upload reads them: they are private copies,
+        or views of a shared buffer that is not reused before the last of them is gone. A bucket's
+        FSDP2 shards travel in one gather: one per tensor (``DTensor.full_tensor``) cost a
+        collective's fixed latency each, most of a small model's publish.
         """
-        bucket: list[tuple[str, torch.Tensor]] = []
+        if self.share_host_memory and self._host is None:
+            self.share_host_memory = False  # one try: the answer holds for the job's life
+            self._host = HostGather.connect()
+        parts: list[list[tuple[torch.Tensor, bool]]] = [[]]
         size = 0
-        for name, tensor in items:
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
+        for _, tensor in items:
             if size >= self.bucket_bytes:
-                yield self._gather(bucket)
-                bucket, size = [], 0
-        if bucket:
-            yield self._gather(bucket)
+                parts.append([])
+                size = 0
+            parts[-1].append((tensor, _row_sharded(tensor)))
+            size += tensor.numel() * tensor.element_size()
+        # Every bucket's shared buffer the size of the largest: one set of buffers serves them all.
+        capacity = max(buffer_bytes([t for t, rows in part if rows]) for part in parts)
+        for part in parts:
+            if part:
+                yield self._gather(part, capacity)
 
-    def _gather(self, bucket: Items) -> list[torch.Tensor]:
+    def _gather(self, bucket: list[tuple[torch.Tensor, bool]], capacity: int) -> list[torch.Tensor]:
         is_main = D.get_rank() == 0
-        sharded = [t for _, t in bucket if _row_sharded(t)]
-        gathered = iter(_all_gather_rows(sharded)) if sharded else iter(())
+        sharded = [t for t, rows in bucket if rows]
+        if not sharded:
+            rows: Iterator[torch.Tensor] = iter(())
+        elif self._host is not None:
+            rows = iter(self._host.gather(sharded, capacity))
+        else:
+            rows = iter(_all_gather_rows(sharded))
         kept: list[torch.Tensor] = []
-        for _, tensor in bucket:
-            if _row_sharded(tensor):
-                full = next(gathered)
+        for tensor, row_sharded in bucket:
+            if row_sharded:
+                if not is_main:
+                    continue
+                full = next(rows)
             elif hasattr(tensor, "full_tensor"):
                 full = tensor.full_tensor()
             else:

@@ -135,7 +135,10 @@ def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
         actor = lora.add_adapter(actor, lora.LoraSpec(lora_rank, LORA_ALPHA, ALL_LINEAR))
     actor = shard_model(actor, bf16=ctx.device.type == "cuda")
     # The trainer's default bucket size: the bench measures the publish a run gets.
-    gather = BucketGather(TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20)
+    gather = BucketGather(
+        TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20,
+        share_host_memory=ctx.device.type == "cpu",
+    )
     io = sink = link = publisher = None
     finished = False
     try:

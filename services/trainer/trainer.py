@@ -187,7 +187,9 @@ class Trainer:
             # it: every attempt running to sync_timeout, plus the backoff between them.
             handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
             self.publisher = Publisher(io, sink, handoff_s)
-        self.gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
+        self.gather = BucketGather(
+            settings.update_weights_bucket_megabytes * 1024 * 1024, share_host_memory=ctx.device.type == "cpu"
+        )
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s

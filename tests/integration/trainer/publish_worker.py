@@ -1,9 +1,10 @@
 """One rank of a streamed publish (launched by torchrun from test_streamed_publish.py).
 
 ``python -m ... MODEL_DIR PARAMSYNC_ADDRESS BUCKET_BYTES OUT``: every rank trains one step, then
-publishes version 1 through the trainer's own path (stream_weights: bucketed gather, hand-off,
-upload on rank 0's I/O thread); rank 0 then writes the full state dict it trained to, the names
-a version holds and the gather's peak of live bytes to OUT.
+publishes version 1 through the trainer's own path (stream_weights: bucketed gather through the
+ranks' shared memory, as a CPU trainer's, hand-off, upload on rank 0's I/O thread); rank 0 then
+writes the full state dict it trained to (gathered by an all-gather), the names a version holds,
+the gather's peak of live bytes and whether it shared memory to OUT.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def main(model_dir: str, address: str, bucket_bytes: int, out: str) -> None:
     settings = TrainerSettings(model_dir=Path(model_dir), lr=1e-3, micro_batch_tokens=24)
     models = build_models(settings, ctx)
     train_step(models, batch(0), settings, pad_id=0)
-    gather = BucketGather(bucket_bytes)
+    gather = BucketGather(bucket_bytes, share_host_memory=True)
     publisher = io = None
     if ctx.is_main:
         from services.paramsync.client import ParamSyncClient
@@ -44,7 +45,13 @@ def main(model_dir: str, address: str, bucket_bytes: int, out: str) -> None:
         record = publisher.records[-1]
         assert record.ok, record.error
         torch.save(
-            {"weights": dict(weights), "published": published, "peak": gather.peak_live_bytes, "metrics": metrics},
+            {
+                "weights": dict(weights),
+                "published": published,
+                "peak": gather.peak_live_bytes,
+                "metrics": metrics,
+                "shared": gather.shares_host_memory,
+            },
             out,
         )
     D.shutdown()

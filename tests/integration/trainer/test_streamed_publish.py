@@ -1,5 +1,6 @@
 """A publish from 2 FSDP ranks streams bucket by bucket into a real paramsync: the version is the
-trained state dict bit for bit, and rank 0 never holds more than two buckets of gathered bytes."""
+trained state dict bit for bit (gathered through the ranks' shared memory, checked against an
+all-gather), and rank 0 never holds more than two buckets of gathered bytes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ async def test_two_ranks_publish_bucket_by_bucket_and_the_version_is_the_state_d
         await asyncio.to_thread(run_logged, cmd, tmp_path / "publish.log")
         fetched = await ps.fetch_version(1)
     saved = torch.load(out, weights_only=False)
+    assert saved["shared"], "both ranks run on this host: the publish gathers through shared memory"
     weights = saved["weights"]
     # Each tensor once: the tiny model ties lm_head to the embedding, so the version leaves it out
     # and the engine's tied copy follows the embedding.

@@ -1,0 +1,84 @@
+"""One rank of the shared-memory gather test (launched by torchrun from test_host_gather.py).
+
+``python -m ... OUT``: both ranks row-shard the same seeded tensors (rows that split unevenly,
+a tensor whose second rank holds no row, a 1-D one, bf16 beside float32 and int64) and gather
+them in small buckets through :class:`~services.trainer.gather.BucketGather` with shared host
+memory, three times: keeping every bucket, again after the shards changed while the first
+buckets are still kept, then dropping each bucket as it comes. Rank 0 writes what it saw to OUT
+as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from services.trainer import distributed as D
+from services.trainer.gather import BucketGather
+
+BUCKET_BYTES = 64
+SHAPES = {"uneven": ((5, 3), torch.float32), "one_row": ((1, 4), torch.bfloat16), "wide": ((64, 16), torch.float32)}
+
+
+def main(out: str) -> None:
+    D.init_distributed("cpu")
+    mesh = init_device_mesh("cpu", (D.world_size(),))
+    generator = torch.Generator().manual_seed(0)
+    full = {name: torch.randn(shape, generator=generator).to(dtype) for name, (shape, dtype) in SHAPES.items()}
+    full["counts"] = torch.arange(7, dtype=torch.int64)
+    items = [(name, distribute_tensor(t, mesh, [Shard(0)])) for name, t in full.items()]
+    gather = BucketGather(BUCKET_BYTES, share_host_memory=True)
+    is_main = D.get_rank() == 0
+
+    kept = list(gather.buckets(items))
+    _add_one(items)
+    kept_too = list(gather.buckets(items))
+    first, second = _flat(kept), _flat(kept_too)
+    result = {
+        "shared": gather.shares_host_memory,
+        "buckets": len(kept),
+        # The first gather's tensors, still held while the second gather ran.
+        "first_equal": [torch.equal(t, full[n]) for t, n in zip(first, full, strict=True)] if is_main else [],
+        "second_equal": [torch.equal(t, full[n] + 1) for t, n in zip(second, full, strict=True)] if is_main else [],
+        "buffers_kept": _buffers(gather),
+    }
+    del kept, kept_too, first, second
+    _add_one(items)
+    streamed = []
+    names = iter(full)
+    for bucket in gather.buckets(items):
+        if is_main:
+            # One added twice, as to the shards: the same rounding as theirs.
+            streamed.extend(torch.equal(t, full[next(names)] + 1 + 1) for t in bucket)
+        del bucket
+    result.update(streamed_equal=streamed, buffers_after_streaming=_buffers(gather))
+    if is_main:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    D.shutdown()
+    # As in services/trainer/publish_bench.py: a rank sometimes aborts in gloo's native teardown at
+    # interpreter exit ("terminate called without an active exception") after a clean shutdown.
+    os._exit(0)
+
+
+def _add_one(items: list[tuple[str, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for _, t in items:
+            t.to_local().add_(1)
+
+
+def _flat(buckets: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return [t for bucket in buckets for t in bucket]
+
+
+def _buffers(gather: BucketGather) -> int:
+    return gather._host.buffers() if gather._host is not None else 0
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
