@@ -23,9 +23,15 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    import httpx
+    import openai
+
+    from services.engine.client import EngineClient
 
 QUESTION = "count from 1 to 9"
 FOLLOW_UP = "go on"
@@ -48,8 +54,10 @@ class OpenAIBenchResult:
         return asdict(self)
 
 
-async def _native(engine_url: str, tokenizer: Any, episodes: int, turns: int, max_tokens: int, concurrency: int) -> int:
-    from services.engine.client import EngineClient, SamplingParams
+async def _native(
+    client: EngineClient, tokenizer: Any, episodes: int, turns: int, max_tokens: int, concurrency: int
+) -> int:
+    from services.engine.client import SamplingParams
     from services.rollout.generation import SampleResult, continue_sample
     from services.rollout.openai_chat import ChatRenderer
     from services.rollout.openai_models import Message
@@ -73,14 +81,12 @@ async def _native(engine_url: str, tokenizer: Any, episodes: int, turns: int, ma
                     ids = ids + renderer.observation_ids(follow_up, result.output_ids)
             return generated
 
-    async with EngineClient(engine_url) as client:
-        return sum(await asyncio.gather(*(episode(client, i) for i in range(episodes))))
+    return sum(await asyncio.gather(*(episode(client, i) for i in range(episodes))))
 
 
-async def _openai(base_url: str, episodes: int, turns: int, max_tokens: int, concurrency: int) -> int:
-    import httpx
-    import openai
-
+async def _openai(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient], episodes: int, turns: int, max_tokens: int, concurrency: int
+) -> int:
     from services.rollout.openai_api import CONVERSATION_HEADER
 
     gate = asyncio.Semaphore(concurrency)
@@ -106,12 +112,8 @@ async def _openai(base_url: str, episodes: int, turns: int, max_tokens: int, con
             finished.raise_for_status()
             return generated
 
-    limits = httpx.Limits(max_connections=concurrency * 2)
-    async with (
-        openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
-        httpx.AsyncClient(base_url=base_url, limits=limits) as http,
-    ):
-        return sum(await asyncio.gather(*(episode(client, http, i) for i in range(episodes))))
+    client, http = clients
+    return sum(await asyncio.gather(*(episode(client, http, i) for i in range(episodes))))
 
 
 async def _measure(
@@ -124,13 +126,20 @@ async def _measure(
     concurrency: int,
     rounds: int,
 ) -> OpenAIBenchResult:
+    import httpx
+    import openai
+
     from relayrl.models.loading import load_tokenizer
+    from services.engine.client import EngineClient
     from services.queue.config import QueueSettings
     from services.queue.server import start_queue_server
     from services.rollout.config import RolloutSettings
     from services.rollout.server import start_rollout
 
     tokenizer = load_tokenizer(model_dir)
+    native_rates: list[float] = []
+    openai_rates: list[float] = []
+    native_tokens = openai_tokens = 0
     queue = await start_queue_server(QueueSettings(redis_url=redis_url, run_id=f"bench-{uuid.uuid4().hex[:8]}"))
     rollout = await start_rollout(
         RolloutSettings(engine_url=engine_url, queue_address=queue.grpc_address, engine_check_interval_s=0.1)
@@ -139,18 +148,24 @@ async def _measure(
         while not rollout.replica.state.ready():
             await rollout.replica.state.became_leasable(0.1)
         base_url = f"http://127.0.0.1:{rollout.servers.http.port}"
-        await _native(engine_url, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
-        await _openai(base_url, concurrency, 1, 4, concurrency)
-        native_rates, openai_rates, native_tokens, openai_tokens = [], [], 0, 0
-        for _ in range(rounds):
-            started = time.perf_counter()
-            tokens = await _native(engine_url, tokenizer, episodes, turns, max_tokens, concurrency)
-            native_rates.append(tokens / (time.perf_counter() - started))
-            native_tokens += tokens
-            started = time.perf_counter()
-            tokens = await _openai(base_url, episodes, turns, max_tokens, concurrency)
-            openai_rates.append(tokens / (time.perf_counter() - started))
-            openai_tokens += tokens
+        # Each path's clients live for the whole run, as an agent's do: building one (an SSL
+        # context each, even for plain HTTP) is not a per-episode cost of either path.
+        async with (
+            EngineClient(engine_url) as engine,
+            openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
+            httpx.AsyncClient(base_url=base_url, limits=httpx.Limits(max_connections=concurrency * 2)) as http,
+        ):
+            await _native(engine, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
+            await _openai((client, http), concurrency, 1, 4, concurrency)
+            for _ in range(rounds):
+                started = time.perf_counter()
+                tokens = await _native(engine, tokenizer, episodes, turns, max_tokens, concurrency)
+                native_rates.append(tokens / (time.perf_counter() - started))
+                native_tokens += tokens
+                started = time.perf_counter()
+                tokens = await _openai((client, http), episodes, turns, max_tokens, concurrency)
+                openai_rates.append(tokens / (time.perf_counter() - started))
+                openai_tokens += tokens
     finally:
         await rollout.stop()
         await queue.stop()
