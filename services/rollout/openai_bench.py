@@ -1,14 +1,20 @@
 """``relayrl bench openai``: tokens/s of agent episodes through the OpenAI endpoint vs. the native path.
 
-The same episodes run both ways in one process, against one built-in engine process (tiny model,
-CPU): ``episodes`` conversations of ``turns`` model turns each (a question, then a user message
-after every answer), ``concurrency`` episodes at a time.
+The same episodes run both ways against one built-in engine process (tiny model, CPU):
+``episodes`` conversations of ``turns`` model turns each (a question, then a user message after
+every answer), ``concurrency`` episodes at a time.
 
-- ``native``: what the rollout's agent loop does, the turns sent straight to the engine's
-  ``/generate`` as token ids, each observation rendered through the chat template;
-- ``openai``: the ``openai`` client's ``chat.completions.create`` against a real rollout service
-  (its HTTP server, the conversation recording, a real queue service over a private redis-server),
-  each episode finished with a reward, which pushes it to the queue.
+- ``native``: what the rollout's agent loop does, in the rollout's process: the turns sent
+  straight to the engine's ``/generate`` as token ids, each observation rendered through the chat
+  template;
+- ``openai``: agent code in a process of its own, as agent code runs, calling the ``openai``
+  client's ``chat.completions.create`` against a real rollout service (its HTTP server, the
+  conversation recording, a real queue service over a private redis-server), each episode
+  finished with a reward, which pushes it to the queue. In the rollout's process the client's
+  own work (it builds and parses every request and answer) would sit in the event loop the
+  endpoint serves from, and its cost would be counted as the endpoint's.
+
+Each path's clients are built once, before the timed rounds, as an agent keeps its own.
 
 The two alternate for ``rounds`` rounds and each figure is the median, so load from other
 processes hits both alike. ``ratio = openai_tokens_per_s / native_tokens_per_s``; the issue's
@@ -18,10 +24,13 @@ target is a cost of at most 10 %, a ratio of 0.9 or more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
 import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +43,8 @@ if TYPE_CHECKING:
     from services.engine.client import EngineClient
 
 QUESTION = "count from 1 to 9"
+# The longest one round of the agent process may take.
+AGENT_TIMEOUT_S = 600.0
 FOLLOW_UP = "go on"
 
 
@@ -116,6 +127,57 @@ async def _openai(
     return sum(await asyncio.gather(*(episode(client, http, i) for i in range(episodes))))
 
 
+def _agent_process(link: Connection, base_url: str, concurrency: int) -> None:
+    """The openai path's agent code, in its own process: runs each ``(episodes, turns, max_tokens)``
+    it receives and answers the tokens generated (or ``("error", message)``); None ends it."""
+    import httpx
+    import openai
+
+    async def serve() -> None:
+        async with (
+            openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
+            httpx.AsyncClient(base_url=base_url, limits=httpx.Limits(max_connections=concurrency * 2)) as http,
+        ):
+            while (job := link.recv()) is not None:
+                try:
+                    link.send(await _openai((client, http), *job, concurrency))
+                except Exception as exc:  # reported to the bench, which fails with it
+                    link.send(("error", f"{type(exc).__name__}: {exc}"))
+
+    asyncio.run(serve())
+
+
+class _Agent:
+    """The bench's end of the agent process."""
+
+    def __init__(self, base_url: str, concurrency: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._link, child = context.Pipe()
+        self._process = context.Process(target=_agent_process, args=(child, base_url, concurrency), daemon=True)
+        self._process.start()
+        child.close()
+
+    async def run(self, episodes: int, turns: int, max_tokens: int) -> int:
+        def exchange() -> Any:
+            self._link.send((episodes, turns, max_tokens))
+            if not self._link.poll(AGENT_TIMEOUT_S):
+                raise TimeoutError(f"the agent process ran {episodes} episodes for over {AGENT_TIMEOUT_S:.0f}s")
+            return self._link.recv()
+
+        answer = await asyncio.to_thread(exchange)
+        if isinstance(answer, tuple):
+            raise RuntimeError(f"the agent process failed: {answer[1]}")
+        return int(answer)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._link.send(None)
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
 async def _measure(
     engine_url: str,
     model_dir: Path,
@@ -126,9 +188,6 @@ async def _measure(
     concurrency: int,
     rounds: int,
 ) -> OpenAIBenchResult:
-    import httpx
-    import openai
-
     from relayrl.models.loading import load_tokenizer
     from services.engine.client import EngineClient
     from services.queue.config import QueueSettings
@@ -148,24 +207,22 @@ async def _measure(
         while not rollout.replica.state.ready():
             await rollout.replica.state.became_leasable(0.1)
         base_url = f"http://127.0.0.1:{rollout.servers.http.port}"
-        # Each path's clients live for the whole run, as an agent's do: building one (an SSL
-        # context each, even for plain HTTP) is not a per-episode cost of either path.
-        async with (
-            EngineClient(engine_url) as engine,
-            openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
-            httpx.AsyncClient(base_url=base_url, limits=httpx.Limits(max_connections=concurrency * 2)) as http,
-        ):
-            await _native(engine, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
-            await _openai((client, http), concurrency, 1, 4, concurrency)
-            for _ in range(rounds):
-                started = time.perf_counter()
-                tokens = await _native(engine, tokenizer, episodes, turns, max_tokens, concurrency)
-                native_rates.append(tokens / (time.perf_counter() - started))
-                native_tokens += tokens
-                started = time.perf_counter()
-                tokens = await _openai((client, http), episodes, turns, max_tokens, concurrency)
-                openai_rates.append(tokens / (time.perf_counter() - started))
-                openai_tokens += tokens
+        agent = _Agent(base_url, concurrency)
+        try:
+            async with EngineClient(engine_url) as engine:
+                await _native(engine, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
+                await agent.run(concurrency, 1, 4)
+                for _ in range(rounds):
+                    started = time.perf_counter()
+                    tokens = await _native(engine, tokenizer, episodes, turns, max_tokens, concurrency)
+                    native_rates.append(tokens / (time.perf_counter() - started))
+                    native_tokens += tokens
+                    started = time.perf_counter()
+                    tokens = await agent.run(episodes, turns, max_tokens)
+                    openai_rates.append(tokens / (time.perf_counter() - started))
+                    openai_tokens += tokens
+        finally:
+            agent.close()
     finally:
         await rollout.stop()
         await queue.stop()
