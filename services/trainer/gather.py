@@ -113,10 +113,11 @@ class BucketGather:
     def _gather(self, bucket: list[tuple[torch.Tensor, bool]], capacity: int) -> list[torch.Tensor]:
         is_main = D.get_rank() == 0
         sharded = [t for t, rows in bucket if rows]
+        shared = self._host.gather(sharded, capacity) if sharded and self._host is not None else None
         if not sharded:
             rows: Iterator[torch.Tensor] = iter(())
-        elif self._host is not None:
-            rows = iter(self._host.gather(sharded, capacity))
+        elif shared is not None:
+            rows = iter(shared)
         else:
             rows = iter(_all_gather_rows(sharded))
         kept: list[torch.Tensor] = []

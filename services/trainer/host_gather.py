@@ -164,12 +164,21 @@ class HostGather:
             return None
         return cls(rank, world, pid)
 
-    def gather(self, tensors: list[torch.Tensor], capacity: int) -> list[torch.Tensor]:
+    def gather(self, tensors: list[torch.Tensor], capacity: int) -> list[torch.Tensor] | None:
         """Collective: the full tensors of the row-sharded ``tensors`` on rank 0 (views of one
-        buffer of at least ``capacity`` bytes, which every rank passes alike), [] elsewhere."""
+        buffer of at least ``capacity`` bytes, which every rank passes alike), [] elsewhere; None
+        on every rank when rank 0 could not have a buffer (the caller gathers another way)."""
         placed, size = _layout(tensors, self.rank, self.world)
-        message = torch.tensor(self._take(max(size, capacity)) if self.rank == 0 else (0, 0, 0), dtype=torch.int64)
-        index, fd, buffer_size = (int(v) for v in D.broadcast_tensor(message))
+        taken = (0, 0, 0)
+        if self.rank == 0:
+            try:
+                taken = self._take(max(size, capacity))
+            except OSError as exc:  # the other ranks wait in the broadcast: tell them
+                log.warning("no shared buffer of %d bytes (%s): this bucket is all-gathered", size, exc)
+                taken = (-1, 0, 0)
+        index, fd, buffer_size = (int(v) for v in D.broadcast_tensor(torch.tensor(taken, dtype=torch.int64)))
+        if index < 0:
+            return None
         if self.rank != 0:
             # Rank 0 hands out no buffer smaller than this one again while it has one this size.
             for old in [b for b in self._buffers.values() if b.size < buffer_size]:

@@ -4,15 +4,19 @@
 a tensor whose second rank holds no row, a 1-D one, bf16 beside float32 and int64) and gather
 them in small buckets through :class:`~services.trainer.gather.BucketGather` with shared host
 memory, three times: keeping every bucket, again after the shards changed while the first
-buckets are still kept, then dropping each bucket as it comes. Rank 0 writes what it saw to OUT
+buckets are still kept, then dropping each bucket as it comes; and a fourth time with every
+buffer held and rank 0 unable to open a file (so to make a new buffer). Rank 0 writes what it saw to OUT
 as JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import sys
+from collections.abc import Iterator
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -57,6 +61,14 @@ def main(out: str) -> None:
             streamed.extend(torch.equal(t, full[next(names)] + 1 + 1) for t in bucket)
         del bucket
     result.update(streamed_equal=streamed, buffers_after_streaming=_buffers(gather))
+
+    # Every buffer held, and rank 0 out of file descriptors for a new one: the all-gather serves.
+    held = [list(gather.buckets(items)), list(gather.buckets(items))]
+    with _no_new_files(is_main):
+        fallback = _flat(list(gather.buckets(items)))
+    equal = [torch.equal(t, full[n] + 1 + 1) for t, n in zip(fallback, full, strict=True)] if is_main else []
+    result.update(fallback_equal=equal, buffers_after_fallback=_buffers(gather))
+    del held
     if is_main:
         with open(out, "w") as f:
             json.dump(result, f)
@@ -64,6 +76,22 @@ def main(out: str) -> None:
     # As in services/trainer/publish_bench.py: a rank sometimes aborts in gloo's native teardown at
     # interpreter exit ("terminate called without an active exception") after a clean shutdown.
     os._exit(0)
+
+
+@contextlib.contextmanager
+def _no_new_files(active: bool) -> Iterator[None]:
+    """No file descriptor can be opened while inside (on the rank where ``active``)."""
+    if not active:
+        yield
+        return
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _add_one(items: list[tuple[str, torch.Tensor]]) -> None:
