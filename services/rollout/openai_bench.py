@@ -160,8 +160,12 @@ class _Agent:
     async def run(self, episodes: int, turns: int, max_tokens: int) -> int:
         def exchange() -> Any:
             self._link.send((episodes, turns, max_tokens))
-            if not self._link.poll(AGENT_TIMEOUT_S):
-                raise TimeoutError(f"the agent process ran {episodes} episodes for over {AGENT_TIMEOUT_S:.0f}s")
+            deadline = time.monotonic() + AGENT_TIMEOUT_S
+            while not self._link.poll(1.0):
+                if not self._process.is_alive():
+                    raise RuntimeError(f"the agent process exited with code {self._process.exitcode}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the agent process ran {episodes} episodes for over {AGENT_TIMEOUT_S:.0f}s")
             return self._link.recv()
 
         answer = await asyncio.to_thread(exchange)

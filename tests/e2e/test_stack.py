@@ -44,10 +44,7 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         assert _generated(rollout) == frozen, "a paused replica kept generating"
         assert httpx.post(f"{rollout}/control/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
-        resumed = httpx.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
-        assert resumed.status_code == 200 and resumed.json()["paused"] is False
-        wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume", poll_s=0.2)
-
+        # While generation is paused the trainer cannot finish its steps, so every component still runs.
         assert stack.ctl_env_file.stat().st_mode & 0o777 == 0o600, "ctl.env holds the token"
         ctl = subprocess.run(
             [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
@@ -56,6 +53,10 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         assert ctl.returncode == 0, ctl.stdout + ctl.stderr
         for component in ("queue", "paramsync", "trainer", "rollout-0"):
             assert component in ctl.stdout, f"`relayrl ctl status --all` left out {component}:\n{ctl.stdout}"
+
+        resumed = httpx.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
+        assert resumed.status_code == 200 and resumed.json()["paused"] is False
+        wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume", poll_s=0.2)
 
         assert wait_for_trainer(stack, timeout_s=240) == 0
         stats = _queue_stats(stack.endpoints.queue_grpc)
