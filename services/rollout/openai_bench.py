@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from services.engine.client import EngineClient
 
 QUESTION = "count from 1 to 9"
+FOLLOW_UP = "go on"
 # The longest one round of the agent process may take.
 AGENT_TIMEOUT_S = 600.0
-FOLLOW_UP = "go on"
 
 
 @dataclass(frozen=True, slots=True)

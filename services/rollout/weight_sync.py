@@ -275,7 +275,7 @@ class WeightSync:
             try:
                 result = await self.engine.unload_lora_adapter(name)
             except (EngineError, httpx.TransportError) as exc:
-                # The version is loaded and reported; an engine that lost the call restarts without it.
+                # The version is loaded and reported either way; an adapter left loaded costs memory, not answers.
                 result = UpdateResult(success=False, message=repr(exc))
             if not result.success:
                 log.warning("could not unload LoRA adapter %s: %s", name, result.message)
