@@ -83,11 +83,13 @@ class ManagedProcess:
                 text=True,
                 bufsize=1,
                 start_new_session=True,
+                # In the child between fork and exec, so the program starts on its CPUs and every
+                # thread and child it makes inherits them. Set from here after Popen returned, a
+                # loaded machine let the program run (and start threads) before it: a race.
+                # The function makes one system call and takes no lock, which is what makes a
+                # preexec_fn safe beside this process's threads.
+                preexec_fn=_pin(self.spec.cpus) if self.spec.cpus else None,
             )
-            if self.spec.cpus:
-                # Set right after the fork, long before the child's interpreter starts a thread (torch
-                # starts its pools on import), so every thread and child process inherits it.
-                os.sched_setaffinity(self.process.pid, self.spec.cpus)
         except FileNotFoundError as exc:
             raise ComponentError(
                 self.name, f"cannot run {self.spec.argv[0]!r}: {exc.strerror}", self.spec.hint
@@ -238,3 +240,10 @@ class ComponentError(RuntimeError):
             message += "\n  last output:\n    " + output.replace("\n", "\n    ")
         super().__init__(message)
         self.component = component
+
+
+def _pin(cpus: tuple[int, ...]) -> Callable[[], None]:
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return pin
