@@ -9,6 +9,7 @@ torchrun would otherwise orphan workers that keep its ports (and a restart could
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -88,7 +89,7 @@ class ManagedProcess:
                 # loaded machine let the program run (and start threads) before it: a race.
                 # The function makes one system call and takes no lock, which is what makes a
                 # preexec_fn safe beside this process's threads.
-                preexec_fn=_pin(self.spec.cpus) if self.spec.cpus else None,
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, self.spec.cpus) if self.spec.cpus else None,
             )
         except FileNotFoundError as exc:
             raise ComponentError(
@@ -240,10 +241,3 @@ class ComponentError(RuntimeError):
             message += "\n  last output:\n    " + output.replace("\n", "\n    ")
         super().__init__(message)
         self.component = component
-
-
-def _pin(cpus: tuple[int, ...]) -> Callable[[], None]:
-    def pin() -> None:
-        os.sched_setaffinity(0, cpus)
-
-    return pin

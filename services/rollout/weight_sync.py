@@ -223,9 +223,10 @@ class WeightSync:
         elapsed = time.perf_counter() - started
         self.state.hold(ann.version, elapsed)
         await self._report(ann.version, ok=True, sync_s=elapsed)
-        # Housekeeping after the report: the engine serves the version already, and an unload waits
-        # for the engine's next step (about as long as the rest of an adapter switch).
-        await self._unload_old_adapters()
+        if self.adapter is not None and self.adapter.version == ann.version:
+            # Housekeeping after the report: the engine serves the adapter already, and an unload
+            # waits for the engine's next step (about as long as the rest of an adapter switch).
+            await self._unload_old_adapters()
         self.files.prune()
         return True
 

@@ -105,7 +105,7 @@ class BucketGather:
             parts[-1].append((tensor, _row_sharded(tensor)))
             size += tensor.numel() * tensor.element_size()
         # Every bucket's shared buffer the size of the largest: one set of buffers serves them all.
-        capacity = max(buffer_bytes([t for t, rows in part if rows]) for part in parts)
+        capacity = max(buffer_bytes([t for t, rows in part if rows]) for part in parts) if self._host is not None else 0
         for part in parts:
             if part:
                 yield self._gather(part, capacity)
