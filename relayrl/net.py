@@ -2,15 +2,76 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
+import threading
 import time
+from pathlib import Path
+
+# Ports handed out come from below the kernel's ephemeral range and above this.
+_LOWEST_PORT = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+class _PortWalk:
+    """Hands out ports below the kernel's ephemeral range, each once per process.
+
+    A port is picked here and bound later, often by another process still importing torch. Two
+    ways that went wrong with ports the kernel chose (``bind`` to port 0): the kernel could choose
+    the same port again for the next pick, while the first was not bound yet (an engine's port was
+    also given to its rollout's gRPC server, and the engine died on "Address already in use"); and
+    any outgoing connection or port-0 server on the machine takes its port from that range too. So
+    ports come from below it, in order from a random start (processes picking side by side, as
+    pytest-xdist workers do, start far apart), and one is handed out only if it binds now.
+    """
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        """A new random start, from the operating system's randomness: a process whose global
+        ``random`` was seeded, or one forked from a parent that already picked, starts elsewhere."""
+        self._lock = threading.Lock()
+        self._high = _ephemeral_low() - 1
+        self._next = _LOWEST_PORT + secrets.randbelow(self._high - _LOWEST_PORT + 1)
+        self._left = self._high - _LOWEST_PORT + 1
+
+    def take(self, host: str) -> int:
+        with self._lock:
+            while self._left > 0:
+                port, self._left = self._next, self._left - 1
+                self._next = port + 1 if port < self._high else _LOWEST_PORT
+                if _binds(host, port):
+                    return port
+        raise OSError(f"no free port left in {_LOWEST_PORT}..{self._high} in this process")
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return low if low > _LOWEST_PORT + 1000 else 32768
+
+
+def _binds(host: str, port: int) -> bool:
+    # Without SO_REUSEADDR a port still in TIME_WAIT fails too: stricter than the server's own bind.
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+_walk = _PortWalk()
+os.register_at_fork(after_in_child=_walk.restart)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port free now, for a server that binds it soon after; never the same one twice in a process."""
+    return _walk.take(host)
 
 
 def port_open(host: str, port: int) -> bool:
