@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from relayrl.stack.config import StackConfig, StackSettings
 from relayrl.stack.launch import LocalStack, prepare_model
 from relayrl.stack.report import read_metrics
 from relayrl.stack.supervisor import supervised
+from services.queue.keys import Keys
 from tests.processes import process_alive
 from tests.waiting import wait_until
 
@@ -68,6 +71,27 @@ def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
     code = stack.trainer_exit_code()
     assert code is not None
     return code
+
+
+def stall_report(stack: LocalStack) -> str:
+    """Where a run that stopped moving stands: the prompt queue's state in Redis (waiting with their
+    min_start_version, leased with expiry and owner, counters) and the last lines of every log. For
+    the message of a test whose run did not finish on a CI machine, where nothing else survives."""
+    keys = Keys(stack.run_id)
+    lines = [f"at {time.time():.1f}"]
+    try:
+        client = redis.Redis.from_url(stack.endpoints.redis_url, decode_responses=True, socket_timeout=5)
+        lines.append(f"waiting {client.zrange(keys.prompts_waiting, 0, -1, withscores=True)}")
+        lines.append(f"leased {client.zrange(keys.prompts_leased, 0, -1, withscores=True)}")
+        lines.append(f"owners {client.hgetall(keys.prompt_owner)}")
+        lines.append(f"prompt stats {client.hgetall(keys.prompt_stats)}")
+        lines.append(f"queue stats {client.hgetall(keys.stats)}")
+    except redis.RedisError as exc:
+        lines.append(f"redis unreadable: {exc}")
+    for log in sorted((stack.run_dir / "logs").glob("*.log")):
+        lines.append(f"--- {log.name}")
+        lines.extend(log.read_text(errors="replace").splitlines()[-20:])
+    return "\n".join(lines)
 
 
 def training_rows(stack: LocalStack) -> list[dict[str, Any]]:

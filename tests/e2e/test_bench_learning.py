@@ -20,7 +20,8 @@ def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
-    assert printed["seeds"] == [3, 4] and printed["failed"] == 0
+    assert printed["seeds"] == [3, 4]
+    assert printed["failed"] == 0, _why_runs_failed(printed["runs"])
     assert [run["seed"] for run in printed["runs"]] == [3, 4]
     for run in printed["runs"]:
         assert run["error"] is None and run["steps"] == 4
@@ -32,3 +33,17 @@ def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp
     assert printed["steps"]["min"] == printed["steps"]["max"] == 4
     assert Path(printed["plot"]).stat().st_size > 0
     assert "seed 4 (2 of 2)" in done.stderr
+
+
+def _why_runs_failed(runs: list[dict]) -> str:
+    """Each failed run's error and the last lines of its services' logs: a failure on a CI machine
+    leaves nothing else to read."""
+    out = []
+    for run in runs:
+        if run["error"] is None:
+            continue
+        out.append(f"seed {run['seed']}: {run['error']}")
+        for log in sorted((Path(run["run_dir"]) / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            out.append(f"--- {log.name}\n" + "\n".join(tail))
+    return "\n".join(out)

@@ -11,7 +11,7 @@ import sys
 from relayrl.stack.chaos.faults import FaultTracker
 from relayrl.stack.chaos.ledger import VersionWatch, verdict
 from relayrl.stack.launch import prepare_model
-from tests.e2e.conftest import running_stack, small_run
+from tests.e2e.conftest import running_stack, small_run, stall_report
 from tests.waiting import WaitTimeout, wait_until
 
 SEED = 17
@@ -51,7 +51,7 @@ def test_killing_each_kind_of_component_keeps_the_four_zeros(runs_dir, tiny_mode
         try:
             wait_until(run_done, 150, "the run to finish", poll_s=0.2)
         except WaitTimeout as exc:
-            raise AssertionError(f"run not done; open faults {tracker.open_faults()}") from exc
+            raise AssertionError(f"run not done; open faults {tracker.open_faults()}\n{stall_report(stack)}") from exc
         tracker.tick()
         assert not order, f"the run ended before {order} were killed"
         assert stack.trainer_exit_code() == 0
