@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Body, Header
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 
 from services.engine.client import EngineClient, EngineError, SamplingParams
 from services.rollout.config import RolloutSettings
@@ -254,13 +254,19 @@ def _bad_request(exc: ValidationError) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def _json(model: BaseModel) -> Response:
+    """The model serialised by pydantic in one pass: a dict returned to FastAPI is walked again by
+    its ``jsonable_encoder`` and dumped by ``json``, a cost paid on every turn of every episode."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 def openai_router(endpoint: OpenAIEndpoint) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.get("/models")
     async def models() -> Any:
         try:
-            return (await endpoint.models()).model_dump()
+            return _json(await endpoint.models())
         except ApiError as exc:
             return exc.response()
 
@@ -283,7 +289,7 @@ def openai_router(endpoint: OpenAIEndpoint) -> APIRouter:
                     param="metadata.conversation_id",
                 )
             conversation_id = conversation_header or (str(in_body) if in_body else None)
-            return (await endpoint.chat(request, conversation_id)).model_dump()
+            return _json(await endpoint.chat(request, conversation_id))
         except ApiError as exc:
             return exc.response()
         except ConversationConflict as exc:
