@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -75,7 +76,8 @@ def wait_for_trainer(stack: LocalStack, timeout_s: float) -> int:
 
 def stall_report(stack: LocalStack) -> str:
     """Where a run that stopped moving stands: the prompt queue's state in Redis (waiting with their
-    min_start_version, leased with expiry and owner, counters) and the last lines of every log. For
+    min_start_version, leased with expiry and owner, counters), the trainer's and the rollouts'
+    status, and the last lines of every log. For
     the message of a test whose run did not finish on a CI machine, where nothing else survives."""
     keys = Keys(stack.run_id)
     lines = [f"at {time.time():.1f}"]
@@ -88,6 +90,14 @@ def stall_report(stack: LocalStack) -> str:
         lines.append(f"queue stats {client.hgetall(keys.stats)}")
     except redis.RedisError as exc:
         lines.append(f"redis unreadable: {exc}")
+    # The trainer's released count and step, each rollout's held version and leases.
+    auth = {"Authorization": f"Bearer {stack.api_token}"}
+    for url in filter(None, [stack.endpoints.trainer_http, *stack.endpoints.rollouts_http]):
+        try:
+            answer = httpx.get(f"{url}/control/status", headers=auth, timeout=5)
+            lines.append(f"{url} status {answer.text}")
+        except httpx.HTTPError as exc:
+            lines.append(f"{url} status unreadable: {exc!r}")
     for log in sorted((stack.run_dir / "logs").glob("*.log")):
         lines.append(f"--- {log.name}")
         lines.extend(log.read_text(errors="replace").splitlines()[-20:])
