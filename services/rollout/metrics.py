@@ -58,7 +58,9 @@ class RolloutMetrics:
         )
         self.param_sync_failures = m.counter("param_sync_failures", "Weight versions that failed to load.", "total")
         self.generation_paused = m.histogram(
-            "generation_paused", "Seconds generation stood paused for one weight switch (0 when not paused)."
+            "generation_paused",
+            "Seconds generation stood paused for one weight switch: pause to continue, or, where one update"
+            " call aborts and applies between two engine steps, that call's whole time (an upper bound).",
         )
         self.weight_update_duration = m.histogram(
             "weight_update_duration", "Announcement to weights live in the engine (fetch + switch)."

@@ -3,9 +3,9 @@
 Fetching runs beside generation (the engine keeps serving the old version); only the switch
 itself touches the engine, in the way ``partial_rollout_mode`` asks:
 
-- ``abort_resume`` / ``restart``: ``/pause_generation`` (abort) → ``/update_weights_from_disk``
-  → ``/continue_generation``; interrupted samples are resubmitted or restarted by
-  :mod:`services.rollout.generation`.
+- ``abort_resume`` / ``restart``: one ``/update_weights_from_disk`` with ``abort_all_requests``
+  (the engine aborts, loads and sets the version between two steps); interrupted samples are
+  resubmitted or restarted by :mod:`services.rollout.generation`.
 - ``in_place``: ``/pause_generation`` (in_place) → update → continue; running requests keep
   their KV cache and continue under the new weights.
 
@@ -212,7 +212,7 @@ class WeightSync:
                 self.metrics.weight_fetch.observe(time.perf_counter() - fetch_started)
                 adapter = self._adapter_dir(path, ann.version)
                 if adapter is None:
-                    await self._switch(ann.version, lambda: self._update_weights(str(path), ann.version))
+                    await self._switch_weights(str(path), ann.version)
                 else:
                     await self._switch_adapter(adapter, ann.version)
         except Exception as exc:
@@ -320,10 +320,32 @@ class WeightSync:
         log.info("adapter version %d loaded again into the restarted engine", held.version)
         return held.version
 
-    async def _update_weights(self, path: str, version: int) -> UpdateResult:
-        in_place = self.settings.partial_rollout_mode == "in_place"
-        # SGLang cannot flush its cache while requests sit frozen in the running batch.
-        return await self.engine.update_weights_from_disk(path, weight_version=version, flush_cache=not in_place)
+    async def _switch_weights(self, path: str, version: int) -> None:
+        """Full weights. ``in_place`` freezes the running requests around the update (:meth:`_switch`;
+        SGLang cannot flush its cache while they sit in the running batch). The abort modes need no
+        pause: one update call aborts every request, loads the weights and sets the version, all
+        between two of the engine's steps (SGLang's ``abort_all_requests``, its new requests wait
+        for the update), so generation stops only while the weights are copied in, not for three
+        round trips and the wait for the running step; the aborted samples come back and are
+        resubmitted at the new version."""
+        if self.settings.partial_rollout_mode == "in_place":
+
+            async def update() -> UpdateResult:
+                return await self.engine.update_weights_from_disk(path, weight_version=version, flush_cache=False)
+
+            await self._switch(version, update)
+            return
+        async with self.state.controlling():
+            started = time.perf_counter()
+            result = await self.engine.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
+            elapsed = time.perf_counter() - started
+            self.metrics.weight_apply.observe(elapsed)
+            if not self.state.paused:
+                # The call's whole time: an upper bound, as the engine keeps generating while it maps
+                # the file and finishes its running step.
+                self.metrics.generation_paused.observe(elapsed)
+        if not result.success:
+            raise EngineError(f"engine refused version {version}: {result.message}")
 
     async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]]) -> None:
         async with self.state.controlling():

@@ -56,22 +56,37 @@ async def _generates(engine_url: str, timeout_s: float = 10.0) -> bool:
     return False
 
 
-async def test_a_switch_whose_answers_are_lost_leaves_the_engine_generating_at_the_new_version(
+async def test_a_paused_switch_whose_answers_are_lost_leaves_the_engine_generating_at_the_new_version(
     start_engine: Callable[..., EngineProcess], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    engine = start_engine()
+    # in_place mode freezes the running requests around the update: pause, update, continue.
     lose = {
         "/pause_generation": ["answer"],  # the engine paused; the replica never heard so
         "/update_weights_from_disk": ["request"],
         "/continue_generation": ["request", "request"],
     }
+    await _switch_through_losses(start_engine(), tiny_model_dir, tmp_path, "in_place", lose)
+
+
+async def test_a_one_call_switch_whose_answers_are_lost_still_loads_the_version(
+    start_engine: Callable[..., EngineProcess], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # abort_resume switches with one update call that aborts and applies; the engine applied the
+    # version the first time, so the one sent again must load it again, harmlessly.
+    lose = {"/update_weights_from_disk": ["answer", "request"]}
+    await _switch_through_losses(start_engine(), tiny_model_dir, tmp_path, "abort_resume", lose)
+
+
+async def _switch_through_losses(
+    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, mode: str, lose: dict[str, list[str]]
+) -> None:
     async with (
         paramsync_service() as address,
         ParamSyncClient(address) as paramsync,
         LossyLink(engine.url, lose) as link,
     ):
         old = int(await link.weight_version())
-        sync, state = bare_weight_sync(paramsync, link, "r-lossy", "abort_resume", tmp_path / "weights", old)
+        sync, state = bare_weight_sync(paramsync, link, "r-lossy", mode, tmp_path / "weights", old)
         sync.resubscribe = RetryPolicy(attempts=None, first_wait_s=0.2, max_wait_s=30.0)
         syncing = asyncio.create_task(sync.run_forever())
         try:

@@ -22,13 +22,15 @@ from tests.waiting import wait_until_async
 
 
 class GenerateLog(EngineClient):
-    """The real client, keeping the body of every ``/generate`` it sends."""
+    """The real client, keeping the body of every ``/generate`` it sends and the path of every call."""
 
     def __init__(self, base_url: str) -> None:
         super().__init__(base_url)
         self.generates: list[dict[str, Any]] = []
+        self.paths: list[str] = []
 
     async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
+        self.paths.append(path)
         if path == "/generate":
             self.generates.append(json)
         return await super()._send_once(method, path, json)
@@ -89,6 +91,9 @@ async def test_partial_rollout_records_per_token_versions(
         "generation_paused": 1,
     }
     assert 0 < stages["weight_apply"][1] <= stages["generation_paused"][1]
+    # Only in_place freezes requests around the update; the abort modes switch in one update call.
+    switch_calls = [p for p in client.paths if p in {"/pause_generation", "/continue_generation"}]
+    assert switch_calls == (["/pause_generation", "/continue_generation"] if mode == "in_place" else [])
 
 
 def _stage_seconds(sync: WeightSync) -> dict[str, tuple[float, float]]:
