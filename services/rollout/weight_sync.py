@@ -324,10 +324,11 @@ class WeightSync:
         """Full weights. ``in_place`` freezes the running requests around the update (:meth:`_switch`;
         SGLang cannot flush its cache while they sit in the running batch). The abort modes need no
         pause: one update call aborts every request, loads the weights and sets the version, all
-        between two of the engine's steps (SGLang's ``abort_all_requests``, its new requests wait
-        for the update), so generation stops only while the weights are copied in, not for three
-        round trips and the wait for the running step; the aborted samples come back and are
-        resubmitted at the new version."""
+        between two of the engine's steps (SGLang's ``abort_all_requests``; its new requests wait
+        for the update). The engine holds generation while it installs the weights, not also for
+        the round trips between a pause, the update and a continue, and no lost pause or continue
+        answer can leave it paused. The aborted samples come back and are resubmitted at the new
+        version."""
         if self.settings.partial_rollout_mode == "in_place":
 
             async def update() -> UpdateResult:
