@@ -11,6 +11,8 @@ Per version it records:
 - gather and upload seconds, from the trainer;
 - fetch, apply and paused seconds at each replica: per-version deltas of the rollout's
   ``relayrl_rollout_weight_{fetch,apply}_seconds`` and ``relayrl_rollout_generation_paused_seconds``;
+  and the pause as each engine's scheduler saw it (``engine_paused_s``, from
+  ``relayrl_engine_generation_paused_seconds``), which the pause targets use;
 - first token: a light stream of one-token ``/generate`` requests runs against every engine the
   whole time; seconds from the step end to the first answer generated with the new version;
 - applied / total: seconds from the step end to each replica's report in paramsync's version
@@ -31,7 +33,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -45,6 +47,7 @@ from relayrl.stack.process import ComponentSpec
 from relayrl.stack.progress import read_samples
 from relayrl.stack.supervisor import Supervisor, supervised
 from relayrl.stack.weights_figures import (
+    ENGINE_HISTOGRAMS,
     ROLLOUT_HISTOGRAMS,
     Histogram,
     VersionSample,
@@ -165,18 +168,21 @@ def peak_memory_bytes(pid: int) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no VmHWM")
 
 
-def read_histograms(rollout_url: str) -> dict[str, Histogram]:
-    samples, totals = read_samples(rollout_url), {}
-    for stage, family in ROLLOUT_HISTOGRAMS.items():
+def read_histograms(url: str, families: Mapping[str, str]) -> dict[str, Histogram]:
+    samples, totals = read_samples(url), {}
+    for stage, family in families.items():
         total, count = samples.get(f"{family}_sum"), samples.get(f"{family}_count")
         if total is None or count is None:
-            raise RuntimeError(f"{rollout_url}/metrics has no {family}")
+            raise RuntimeError(f"{url}/metrics has no {family}")
         totals[stage] = Histogram(total, count)
     return totals
 
 
-async def rollout_histograms(urls: dict[str, str]) -> dict[str, dict[str, Histogram]]:
-    return {name: await asyncio.to_thread(read_histograms, url) for name, url in urls.items()}
+async def stage_histograms(rollouts: dict[str, str], engines: dict[str, str]) -> dict[str, dict[str, Histogram]]:
+    """Every replica's and every engine's stage histograms now, by name."""
+    read = [(name, url, ROLLOUT_HISTOGRAMS) for name, url in rollouts.items()]
+    read += [(name, url, ENGINE_HISTOGRAMS) for name, url in engines.items()]
+    return {name: await asyncio.to_thread(read_histograms, url, families) for name, url, families in read}
 
 
 def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float, lora_rank: int) -> StackConfig:
@@ -245,6 +251,7 @@ async def _measure(
     trainer_pid = int((await trainer.receive("hello"))["pid"])
     await trainer.send({"paramsync": stack.endpoints.paramsync_grpc})
     rollouts = {f"rollout-{i}": url for i, url in enumerate(stack.endpoints.rollouts_http)}
+    engines = {f"engine-{i}": url for i, url in enumerate(stack.endpoints.engines)}
     async with ParamSyncClient(stack.endpoints.paramsync_grpc) as paramsync, httpx.AsyncClient(timeout=60) as http:
 
         async def table() -> dict[str, Any]:
@@ -265,7 +272,7 @@ async def _measure(
         for pid in pids.values():
             reset_peak_memory(pid)
         samples = []
-        before = await rollout_histograms(rollouts)
+        before = await stage_histograms(rollouts, engines)
         for version in range(1, versions + 1):
             published = await trainer.publish(version)
 
@@ -284,7 +291,7 @@ async def _measure(
                 )
                 for name, stream in streams.items()
             }
-            after = await rollout_histograms(rollouts)
+            after = await stage_histograms(rollouts, engines)
             samples.append(VersionSample(published, applied_at, first_token_at, before, after))
             total_s = max(applied_at.values()) - published.step_end_unix_s
             _phase(f"version {version} applied at every replica {total_s:.3f}s after the step end")
@@ -365,7 +372,8 @@ def render_table(result: dict[str, Any]) -> str:
     table.add_column("median over versions 2.., seconds")
     for count in counts:
         table.add_column(f"{count} replica(s)", justify="right")
-    for key in ("gather_s", "upload_s", "fetch_s", "apply_s", "paused_s", "first_token_s", "applied_s", "total_s"):
+    stages = ("gather_s", "upload_s", "fetch_s", "apply_s", "paused_s", "engine_paused_s", "first_token_s")
+    for key in (*stages, "applied_s", "total_s"):
         table.add_row(key, *(_cell(result["by_replicas"][c]["median"][key]) for c in counts))
     table.add_row("ratio_to_raw_tcp", *(f"{result['by_replicas'][c]['ratio_to_raw_tcp']:.2f}" for c in counts))
     table.add_row(

@@ -23,6 +23,11 @@ ROLLOUT_HISTOGRAMS = {
     "apply_s": "relayrl_rollout_weight_apply_seconds",
     "paused_s": "relayrl_rollout_generation_paused_seconds",
 }
+# The engine's own: how long its scheduler took no step for the version (a pause to its continue,
+# or the update run between two steps). What the replica sees (``paused_s``) also holds the calls'
+# round trips and, for a one-call switch, the time the engine goes on generating while it maps the
+# file and ends its running step; this is the pause the issue's targets are about.
+ENGINE_HISTOGRAMS = {"engine_paused_s": "relayrl_engine_generation_paused_seconds"}
 
 # Issue #18's targets, as written there.
 MAX_RATIO_TO_RAW_TCP = 3.0
@@ -49,7 +54,8 @@ class VersionSample:
     applied_at_unix_s: Mapping[str, float]
     # When each engine's first response generated with the version arrived.
     first_token_at_unix_s: Mapping[str, float]
-    # Each replica's histograms (keys of ROLLOUT_HISTOGRAMS) before and after the version.
+    # Each replica's histograms (keys of ROLLOUT_HISTOGRAMS) and each engine's (keys of
+    # ENGINE_HISTOGRAMS), by name, before and after the version.
     before: Mapping[str, Mapping[str, Histogram]]
     after: Mapping[str, Mapping[str, Histogram]]
 
@@ -66,12 +72,13 @@ def version_figures(sample: VersionSample) -> dict[str, Any]:
     """One version's seconds per stage; per-replica and per-engine stages as dicts by name."""
     p = sample.published
     figures: dict[str, Any] = {"gather_s": p.gather_s, "upload_s": p.upload_s}
-    for stage in ROLLOUT_HISTOGRAMS:
+    for stage in (*ROLLOUT_HISTOGRAMS, *ENGINE_HISTOGRAMS):
         figures[stage] = {
-            replica: histogram_delta(
-                sample.before[replica][stage], sample.after[replica][stage], f"{replica} {stage} of v{p.version}"
+            name: histogram_delta(
+                sample.before[name][stage], sample.after[name][stage], f"{name} {stage} of v{p.version}"
             )
-            for replica in sorted(sample.after)
+            for name in sorted(sample.after)
+            if stage in sample.after[name]
         }
     figures["first_token_s"] = {
         engine: at - p.step_end_unix_s for engine, at in sorted(sample.first_token_at_unix_s.items())
@@ -125,9 +132,11 @@ def targets(preset: str, runs: Mapping[int, dict[str, Any]], raw_tcp_s: float) -
             runs[2]["median"]["total_s"] <= MAX_TWO_REPLICA_SLOWDOWN * runs[1]["median"]["total_s"]
         )
     medians = [run["median"] for run in runs.values()]
-    checks["pause_le_apply"] = all(m["paused_s"][r] <= m["apply_s"][r] for m in medians for r in m["paused_s"])
+    checks["pause_le_apply"] = all(
+        paused <= m["apply_s"][replica_of(engine)] for m in medians for engine, paused in m["engine_paused_s"].items()
+    )
     checks["pause_le_25pct_of_total"] = all(
-        paused <= MAX_PAUSE_SHARE_OF_TOTAL * m["total_s"] for m in medians for paused in m["paused_s"].values()
+        paused <= MAX_PAUSE_SHARE_OF_TOTAL * m["total_s"] for m in medians for paused in m["engine_paused_s"].values()
     )
     checks["rank0_peak_le_shard_bucket_10pct"] = all(
         run["peak_memory"]["trainer_rank0"]["bytes"] <= rank0_memory_bound(run) for run in runs.values()
@@ -135,6 +144,11 @@ def targets(preset: str, runs: Mapping[int, dict[str, Any]], raw_tcp_s: float) -
     if preset == "tiny":
         checks["tiny_total_le_50ms"] = all(m["total_s"] <= MAX_TINY_TOTAL_S for m in medians)
     return checks
+
+
+def replica_of(engine: str) -> str:
+    """The rollout replica that drives an engine: the stack pairs ``engine-<i>`` with ``rollout-<i>``."""
+    return engine.replace("engine-", "rollout-", 1)
 
 
 def rank0_memory_bound(run: Mapping[str, Any]) -> float:

@@ -272,8 +272,9 @@ def sglang_router(state: EngineState) -> APIRouter:
     @router.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(obj: UpdateWeightsFromDistributedReqInput) -> JSONResponse:
         def receive_and_apply() -> None:
-            tensors = state.receiver.receive(obj.group_name, obj.names, obj.dtypes, obj.shapes)
-            state.apply(tensors, obj.weight_version, obj.abort_all_requests)
+            state.receive_and_apply(
+                obj.group_name, obj.names, obj.dtypes, obj.shapes, obj.weight_version, obj.abort_all_requests
+            )
 
         try:
             await scheduler.call(receive_and_apply)
@@ -298,12 +299,12 @@ def sglang_router(state: EngineState) -> APIRouter:
         # SGLang versions before the `mode` field send no body; that means abort.
         raw = await request.body()
         obj = PauseGenerationReqInput.model_validate_json(raw) if raw.strip() else PauseGenerationReqInput()
-        await scheduler.call(lambda: scheduler.pause(obj.mode))
+        await scheduler.call(lambda: state.pause(obj.mode))
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     @router.post("/continue_generation")
     async def continue_generation() -> JSONResponse:
-        await scheduler.call(scheduler.resume)
+        await scheduler.call(state.resume)
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +15,7 @@ from relayrl.models.loading import load_causal_lm, load_tokenizer
 from services.engine.config import EngineSettings
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
-from services.engine.scheduler import Scheduler
+from services.engine.scheduler import PauseMode, Scheduler
 from services.engine.weights import apply_tensors, read_safetensors_dir
 from services.paramsync.channels.torch_dist import TorchDistReceiver
 
@@ -32,6 +34,11 @@ class EngineMetrics:
         self.weight_updates = m.counter("weight_updates", "Successful weight updates.", "total")
         self.weight_update_failures = m.counter("weight_update_failures", "Refused or failed weight updates.", "total")
         self.weight_version = m.gauge("weight_version", "Weight version served (when it is an integer).")
+        self.generation_paused = m.histogram(
+            "generation_paused",
+            "Seconds the scheduler took no step for one pause: pause_generation to continue_generation, or one"
+            " weight update sent without a pause (its abort, receive and copy).",
+        )
         self.lora_requests = m.counter(
             "lora_requests", "Samples admitted with a LoRA adapter (lora_path on /generate).", "total"
         )
@@ -70,6 +77,8 @@ class EngineState:
             on_step=self._observe,
         )
         self._set_version_gauge(settings.weight_version)
+        # When the scheduler was paused by pause_generation (None while it runs).
+        self._paused_at: float | None = None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
@@ -77,8 +86,49 @@ class EngineState:
     def read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
         return read_safetensors_dir(model_path)
 
+    def pause(self, mode: PauseMode) -> None:
+        """SGLang's ``/pause_generation`` (on the scheduler thread); timed until its continue."""
+        if self.scheduler.paused is None:
+            self._paused_at = time.perf_counter()
+        self.scheduler.pause(mode)
+
+    def resume(self) -> None:
+        """SGLang's ``/continue_generation`` (on the scheduler thread)."""
+        if self.scheduler.paused is not None and self._paused_at is not None:
+            self.metrics.generation_paused.observe(time.perf_counter() - self._paused_at)
+        self._paused_at = None
+        self.scheduler.resume()
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Times a weight update run on the scheduler thread while not paused: no step runs
+        meanwhile. Under a pause, the pause's own time (to its continue) already holds it."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.scheduler.paused is None:
+                self.metrics.generation_paused.observe(time.perf_counter() - started)
+
     def apply(self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool) -> None:
         """Installs new weights; runs on the scheduler thread, between two forward passes."""
+        with self._holding():
+            self._install(tensors, version, abort_all)
+
+    def receive_and_apply(
+        self,
+        group: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: str | None,
+        abort_all: bool,
+    ) -> None:
+        """Receives a broadcast version and installs it, on the scheduler thread: no step runs meanwhile."""
+        with self._holding():
+            self._install(self.receiver.receive(group, names, dtypes, shapes), version, abort_all)
+
+    def _install(self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool) -> None:
         if abort_all:
             self.scheduler.abort(abort_all=True, message="aborted for a weight update")
         apply_tensors(self.model, tensors)

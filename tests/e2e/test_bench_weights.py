@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-STAGES = ("gather_s", "upload_s", "fetch_s", "apply_s", "paused_s", "first_token_s", "applied_s", "total_s")
+STAGES = (
+    "gather_s",
+    "upload_s",
+    "fetch_s",
+    "apply_s",
+    "paused_s",
+    "engine_paused_s",
+    "first_token_s",
+    "applied_s",
+    "total_s",
+)
 TARGETS = {
     "ratio_to_raw_tcp_le_3",
     "pause_le_apply",
@@ -24,7 +34,8 @@ def _positive_stages(figures: dict, replica: str, engine: str) -> None:
         assert figures[stage] > 0, stage
     for stage in ("fetch_s", "apply_s", "paused_s", "applied_s"):
         assert figures[stage].keys() == {replica} and figures[stage][replica] > 0, stage
-    assert figures["first_token_s"].keys() == {engine} and figures["first_token_s"][engine] > 0
+    for stage in ("engine_paused_s", "first_token_s"):
+        assert figures[stage].keys() == {engine} and figures[stage][engine] > 0, stage
     assert figures["total_s"] == figures["applied_s"][replica]
 
 
@@ -73,4 +84,4 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
     assert median["gather_s"] > 0 and median["total_s"] == median["applied_s"]["rollout-0"] > 0
     for stage in ("fetch_s", "apply_s", "paused_s"):
         assert median[stage]["rollout-0"] > 0, stage
-    assert median["first_token_s"]["engine-0"] > 0
+    assert median["first_token_s"]["engine-0"] > 0 and median["engine_paused_s"]["engine-0"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 import torch
 
+from relayrl.stack.progress import read_samples
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
 from tests.waiting import wait_until_async
@@ -192,6 +194,31 @@ async def test_update_weights_from_disk_sets_version_and_changes_logprobs(
         logits = model(torch.tensor([[5, 6, 7, *out.output_ids]])).logits[0, 2:-1]
     expected = [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(out.output_ids)]
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+async def test_the_engine_times_each_pause_of_generation(engine: EngineProcess, tiny_model_dir: Path) -> None:
+    family = "relayrl_engine_generation_paused_seconds"
+
+    def paused() -> tuple[float, float]:
+        samples = read_samples(engine.url)
+        return samples[f"{family}_count"], samples[f"{family}_sum"]
+
+    async with EngineClient(engine.url) as client:
+        count, total = await asyncio.to_thread(paused)
+        # An update sent without a pause holds generation while the scheduler installs it: once.
+        update = await client.update_weights_from_disk(str(tiny_model_dir), weight_version=11, abort_all_requests=True)
+        assert update.success, update.message
+        after_update = await asyncio.to_thread(paused)
+        assert after_update[0] == count + 1 and after_update[1] > total
+        # Under a pause, one observation from the pause to its continue, which holds the update.
+        await client.pause_generation("abort")
+        started = time.perf_counter()
+        assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=12)).success
+        update_s = time.perf_counter() - started
+        await client.continue_generation()
+        final = await asyncio.to_thread(paused)
+    assert final[0] == after_update[0] + 1
+    assert final[1] - after_update[1] > update_s
 
 
 async def test_update_weights_from_distributed_over_gloo(engine: EngineProcess, tiny_model_dir: Path) -> None:

@@ -24,11 +24,17 @@ def _totals(fetch: tuple[float, int], apply: tuple[float, int], paused: tuple[fl
     return {"fetch_s": Histogram(*fetch), "apply_s": Histogram(*apply), "paused_s": Histogram(*paused)}
 
 
-def _sample(version: int, step_end: float, fetch: float, apply: float, paused: float, applied: float) -> VersionSample:
-    """Version ``version`` at one replica whose histograms had seen ``version - 1`` versions of 1 s each."""
+def _sample(
+    version: int, step_end: float, fetch: float, apply: float, paused: float, applied: float, engine_paused: float
+) -> VersionSample:
+    """Version ``version`` at one replica and its engine, whose histograms had seen ``version - 1``
+    versions of 1 s each."""
     n = version - 1
-    before = {"rollout-0": _totals((n, n), (n, n), (n, n))}
-    after = {"rollout-0": _totals((n + fetch, n + 1), (n + apply, n + 1), (n + paused, n + 1))}
+    before = {"rollout-0": _totals((n, n), (n, n), (n, n)), "engine-0": {"engine_paused_s": Histogram(n, n)}}
+    after = {
+        "rollout-0": _totals((n + fetch, n + 1), (n + apply, n + 1), (n + paused, n + 1)),
+        "engine-0": {"engine_paused_s": Histogram(n + engine_paused, n + 1)},
+    }
     published = PublishedVersion(version, step_end, 0.01 * version, 0.02 * version, MODEL, MODEL)
     return VersionSample(
         published,
@@ -41,10 +47,10 @@ def _sample(version: int, step_end: float, fetch: float, apply: float, paused: f
 
 # Version 1 pays one-off costs (10 s fetch); versions 2-4 are the steady state.
 SAMPLES = [
-    _sample(1, 1000.0, fetch=10.0, apply=0.5, paused=0.6, applied=11.0),
-    _sample(2, 1100.0, fetch=0.2, apply=0.05, paused=0.04, applied=0.30),
-    _sample(3, 1200.0, fetch=0.4, apply=0.07, paused=0.06, applied=0.50),
-    _sample(4, 1300.0, fetch=0.3, apply=0.06, paused=0.05, applied=0.40),
+    _sample(1, 1000.0, fetch=10.0, apply=0.5, paused=0.6, applied=11.0, engine_paused=0.4),
+    _sample(2, 1100.0, fetch=0.2, apply=0.05, paused=0.04, applied=0.30, engine_paused=0.02),
+    _sample(3, 1200.0, fetch=0.4, apply=0.07, paused=0.06, applied=0.50, engine_paused=0.04),
+    _sample(4, 1300.0, fetch=0.3, apply=0.06, paused=0.05, applied=0.40, engine_paused=0.03),
 ]
 
 
@@ -61,12 +67,22 @@ def test_one_versions_figures_count_from_the_trainers_step_end() -> None:
         SAMPLES[1].published,
         applied_at_unix_s={"rollout-0": 1100.3, "rollout-1": 1100.45},
         first_token_at_unix_s={"engine-0": 1100.31, "engine-1": 1100.5},
-        before={**SAMPLES[1].before, "rollout-1": SAMPLES[1].before["rollout-0"]},
-        after={**SAMPLES[1].after, "rollout-1": SAMPLES[1].after["rollout-0"]},
+        before={
+            **SAMPLES[1].before,
+            "rollout-1": SAMPLES[1].before["rollout-0"],
+            "engine-1": {"engine_paused_s": Histogram(0.0, 0)},
+        },
+        after={
+            **SAMPLES[1].after,
+            "rollout-1": SAMPLES[1].after["rollout-0"],
+            "engine-1": {"engine_paused_s": Histogram(0.01, 1)},
+        },
     )
     figures = version_figures(two_replicas)
     assert figures["gather_s"] == pytest.approx(0.02) and figures["upload_s"] == pytest.approx(0.04)
     assert figures["fetch_s"] == pytest.approx({"rollout-0": 0.2, "rollout-1": 0.2})
+    # Each engine's own pause, apart from the replicas' stages.
+    assert figures["engine_paused_s"] == pytest.approx({"engine-0": 0.02, "engine-1": 0.01})
     assert figures["first_token_s"] == pytest.approx({"engine-0": 0.31, "engine-1": 0.5})
     assert figures["applied_s"] == pytest.approx({"rollout-0": 0.3, "rollout-1": 0.45})
     # Applied at every replica: the last of them.
@@ -80,6 +96,7 @@ def test_medians_leave_out_the_first_version_which_is_reported_apart() -> None:
     assert median["fetch_s"] == pytest.approx({"rollout-0": 0.3})
     assert median["apply_s"] == pytest.approx({"rollout-0": 0.06})
     assert median["paused_s"] == pytest.approx({"rollout-0": 0.05})
+    assert median["engine_paused_s"] == pytest.approx({"engine-0": 0.03})
     assert median["gather_s"] == pytest.approx(0.03)
     assert run["first_version"]["total_s"] == pytest.approx(11.0)
     assert run["first_version"]["fetch_s"] == pytest.approx({"rollout-0": 10.0})
@@ -89,8 +106,15 @@ def test_medians_leave_out_the_first_version_which_is_reported_apart() -> None:
 
 
 def _run(total_s: float, paused_s: float, apply_s: float, rank0_bytes: int) -> dict:
+    # The replica saw a longer pause than the engine (the calls' round trips): the targets use the engine's.
+    median = {
+        "total_s": total_s,
+        "paused_s": {"rollout-0": paused_s + 1.0},
+        "engine_paused_s": {"engine-0": paused_s},
+        "apply_s": {"rollout-0": apply_s},
+    }
     return {
-        "median": {"total_s": total_s, "paused_s": {"rollout-0": paused_s}, "apply_s": {"rollout-0": apply_s}},
+        "median": median,
         "model_bytes": MODEL,
         "bucket_bytes": MODEL // 4,
         "trainer_ranks": 2,
