@@ -94,7 +94,7 @@ class EngineState:
 
     def resume(self) -> None:
         """SGLang's ``/continue_generation`` (on the scheduler thread)."""
-        if self.scheduler.paused is not None and self._paused_at is not None:
+        if self._paused_at is not None:
             self.metrics.generation_paused.observe(time.perf_counter() - self._paused_at)
         self._paused_at = None
         self.scheduler.resume()

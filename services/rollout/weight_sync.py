@@ -329,41 +329,37 @@ class WeightSync:
         the round trips between a pause, the update and a continue, and no lost pause or continue
         answer can leave it paused. The aborted samples come back and are resubmitted at the new
         version."""
-        if self.settings.partial_rollout_mode == "in_place":
+        in_place = self.settings.partial_rollout_mode == "in_place"
 
-            async def update() -> UpdateResult:
-                return await self.engine.update_weights_from_disk(path, weight_version=version, flush_cache=False)
+        async def update() -> UpdateResult:
+            return await self.engine.update_weights_from_disk(
+                path, weight_version=version, flush_cache=not in_place, abort_all_requests=not in_place
+            )
 
-            await self._switch(version, update)
-            return
-        async with self.state.controlling():
-            started = time.perf_counter()
-            result = await self.engine.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
-            elapsed = time.perf_counter() - started
-            self.metrics.weight_apply.observe(elapsed)
-            if not self.state.paused:
-                # The call's whole time: an upper bound, as the engine keeps generating while it maps
-                # the file and finishes its running step.
-                self.metrics.generation_paused.observe(elapsed)
-        if not result.success:
-            raise EngineError(f"engine refused version {version}: {result.message}")
+        await self._switch(version, update, pause=in_place)
 
-    async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]]) -> None:
+    async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]], pause: bool = True) -> None:
+        """Runs ``apply`` between a pause (as ``partial_rollout_mode`` asks) and a continue; with
+        ``pause`` False, ``apply`` is one call the engine runs between two steps, and its whole time
+        counts as the pause (an upper bound: the engine keeps generating while it maps the file
+        and ends its running step)."""
         async with self.state.controlling():
             # A replica paused by its operator stays paused; the update still lands.
             user_paused = self.state.paused
+            pausing = pause and not user_paused
             in_place = self.settings.partial_rollout_mode == "in_place"
             paused_at = time.perf_counter()
             try:
-                if not user_paused:
+                if pausing:
                     await self.engine.pause_generation("in_place" if in_place else "abort")
                 applying = time.perf_counter()
                 result = await apply()
                 self.metrics.weight_apply.observe(time.perf_counter() - applying)
             finally:
                 # Also when the pause itself failed: its answer may be what was lost, not the pause.
-                if not user_paused:
+                if pausing:
                     await resume_generation(self.engine)
+                if not user_paused:
                     self.metrics.generation_paused.observe(time.perf_counter() - paused_at)
             if not result.success:
                 raise EngineError(f"engine refused version {version}: {result.message}")
