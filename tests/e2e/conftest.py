@@ -98,10 +98,17 @@ def stall_report(stack: LocalStack) -> str:
             lines.append(f"{url} status {answer.text}")
         except httpx.HTTPError as exc:
             lines.append(f"{url} status unreadable: {exc!r}")
-    for log in sorted((stack.run_dir / "logs").glob("*.log")):
-        lines.append(f"--- {log.name}")
-        lines.extend(log.read_text(errors="replace").splitlines()[-20:])
+    lines.extend(log_tails(stack.run_dir, 20))
     return "\n".join(lines)
+
+
+def log_tails(run_dir: Path, count: int) -> list[str]:
+    """The last ``count`` lines of each service log of a run, each log under its name."""
+    lines = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        lines.append(f"--- {log.name}")
+        lines.extend(log.read_text(errors="replace").splitlines()[-count:])
+    return lines
 
 
 def training_rows(stack: LocalStack) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.e2e.conftest import log_tails
+
 DEMO = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs" / "demo.yaml"
 
 
@@ -43,7 +45,5 @@ def _why_runs_failed(runs: list[dict]) -> str:
         if run["error"] is None:
             continue
         out.append(f"seed {run['seed']}: {run['error']}")
-        for log in sorted((Path(run["run_dir"]) / "logs").glob("*.log")):
-            tail = log.read_text(errors="replace").splitlines()[-15:]
-            out.append(f"--- {log.name}\n" + "\n".join(tail))
+        out.extend(log_tails(Path(run["run_dir"]), 15))
     return "\n".join(out)
