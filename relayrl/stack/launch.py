@@ -207,9 +207,19 @@ class LocalStack:
                 "RELAYRL_ENGINE_SEED": str(int(self.config.engine.get("seed", 0)) + i),
                 "RELAYRL_ENGINE_TORCH_THREADS": str(self.cpus.engine_threads),
             }
+            if "shared_weights_dir" not in self.config.engine:
+                # The replicas receive versions there and never change a file the engine serves.
+                wiring["RELAYRL_ENGINE_SHARED_WEIGHTS_DIR"] = self._weights_shm_dir()
             argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]
             specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health", self.cpus.engine_cpus))
         return specs
+
+    def _weights_shm_dir(self) -> str:
+        """The memory directory the rollout replicas receive versions into (their weights_shm_dir)."""
+        from services.rollout.config import RolloutSettings
+
+        default = RolloutSettings.model_fields["weights_shm_dir"].default
+        return str(self.config.rollout.get("weights_shm_dir", default))
 
     def _reward_specs(self) -> list[ComponentSpec]:
         if not self.config.uses_reward_model():

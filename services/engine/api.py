@@ -210,7 +210,8 @@ def sglang_router(state: EngineState) -> APIRouter:
     async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
         try:
             tensors = await asyncio.to_thread(state.read_checkpoint, obj.model_path)
-            await scheduler.call(lambda: state.apply(tensors, obj.weight_version, obj.abort_all_requests))
+            in_place = state.serves_in_place(obj.model_path)
+            await scheduler.call(lambda: state.apply(tensors, obj.weight_version, obj.abort_all_requests, in_place))
         except (ValueError, OSError) as exc:
             state.metrics.weight_update_failures.inc()
             return _ok(f"Failed to update weights: {exc}", success=False, num_paused_requests=0)

@@ -35,6 +35,14 @@ class EngineSettings(ServiceSettings):
     weight_version: str = Field(
         "0", description="weight_version reported before any update (SGLang's --weight-version; RelayRL uses 0)."
     )
+    shared_weights_dir: str = Field(
+        "",
+        description="Directory whose safetensors files /update_weights_from_disk serves in place: a whole"
+        " version's parameters become views of the file's mapping instead of copies, so the model costs no"
+        " memory of its own beside the file. Whoever writes there must never change a file while the engine"
+        " serves it, which the rollout replica keeps for its weights_shm_dir (it reuses only files older than"
+        " the version the engine holds). Empty: every update is copied into the parameters.",
+    )
     health_generate_timeout_s: float = Field(
         20.0, gt=0, description="Longest time /health_generate waits for its one-token generation."
     )

@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -86,6 +87,11 @@ class EngineState:
     def read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
         return read_safetensors_dir(model_path)
 
+    def serves_in_place(self, model_path: str) -> bool:
+        """Whether a version read from ``model_path`` is served from its file (``shared_weights_dir``)."""
+        root = self.settings.shared_weights_dir
+        return bool(root) and Path(model_path).resolve().is_relative_to(Path(root).resolve())
+
     def pause(self, mode: PauseMode) -> None:
         """SGLang's ``/pause_generation`` (on the scheduler thread); timed until its continue."""
         if self.scheduler.paused is None:
@@ -110,10 +116,14 @@ class EngineState:
             if self.scheduler.paused is None:
                 self.metrics.generation_paused.observe(time.perf_counter() - started)
 
-    def apply(self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool) -> None:
-        """Installs new weights; runs on the scheduler thread, between two forward passes."""
+    def apply(
+        self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool, in_place: bool = False
+    ) -> None:
+        """Installs new weights (served from ``tensors`` themselves with ``in_place``: see
+        :func:`~services.engine.weights.apply_tensors`); runs on the scheduler thread, between two
+        forward passes."""
         with self._holding():
-            self._install(tensors, version, abort_all)
+            self._install(tensors, version, abort_all, in_place)
 
     def receive_and_apply(
         self,
@@ -128,10 +138,12 @@ class EngineState:
         with self._holding():
             self._install(self.receiver.receive(group, names, dtypes, shapes), version, abort_all)
 
-    def _install(self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool) -> None:
+    def _install(
+        self, tensors: Mapping[str, torch.Tensor], version: str | None, abort_all: bool, in_place: bool = False
+    ) -> None:
         if abort_all:
             self.scheduler.abort(abort_all=True, message="aborted for a weight update")
-        apply_tensors(self.model, tensors)
+        apply_tensors(self.model, tensors, in_place)
         if version is not None:
             self.scheduler.set_weight_version(version)
             self._set_version_gauge(version)

@@ -3,7 +3,10 @@
 A directory's files are mapped, not read: every tensor is a view into its file's mapping, and
 the update copies each straight into its parameter. A version the rollout replica received
 into ``/dev/shm`` (``services/paramsync/memfile.py``) thus reaches the parameters with that one
-copy, and a real SGLang server can load the same file.
+copy, and a real SGLang server can load the same file. Where the engine is told that files do not
+change while it serves them (its ``shared_weights_dir``, the replica's memory directory), a whole
+version is not copied at all: each parameter becomes the tensor viewing the file, so the file's
+memory is the model's and the update only repoints the parameters.
 
 Both paths check every tensor's name and shape against the model before writing any of them,
 so a bad update leaves the old weights fully in place. An update may carry a subset of the
@@ -16,6 +19,7 @@ channel (``services/paramsync/channels/torch_dist.py``); the tensors it receives
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,14 +27,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+PAGE_BYTES = mmap.PAGESIZE
+
 
 def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's ``*.safetensors`` files, as views of the mapped files.
 
     safetensors maps each file copy-on-write and its tensors view the mapping (a unit test
-    checks this), so nothing is copied here: applying the update is the one copy. A file under
-    ``/dev/shm`` is memory already; a file on disk is read from the page cache as it is copied.
-    ValueError if a file is not a well-formed safetensors file.
+    checks this), so nothing is copied here: applying the update is the one copy, or none. Every
+    page is read once here (a file on disk from the page cache), because this runs beside
+    generation while the update runs between two of its steps: a page first touched there would
+    hold generation up. ValueError if a file is not a well-formed safetensors file.
     """
     directory = Path(directory)
     files = sorted(directory.glob("*.safetensors"))
@@ -42,7 +49,15 @@ def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
             tensors.update(load_file(str(path)))
         except SafetensorError as exc:
             raise ValueError(f"{path}: {exc}") from exc
+    for tensor in tensors.values():
+        _read_every_page(tensor)
     return tensors
+
+
+def _read_every_page(tensor: torch.Tensor) -> None:
+    """Faults the mapping's pages under ``tensor`` in (one byte read per page; no copy)."""
+    if tensor.numel():
+        tensor.reshape(-1).view(torch.uint8)[::PAGE_BYTES].sum()
 
 
 def check_compatible(model: torch.nn.Module, shapes: Mapping[str, Sequence[int]]) -> None:
@@ -59,11 +74,33 @@ def check_compatible(model: torch.nn.Module, shapes: Mapping[str, Sequence[int]]
 
 
 @torch.no_grad()
-def apply_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> int:
-    """Copies ``tensors`` into the model's parameters and buffers; returns how many were written."""
+def apply_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], in_place: bool = False) -> int:
+    """Writes ``tensors`` into the model's parameters and buffers; returns how many were written.
+
+    Each is copied, converting its dtype on the way. With ``in_place``, an update that names every
+    parameter (a whole version) is served from the received tensors themselves: each parameter of
+    the same dtype becomes its tensor (``param.data``; tied parameters are one object, so both
+    names follow), and the memory the model held before is freed. The caller promises the memory
+    under the tensors does not change while they are served. A partial update is always copied:
+    served in place, it would leave the model spread over several versions' files.
+    """
     check_compatible(model, {name: t.shape for name, t in tensors.items()})
-    params = model.state_dict()
+    targets = model.state_dict(keep_vars=True)
+    whole = in_place and all(name in tensors for name, _ in model.named_parameters())
     for name, tensor in tensors.items():
-        # copy_ converts the dtype on the way: one copy, whatever the received dtype.
-        params[name].copy_(tensor)
+        target = targets[name]
+        if whole and isinstance(target, torch.nn.Parameter) and _servable(tensor, target):
+            target.data = tensor
+        else:
+            target.copy_(tensor)
     return len(tensors)
+
+
+def _servable(tensor: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether ``tensor`` can stand as ``param``'s data as it is (else it is copied)."""
+    return (
+        tensor.dtype == param.dtype
+        and tensor.device == param.device
+        and tensor.is_contiguous()
+        and tensor.data_ptr() % tensor.element_size() == 0
+    )

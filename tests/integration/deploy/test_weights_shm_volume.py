@@ -21,3 +21,10 @@ def test_engine_and_rollout_mount_one_memory_volume_at_the_shm_dir(profile: Path
     for name in ("engine", "rollout"):
         mounts = {m["name"]: m["mountPath"] for m in container(spec, name)["volumeMounts"]}
         assert mounts["weights-shm"] == shm_dir, name
+
+
+def test_the_builtin_engine_serves_versions_from_that_memory_in_place() -> None:
+    chart = render(CHART / "ci" / "cpu-values.yaml")
+    rollout = chart.get("ConfigMap", f"{FULLNAME}-rollout-settings")["data"]
+    engine = chart.get("ConfigMap", f"{FULLNAME}-engine-settings")["data"]
+    assert engine["RELAYRL_ENGINE_SHARED_WEIGHTS_DIR"] == rollout["RELAYRL_ROLLOUT_WEIGHTS_SHM_DIR"]

@@ -258,3 +258,12 @@ def test_max_staleness_overrides_the_configs_for_every_seed(tmp_path: Path, monk
     assert CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "b")]).exit_code == 0
     default = StackConfig.from_yaml(DEMO).stack.max_staleness
     assert default != 0 and staleness == [0, 0, default, default]
+
+
+def test_the_engines_serve_in_place_what_the_replicas_receive_into_memory(tmp_path: Path) -> None:
+    config = StackConfig(stack=StackSettings(runs_dir=tmp_path), rollout={"weights_shm_dir": "/dev/shm/x"})
+    (spec,) = LocalStack(config, Supervisor(None))._engine_specs(tmp_path / "model")
+    assert spec.env["RELAYRL_ENGINE_SHARED_WEIGHTS_DIR"] == "/dev/shm/x"
+    config = StackConfig(stack=StackSettings(runs_dir=tmp_path), engine={"shared_weights_dir": ""})
+    (spec,) = LocalStack(config, Supervisor(None))._engine_specs(tmp_path / "model")
+    assert spec.env["RELAYRL_ENGINE_SHARED_WEIGHTS_DIR"] == "", "the engine section's own value wins"
