@@ -44,14 +44,14 @@ class BenchResult:
 
 
 @contextlib.contextmanager
-def tiny_engine_and_redis(prefix: str) -> Iterator[tuple[str, Path, str]]:
-    """What one bench run against the built-in engine needs: a tiny model served by an engine
-    process, and a private redis-server; yields (engine URL, model directory, redis URL)."""
-    from relayrl.models.tiny import init_tiny
+def tiny_engine_and_redis(prefix: str, preset: str = "tiny") -> Iterator[tuple[str, Path, str]]:
+    """What one bench run against the built-in engine needs: a model of ``preset`` served by an
+    engine process, and a private redis-server; yields (engine URL, model directory, redis URL)."""
+    from relayrl.models.tiny import init_tiny, preset_spec
     from relayrl.redis_process import RedisProcess
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        model_dir = init_tiny(Path(tmp) / "model")
+        model_dir = init_tiny(Path(tmp) / "model", preset_spec(preset))
         redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
         port = free_port()
         engine = start_engine(model_dir, port)

@@ -1,6 +1,6 @@
 """``relayrl bench openai``: tokens/s of agent episodes through the OpenAI endpoint vs. the native path.
 
-The same episodes run both ways against one built-in engine process (tiny model, CPU):
+The same episodes run both ways against one built-in engine process (a ``preset`` model, CPU):
 ``episodes`` conversations of ``turns`` model turns each (a question, then a user message after
 every answer), ``concurrency`` episodes at a time.
 
@@ -50,6 +50,7 @@ AGENT_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True, slots=True)
 class OpenAIBenchResult:
+    preset: str
     openai_tokens_per_s: float
     native_tokens_per_s: float
     ratio: float
@@ -183,6 +184,7 @@ class _Agent:
 
 
 async def _measure(
+    preset: str,
     engine_url: str,
     model_dir: Path,
     redis_url: str,
@@ -232,6 +234,7 @@ async def _measure(
         await queue.stop()
     native_rate, openai_rate = statistics.median(native_rates), statistics.median(openai_rates)
     return OpenAIBenchResult(
+        preset=preset,
         openai_tokens_per_s=round(openai_rate, 1),
         native_tokens_per_s=round(native_rate, 1),
         ratio=round(openai_rate / native_rate, 3),
@@ -245,11 +248,15 @@ async def _measure(
     )
 
 
-def run_bench(episodes: int, turns: int, max_tokens: int, concurrency: int, rounds: int) -> OpenAIBenchResult:
+def run_bench(
+    episodes: int, turns: int, max_tokens: int, concurrency: int, rounds: int, preset: str = "tiny"
+) -> OpenAIBenchResult:
     from services.rollout.bench import tiny_engine_and_redis
 
-    with tiny_engine_and_redis("relayrl-bench-openai-") as (url, model_dir, redis_url):
-        return asyncio.run(_measure(url, model_dir, redis_url, episodes, turns, max_tokens, concurrency, rounds))
+    with tiny_engine_and_redis("relayrl-bench-openai-", preset) as (url, model_dir, redis_url):
+        return asyncio.run(
+            _measure(preset, url, model_dir, redis_url, episodes, turns, max_tokens, concurrency, rounds)
+        )
 
 
 def bench(
@@ -259,9 +266,14 @@ def bench(
     max_tokens: Annotated[int, typer.Option(help="Token budget of each model turn.")] = 32,
     concurrency: Annotated[int, typer.Option(help="Episodes in flight at once.")] = 8,
     rounds: Annotated[int, typer.Option(help="Alternating native/openai rounds; medians are reported.")] = 3,
+    preset: Annotated[
+        str, typer.Option(help="Model preset the engine serves: tiny (per-request costs dominate) or small.")
+    ] = "tiny",
 ) -> None:
     """Tokens/s of the same agent episodes through /v1/chat/completions vs. the native engine path, same run."""
     import json
 
-    result = run_bench(episodes, turns, max_tokens, concurrency, rounds)
+    if preset not in ("tiny", "small"):
+        raise typer.BadParameter(f"{preset!r}: choose tiny or small", param_hint="--preset")
+    result = run_bench(episodes, turns, max_tokens, concurrency, rounds, preset)
     typer.echo(json.dumps(result.to_dict()))

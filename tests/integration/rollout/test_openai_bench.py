@@ -18,4 +18,4 @@ async def test_a_short_openai_bench_reports_both_paths_and_their_ratio():
     assert 0 < result.openai_tokens <= most
     assert result.native_tokens_per_s > 0 and result.openai_tokens_per_s > 0
     assert abs(result.ratio - result.openai_tokens_per_s / result.native_tokens_per_s) < 0.01
-    assert (result.episodes, result.turns, result.rounds) == (EPISODES, TURNS, 1)
+    assert (result.preset, result.episodes, result.turns, result.rounds) == ("tiny", EPISODES, TURNS, 1)
