@@ -108,8 +108,9 @@ class RolloutSettings(ServiceSettings):
     weights_shm_dir: str = Field(
         "/dev/shm",
         description="Memory-backed directory (tmpfs) each pulled version is received into, as a safetensors"
-        " file the engine maps and copies into its parameters; the engine must see it at the same path (same"
-        " host, or one memory volume in the pod). Empty, or a directory that does not exist: weights_dir.",
+        " file the engine maps and serves in place (its shared_weights_dir) or copies into its parameters; the"
+        " engine must see it at the same path (same host, or one memory volume in the pod). Empty, or a"
+        " directory that does not exist: weights_dir.",
     )
     weights_dir: str = Field(
         "",
