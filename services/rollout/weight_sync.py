@@ -11,10 +11,12 @@ itself touches the engine, in the way ``partial_rollout_mode`` asks:
 
 Transports (``VersionAnnouncement.transport``): ``grpc`` receives the version straight into a
 safetensors file in shared memory (``weights_shm_dir``, see ``services/paramsync/memfile.py``),
-each tensor verified as it lands, and the engine maps that file and copies it into its
-parameters: no file is written to disk and read back; ``disk`` loads the announced ``disk_path``
-directly; ``distributed`` is pushed into the engine by the sender (through the engine's
-``/update_weights_from_distributed``), so the replica only waits until the engine reports it.
+each tensor verified as it lands, and the engine maps that file and serves it in place (the
+stack's engines: their ``shared_weights_dir``) or copies it into its parameters: no file is
+written to disk and read back. So a file is reused only once the engine holds a newer version;
+``disk`` loads the announced ``disk_path`` directly; ``distributed`` is pushed into the engine
+by the sender (through the engine's ``/update_weights_from_distributed``), so the replica only
+waits until the engine reports it.
 """
 
 from __future__ import annotations
