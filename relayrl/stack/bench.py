@@ -71,6 +71,7 @@ class ModeResult:
     cpu_busy_ratio: float
     weight_version_s: float
     paused_per_version_s: float
+    engine_paused_per_version_s: float
     queue_share_of_step: float
     padding_ratio: float
     max_step_wait_s: float
@@ -165,20 +166,26 @@ ROLLOUT_FIGURES = {
 }
 
 
-class Rollouts:
-    """The rollout side's counters, read at the start and end of a measurement window."""
+# The engines' own: how long their schedulers took no step for weight updates (a pause to its
+# continue, or an update run between two steps). The rollout's ``paused`` also holds the calls'
+# round trips and the wait for the engine's running step, while the engine still generates.
+ENGINE_FIGURES = {"engine_paused_sum": "relayrl_engine_generation_paused_seconds_sum"}
 
-    def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
+
+class Counters:
+    """Counters summed over services of one kind, read at the start and end of a measurement window."""
+
+    def __init__(self, urls: list[str], figures: dict[str, str]) -> None:
+        self.urls, self.figures = urls, figures
 
     def read(self) -> dict[str, float]:
-        # A rollout that does not answer fails the bench: counted as zero it would read as idle.
-        out = dict.fromkeys(ROLLOUT_FIGURES, 0.0)
+        # A service that does not answer fails the bench: counted as zero it would read as idle.
+        out = dict.fromkeys(self.figures, 0.0)
         for url in self.urls:
             samples = read_samples(url)
-            if missing := [name for name in ROLLOUT_FIGURES.values() if name not in samples]:
+            if missing := [name for name in self.figures.values() if name not in samples]:
                 raise RuntimeError(f"{url}/metrics has no {', '.join(missing)}")
-            for key, sample in ROLLOUT_FIGURES.items():
+            for key, sample in self.figures.items():
                 out[key] += samples[sample]
         return out
 
@@ -224,16 +231,17 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
     with supervised(None) as supervisor:
         stack = LocalStack(run.config(f"eta{eta}", eta, steps), supervisor)
         stack.start(run.model_dir)
-        rollouts = Rollouts(stack.endpoints.rollouts_http)
+        rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
+        engines = Counters(stack.endpoints.engines, ENGINE_FIGURES)
         window: dict[str, Any] = {}
 
         def open_window() -> None:
             cpu.start()
-            window.update(rollouts.read(), at=time.monotonic(), unix=time.time())
+            window.update(rollouts.read(), **engines.read(), at=time.monotonic(), unix=time.time())
 
         _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
         cpu_busy = cpu.stop()
-        end = rollouts.read()
+        end = rollouts.read() | engines.read()
         elapsed = time.monotonic() - window["at"]
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
@@ -247,6 +255,7 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
         cpu_busy_ratio=cpu_busy,
         weight_version_s=publish_s + (end["update_sum"] - window["update_sum"]) / updates,
         paused_per_version_s=(end["paused_sum"] - window["paused_sum"]) / updates,
+        engine_paused_per_version_s=(end["engine_paused_sum"] - window["engine_paused_sum"]) / updates,
         queue_share_of_step=statistics.fmean(r.get("timing/queue_s", 0.0) / r["timing/step_s"] for r in rows[1:]),
         padding_ratio=statistics.fmean(r.get("perf/padding_ratio", 0.0) for r in rows),
         max_step_wait_s=max(r["timing/wait_s"] for r in rows[1:]),
@@ -403,6 +412,7 @@ def result_json(
         "cpu_busy_ratio": _by_mode(sync, asynchronous, "cpu_busy_ratio"),
         "weight_version_s": _by_mode(sync, asynchronous, "weight_version_s"),
         "paused_per_version_s": _by_mode(sync, asynchronous, "paused_per_version_s"),
+        "engine_paused_per_version_s": _by_mode(sync, asynchronous, "engine_paused_per_version_s"),
         "queue_share_of_step": _by_mode(sync, asynchronous, "queue_share_of_step"),
         "padding_ratio": _by_mode(sync, asynchronous, "padding_ratio"),
         "max_step_wait_s": _by_mode(sync, asynchronous, "max_step_wait_s", 2),
@@ -452,6 +462,7 @@ def render_table(result: dict[str, Any]) -> str:
         "cpu_busy_ratio",
         "weight_version_s",
         "paused_per_version_s",
+        "engine_paused_per_version_s",
         "queue_share_of_step",
         "padding_ratio",
         "max_step_wait_s",

@@ -21,6 +21,7 @@ KEYS = {
     "cpu_busy_ratio",
     "weight_version_s",
     "paused_per_version_s",
+    "engine_paused_per_version_s",
     "queue_share_of_step",
     "padding_ratio",
     "max_step_wait_s",
@@ -54,6 +55,8 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
         assert 0.0 <= printed["trainer_idle_ratio"][mode] <= 1.0
         assert 0.0 < printed["cpu_busy_ratio"][mode] <= 1.0
         assert printed["weight_version_s"][mode] > 0
+        # Read from the engine's own /metrics: every switch in the window held its scheduler a while.
+        assert printed["engine_paused_per_version_s"][mode] > 0
     # Lengths of the backlog generated alone (4 steps of 8 groups of 8), within the 512-token cap.
     lengths = printed["generated_lengths"]
     assert lengths["samples"] >= 4 * 8 * 8
