@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 
+from relayrl.net import free_port
 from relayrl.stack.progress import read_samples
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
@@ -196,6 +197,45 @@ async def test_update_weights_from_disk_sets_version_and_changes_logprobs(
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
 
 
+def mapped_files(pid: int) -> set[str]:
+    """The files process ``pid`` maps (from /proc/<pid>/maps)."""
+    fields = (line.split(maxsplit=5) for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    return {parts[5] for parts in fields if len(parts) == 6}
+
+
+async def test_versions_under_the_shared_weights_dir_are_served_from_their_files(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shm"
+    monkeypatch.setenv("RELAYRL_ENGINE_SHARED_WEIGHTS_DIR", str(shared))
+    served = EngineProcess(tiny_model_dir, free_port()).start()
+    assert served.process is not None
+    v1 = perturbed_weights(tiny_model_dir, shared / "v1", 1.5)
+    v2 = perturbed_weights(tiny_model_dir, shared / "v2", 0.5)
+    try:
+        async with EngineClient(served.url) as client:
+            assert (await client.update_weights_from_disk(str(v1), weight_version=1)).success
+            assert str(v1 / "model.safetensors") in mapped_files(served.process.pid)
+            assert (await client.update_weights_from_disk(str(v2), weight_version=2)).success
+            maps = mapped_files(served.process.pid)
+            # Serving v2 from its file, and done with v1's: the replica may now reuse that file.
+            assert str(v2 / "model.safetensors") in maps and str(v1 / "model.safetensors") not in maps
+            params = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True)
+            (out,) = await client.generate([5, 6, 7], params)
+    finally:
+        served.stop()
+    from safetensors.torch import load_file
+
+    from relayrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    model.load_state_dict(load_file(str(v2 / "model.safetensors")), strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([[5, 6, 7, *out.output_ids]])).logits[0, 2:-1]
+    expected = [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(out.output_ids)]
+    assert out.weight_version == "2" and out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
 async def test_the_engine_times_each_pause_of_generation(engine: EngineProcess, tiny_model_dir: Path) -> None:
     family = "relayrl_engine_generation_paused_seconds"
 
@@ -225,7 +265,6 @@ async def test_update_weights_from_distributed_over_gloo(engine: EngineProcess, 
     import torch.distributed as dist
 
     from relayrl.models.loading import load_causal_lm
-    from relayrl.net import free_port
 
     state = {k: v * 0.5 for k, v in load_causal_lm(tiny_model_dir).state_dict().items() if k != "lm_head.weight"}
     port = free_port()
