@@ -261,6 +261,7 @@ async def test_an_episode_across_a_weight_update_keeps_per_token_versions(
         syncing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await syncing
+        sync.close()  # its version files live in /dev/shm, not under tmp_path
         assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=old + 2)).success
 
     new = old + 1
