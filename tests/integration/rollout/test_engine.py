@@ -17,6 +17,7 @@ from relayrl.net import free_port
 from relayrl.stack.progress import read_samples
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
+from tests.mappings import mapped_files
 from tests.waiting import wait_until_async
 
 torch.set_num_threads(1)
@@ -31,6 +32,20 @@ def reference_logprobs(model_dir: Path, prompt: list[int], output: list[int], te
         logits = model(torch.tensor([prompt + output])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
     return [float(logprobs[i, t]) for i, t in enumerate(output)]
+
+
+def logprobs_with(model_dir: Path, weights_dir: Path, prompt: list[int], output: list[int]) -> list[float]:
+    """Log-probs of ``output`` at temperature 1 from ``model_dir``'s model holding the weights of
+    ``weights_dir`` (what the engine serves after updating from it)."""
+    from safetensors.torch import load_file
+
+    from relayrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_dir)
+    model.load_state_dict(load_file(str(weights_dir / "model.safetensors")), strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+    return [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(output)]
 
 
 async def _info(engine: EngineProcess) -> dict:
@@ -185,22 +200,8 @@ async def test_update_weights_from_disk_sets_version_and_changes_logprobs(
         assert out.token_versions() == ["7"] * 5
         # Restore the original weights for the other tests of this module.
         assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=8)).success
-    from safetensors.torch import load_file
-
-    from relayrl.models.loading import load_causal_lm
-
-    model = load_causal_lm(tiny_model_dir)
-    model.load_state_dict(load_file(str(new_dir / "model.safetensors")), strict=False)
-    with torch.no_grad():
-        logits = model(torch.tensor([[5, 6, 7, *out.output_ids]])).logits[0, 2:-1]
-    expected = [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(out.output_ids)]
+    expected = logprobs_with(tiny_model_dir, new_dir, [5, 6, 7], out.output_ids)
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
-
-
-def mapped_files(pid: int) -> set[str]:
-    """The files process ``pid`` maps (from /proc/<pid>/maps)."""
-    fields = (line.split(maxsplit=5) for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
-    return {parts[5] for parts in fields if len(parts) == 6}
 
 
 async def test_versions_under_the_shared_weights_dir_are_served_from_their_files(
@@ -224,15 +225,7 @@ async def test_versions_under_the_shared_weights_dir_are_served_from_their_files
             (out,) = await client.generate([5, 6, 7], params)
     finally:
         served.stop()
-    from safetensors.torch import load_file
-
-    from relayrl.models.loading import load_causal_lm
-
-    model = load_causal_lm(tiny_model_dir)
-    model.load_state_dict(load_file(str(v2 / "model.safetensors")), strict=False)
-    with torch.no_grad():
-        logits = model(torch.tensor([[5, 6, 7, *out.output_ids]])).logits[0, 2:-1]
-    expected = [float(torch.log_softmax(logits[i], -1)[t]) for i, t in enumerate(out.output_ids)]
+    expected = logprobs_with(tiny_model_dir, v2, [5, 6, 7], out.output_ids)
     assert out.weight_version == "2" and out.logprobs == pytest.approx(expected, abs=1e-4)
 
 

@@ -3,13 +3,13 @@ parameters once, or serves a whole version from the file itself; a file that doe
 model changes nothing."""
 
 import struct
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from services.engine.weights import apply_tensors, read_safetensors_dir
+from tests.mappings import mapped_ranges
 
 
 def tiny_model(dtype: torch.dtype) -> torch.nn.Module:
@@ -29,16 +29,6 @@ def test_applied_weights_equal_the_file_bit_for_bit(tmp_path, dtype):
     assert apply_tensors(model, read_safetensors_dir(tmp_path)) == len(weights)
     for name, tensor in model.state_dict().items():
         assert tensor.dtype == dtype and torch.equal(tensor.view(torch.int16), weights[name].view(torch.int16))
-
-
-def mapped_ranges(path: Path) -> list[tuple[int, int]]:
-    """The address ranges at which this process maps ``path`` (from /proc/self/maps)."""
-    ranges = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        if line.endswith(str(path)):
-            start, end = line.split()[0].split("-")
-            ranges.append((int(start, 16), int(end, 16)))
-    return ranges
 
 
 def test_tensors_are_views_into_the_mapped_file_not_copies(tmp_path):
