@@ -22,8 +22,11 @@ from observability.dashboards.promql import (
 
 UID = "relayrl-rollout"
 
-# Panels fed only by SGLang: the built-in engine has no KV-cache pool or prefix cache to report.
-SGLANG_ONLY_PANELS = ("KV cache token usage", "Prefix cache hit rate", "Time to first token", "Request latency")
+# Panels fed only by SGLang: the built-in engine has no KV-cache pool to report, nor these latencies.
+SGLANG_ONLY_PANELS = ("KV cache token usage", "Time to first token", "Request latency")
+# The built-in engine's prompt tokens, of which those its prefix cache gave.
+CACHED = '{source="cached"}'
+
 # Panels fed only by multi-turn episodes (multi_turn_enable): a single-turn run has no data for them.
 MULTI_TURN_PANELS = ("Tool calls by outcome", "Tool latency", "Turns per episode", "Episodes by end reason")
 
@@ -199,8 +202,16 @@ def build() -> Board:
         ),
         timeseries_panel(
             "Prefix cache hit rate",
-            "SGLang only: radix-cache hit rate of prompt tokens (sglang:cache_hit_rate).",
-            [per_instance("avg", "sglang:cache_hit_rate")],
+            "Share of prompt tokens whose keys and values came from the engine's prefix cache: SGLang's radix"
+            " cache (sglang:cache_hit_rate) or the built-in engine's (relayrl_engine_prompt_tokens_total).",
+            [
+                Query(
+                    "avg by (instance) (sglang:cache_hit_rate)"
+                    f" or sum by (instance) ({counter_rate('relayrl_engine_prompt_tokens_total', CACHED)})"
+                    f" / sum by (instance) ({counter_rate('relayrl_engine_prompt_tokens_total')})",
+                    "{{instance}}",
+                )
+            ],
             unit="percentunit",
         ),
         latency_panel(

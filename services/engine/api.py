@@ -310,8 +310,14 @@ def sglang_router(state: EngineState) -> APIRouter:
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        # The CPU engine keeps no prefix cache; like SGLang it refuses while requests are queued or running.
-        idle = await scheduler.call(lambda: not (scheduler.running or scheduler.waiting))
+        # Like SGLang, it flushes only while no request is queued or running.
+        def flush() -> bool:
+            idle = not (scheduler.running or scheduler.waiting)
+            if idle:
+                scheduler.runner.prefixes.clear()
+            return idle
+
+        idle = await scheduler.call(flush)
         return Response(
             "Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)\n",

@@ -20,6 +20,15 @@ class EngineSettings(ServiceSettings):
     max_running_requests: int = Field(
         64, ge=1, description="Sequences decoded together in one batched forward pass (SGLang's name)."
     )
+    prefix_cache_mb: int = Field(
+        256,
+        ge=0,
+        description=(
+            "MiB of finished sequences' keys and values kept so that a prompt continuing one (the next turn of a"
+            " conversation) is prefilled from its new tokens only, as SGLang's radix cache does; least recently used"
+            " first out, and cleared at every weight update. 0 keeps none."
+        ),
+    )
     context_length: int = Field(
         0, ge=0, description="Longest prompt + output in tokens; 0 uses the model's max_position_embeddings."
     )

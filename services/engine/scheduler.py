@@ -69,6 +69,9 @@ class Sequence:
     # The LoRA adapter the request named (``lora_path``), held until it finishes; None: the base.
     lora_name: str | None = None
     adapter: LoraAdapter | None = None
+    # Prompt tokens the prefix cache gave at admission, and the cache's epoch then.
+    cached_tokens: int = 0
+    cache_epoch: int = -1
 
     @property
     def all_ids(self) -> list[int]:
@@ -196,13 +199,18 @@ class Scheduler:
             admitted.append(seq)
         if not admitted:
             return
-        # One batched prefill for everything admitted; samples of one prompt (and adapter) share a row.
+        # Samples of one prompt (and adapter) are prefilled once, the others fork that row.
         distinct = list(dict.fromkeys((tuple(seq.all_ids), seq.adapter) for seq in admitted))
-        outputs = self.runner.prefill([ids for ids, _ in distinct], [adapter for _, adapter in distinct])
+        outputs = self.runner.prefill([list(ids) for ids, _ in distinct], [adapter for _, adapter in distinct])
         prefilled = dict(zip(distinct, outputs, strict=True))
+        placed: set[tuple[tuple[int, ...], LoraAdapter | None]] = set()
         for seq in admitted:
-            cache, seq.next_logits = prefilled[(tuple(seq.all_ids), seq.adapter)]
-            seq.slot = self.runner.kv.insert(cache)
+            key = (tuple(seq.all_ids), seq.adapter)
+            first = prefilled[key]
+            seq.slot = self.runner.kv.fork(first.slot) if key in placed else first.slot
+            placed.add(key)
+            seq.next_logits, seq.cached_tokens = first.logits, first.cached_tokens
+            seq.cache_epoch = self.runner.prefixes.epoch
             seq.logits_version = self.weight_version
             self.running.append(seq)
 
@@ -240,6 +248,9 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
         seq.finish = reason
+        if seq.slot is not None and seq.cache_epoch == self.runner.prefixes.epoch:
+            # For the next turn of the conversation; a row kept across a weight change mixes versions.
+            self.runner.remember(seq.slot, seq.all_ids[: seq.slot.length], seq.adapter)
         self._drop_cache(seq)
         self.runner.lora.release(seq.adapter)
         seq.adapter = None
@@ -250,7 +261,7 @@ class Scheduler:
             "finish_reason": reason,
             "prompt_tokens": len(seq.prompt_ids),
             "completion_tokens": len(seq.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": seq.cached_tokens,
             "weight_version": seq.token_versions[-1] if seq.token_versions else self.weight_version,
             "weight_versions": version_spans(seq.token_versions, self.weight_version),
             "e2e_latency": time.monotonic() - seq.created_at,

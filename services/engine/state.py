@@ -27,6 +27,13 @@ class EngineMetrics:
         m = self.registry
         self.forward_passes = m.counter("forward_passes", "Model forward passes, by kind.", "total", ["kind"])
         self.generated_tokens = m.counter("generated_tokens", "Tokens sampled.", "total")
+        self.prompt_tokens = m.counter(
+            "prompt_tokens",
+            "Prompt tokens taken in, by source: prefilled (fed to the model) or cached (keys and values from the"
+            " prefix cache).",
+            "total",
+            ["source"],
+        )
         self.finished_requests = m.counter(
             "finished_requests", "Samples finished, by finish reason.", "total", ["reason"]
         )
@@ -50,6 +57,8 @@ class _Seen:
     prefill: int = 0
     decode: int = 0
     tokens: int = 0
+    prefilled: int = 0
+    cached: int = 0
 
 
 class EngineState:
@@ -68,7 +77,7 @@ class EngineState:
         self.receiver = TorchDistReceiver()
         self.lora = LoraSet(self.model)
         self.scheduler = Scheduler(
-            runner=ModelRunner(self.model, lora=self.lora),
+            runner=ModelRunner(self.model, lora=self.lora, prefix_cache_bytes=settings.prefix_cache_mb << 20),
             decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
@@ -144,6 +153,8 @@ class EngineState:
         if abort_all:
             self.scheduler.abort(abort_all=True, message="aborted for a weight update")
         apply_tensors(self.model, tensors, in_place)
+        # Keys and values the old weights computed answer no prompt of the new ones.
+        self.scheduler.runner.prefixes.clear()
         if version is not None:
             self.scheduler.set_weight_version(version)
             self._set_version_gauge(version)
@@ -165,7 +176,11 @@ class EngineState:
         self.metrics.forward_passes.labels("prefill").inc(counts.prefill - self._seen.prefill)
         self.metrics.forward_passes.labels("decode").inc(counts.decode - self._seen.decode)
         self.metrics.generated_tokens.inc(scheduler.generated_tokens - self._seen.tokens)
-        self._seen = _Seen(counts.prefill, counts.decode, scheduler.generated_tokens)
+        self.metrics.prompt_tokens.labels("prefilled").inc(counts.prefill_tokens - self._seen.prefilled)
+        self.metrics.prompt_tokens.labels("cached").inc(counts.cached_tokens - self._seen.cached)
+        self._seen = _Seen(
+            counts.prefill, counts.decode, scheduler.generated_tokens, counts.prefill_tokens, counts.cached_tokens
+        )
         self.metrics.running.set(len(scheduler.running))
         self.metrics.waiting.set(len(scheduler.waiting))
 
@@ -188,6 +203,8 @@ class EngineState:
             "num_decode_forward_passes": counts.decode,
             "max_decode_batch_size": counts.max_decode_batch,
             "generated_tokens": self.scheduler.generated_tokens,
+            "prefill_tokens": counts.prefill_tokens,
+            "cached_prompt_tokens": counts.cached_tokens,
             "num_running_requests": len(self.scheduler.running),
             "num_waiting_requests": len(self.scheduler.waiting),
             "paused": self.scheduler.paused,

@@ -204,6 +204,41 @@ async def test_update_weights_from_disk_sets_version_and_changes_logprobs(
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
 
 
+async def test_a_conversations_next_turn_is_prefilled_from_its_new_tokens_until_the_weights_change(
+    engine: EngineProcess, tiny_model_dir: Path
+) -> None:
+    first = list(range(5, 45))
+    params = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=engine.url) as http:
+
+        async def generate(ids: list[int]) -> dict:
+            reply = await http.post(
+                "/generate", json={"input_ids": ids, "sampling_params": params, "return_logprob": True}
+            )
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        turn1 = await generate(first)
+        second = first + turn1["output_ids"] + [60, 61, 62]  # the answer, then an observation
+        turn2 = await generate(second)
+        async with EngineClient(engine.url) as client:
+            info = await client.model_info()
+            assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=9)).success
+        again = await generate(second)
+        async with EngineClient(engine.url) as client:
+            assert await client.flush_cache()
+        flushed = await generate(second)
+    assert turn1["meta_info"]["cached_tokens"] == 0
+    # Turn 1 fed its prompt and every sampled token but the last; turn 2 starts from those.
+    assert turn2["meta_info"]["cached_tokens"] == len(first) + len(turn1["output_ids"]) - 1
+    assert info["cached_prompt_tokens"] >= turn2["meta_info"]["cached_tokens"]
+    expected = reference_logprobs(tiny_model_dir, second, turn2["output_ids"], 1.0)
+    assert [row[0] for row in turn2["meta_info"]["output_token_logprobs"]] == pytest.approx(expected, abs=1e-4)
+    # Keys and values of the previous weights answer no prompt after an update, even of the same weights.
+    assert again["meta_info"]["cached_tokens"] == 0
+    assert flushed["meta_info"]["cached_tokens"] == 0  # nor after /flush_cache
+
+
 async def test_versions_under_the_shared_weights_dir_are_served_from_their_files(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

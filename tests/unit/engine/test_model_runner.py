@@ -39,11 +39,21 @@ class Running:
         self.slots: list[Slot] = []
         self.logits: list[torch.Tensor] = []
 
-    def join(self, prompts: list[list[int]]) -> None:
-        for prompt, (cache, logits) in zip(prompts, self.runner.prefill(prompts), strict=True):
+    def join(self, prompts: list[list[int]]) -> list[int]:
+        """Prefills ``prompts``; returns how many tokens of each the prefix cache gave."""
+        prefilled = self.runner.prefill(prompts)
+        for prompt, done in zip(prompts, prefilled, strict=True):
             self.ids.append(list(prompt))
-            self.slots.append(self.runner.kv.insert(cache))
-            self.logits.append(logits)
+            self.slots.append(done.slot)
+            self.logits.append(done.logits)
+        return [done.cached_tokens for done in prefilled]
+
+    def finish(self, index: int) -> list[int]:
+        """Ends sequence ``index`` as the scheduler does (its keys and values kept); returns its ids."""
+        ids = self.ids[index]
+        self.runner.remember(self.slots[index], ids, None)
+        self.leave(index)
+        return ids
 
     def leave(self, index: int) -> None:
         self.runner.kv.release(self.slots.pop(index))
@@ -122,3 +132,57 @@ def test_an_idle_runner_releases_its_cache_memory(model: torch.nn.Module) -> Non
     running.join([[4, 5]])
     running.step()
     running.assert_lone(model)
+
+
+def test_a_prompt_continuing_a_finished_sequence_feeds_only_its_new_tokens(model: torch.nn.Module) -> None:
+    runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+    running = Running(runner)
+    running.join([list(range(1, 40))])
+    for _ in range(5):
+        running.step()
+    earlier = running.finish(0)  # the first turn: 39 prompt tokens and 5 generated
+    fed = runner.counts.prefill_tokens
+    observation = [50, 51, 52]
+    diverging = [*earlier[:37], 90, 91]  # shares 37 tokens, past the last whole block (32)
+    cached = running.join([earlier + observation, [7, 8, 9], diverging, earlier[:30]])
+    # At most all but the last prompt token comes from the cache: that one is fed for its logits.
+    assert cached == [len(earlier), 0, 37, 29]
+    assert runner.counts.prefill_tokens - fed == len(observation) + 3 + 2 + 1
+    assert runner.counts.cached_tokens == sum(cached)
+    running.assert_lone(model)
+    for _ in range(3):
+        running.step()
+        running.assert_lone(model)
+
+
+def test_nothing_is_reused_after_a_clear_or_under_another_adapter(model: torch.nn.Module) -> None:
+    runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+    running = Running(runner)
+    running.join([list(range(1, 30))])
+    running.step()
+    earlier = running.finish(0)
+    assert runner.prefixes.lookup([*earlier, 5], object()) is None  # keys and values of the base, not an adapter's
+    runner.prefixes.clear()  # the engine's weights changed
+    assert running.join([[*earlier, 5]]) == [0]
+    running.assert_lone(model)
+
+
+def test_a_runner_without_a_cache_budget_keeps_nothing(model: torch.nn.Module) -> None:
+    runner = ModelRunner(model)
+    running = Running(runner)
+    running.join([list(range(1, 30))])
+    earlier = running.finish(0)
+    assert running.join([[*earlier, 5]]) == [0]
+    assert len(runner.prefixes) == 0
+
+
+def test_a_forked_row_continues_as_its_original(model: torch.nn.Module) -> None:
+    running = Running(ModelRunner(model))
+    running.join([[3, 1, 4, 1, 5, 9, 2, 6]])
+    running.slots.append(running.runner.kv.fork(running.slots[0]))  # a second sample of the prompt
+    running.ids.append(list(running.ids[0]))
+    running.logits.append(running.logits[0])
+    for _ in range(3):
+        running.step()
+        running.assert_lone(model)
+    torch.testing.assert_close(running.logits[0], running.logits[1])
