@@ -16,7 +16,9 @@ from tests.waiting import WaitTimeout, wait_until
 
 SEED = 17
 COMPONENTS = ("trainer", "redis", "queue", "paramsync", "engine-0", "rollout-0")
-TOTAL_STEPS = 24
+# Each kill waits for the component before it to be back, which takes seconds (a process start,
+# readiness, the next weight version): room for six of those even when steps take well under one.
+TOTAL_STEPS = 32
 ETA = 1
 
 
