@@ -239,6 +239,30 @@ async def test_a_conversations_next_turn_is_prefilled_from_its_new_tokens_until_
     assert flushed["meta_info"]["cached_tokens"] == 0  # nor after /flush_cache
 
 
+async def test_a_sequence_generated_across_a_weight_update_is_not_cached(
+    engine: EngineProcess, tiny_model_dir: Path
+) -> None:
+    prompt = list(range(70, 100))
+    async with httpx.AsyncClient(base_url=engine.url) as http, EngineClient(engine.url) as client:
+        params = {"max_new_tokens": 1000, "temperature": 1.0, "ignore_eos": True}
+        running = asyncio.create_task(http.post("/generate", json={"input_ids": prompt, "sampling_params": params}))
+        await wait_until_async(lambda: _generated(engine), 10, "the generation to start")
+        # In place: the sequence keeps its keys and values and goes on under the new version.
+        assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version=11)).success
+        first = (await running).json()
+        assert len({span["version"] for span in first["meta_info"]["weight_versions"]}) == 2
+        params = {"max_new_tokens": 2, "temperature": 1.0}
+        reply = await http.post(
+            "/generate", json={"input_ids": prompt + first["output_ids"], "sampling_params": params}
+        )
+    # Its keys and values mix two versions' weights: the next turn is prefilled afresh.
+    assert reply.json()["meta_info"]["cached_tokens"] == 0
+
+
+async def _generated(engine: EngineProcess) -> bool:
+    return (await _info(engine))["num_running_requests"] > 0
+
+
 async def test_versions_under_the_shared_weights_dir_are_served_from_their_files(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
