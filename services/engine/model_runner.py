@@ -271,13 +271,11 @@ class ModelRunner:
         before a shorter feed writes its keys one past that row's new end, a column no real
         token of the pass sees and the row's next token overwrites.
         """
-        batch, first = len(slots), min(s.row for s in slots)
-        if sorted(s.row for s in slots) != list(range(first, first + batch)):
+        ordered = sorted(zip(slots, feeds, adapters, strict=True), key=lambda item: item[0].row)
+        batch, first = len(ordered), ordered[0][0].row
+        if [slot.row for slot, _, _ in ordered] != list(range(first, first + batch)):
             raise ValueError("a forward pass needs a block of consecutive rows")
         longest = max(len(feed) for feed in feeds)
-        ordered: list[tuple[Slot, Sequence[int], LoraAdapter | None]] = [None] * batch  # type: ignore[list-item]
-        for slot, feed, adapter in zip(slots, feeds, adapters, strict=True):
-            ordered[slot.row - first] = (slot, feed, adapter)
         input_ids = torch.zeros((batch, longest), dtype=torch.long)
         positions = torch.empty((batch, longest), dtype=torch.long)
         for b, (slot, feed, _) in enumerate(ordered):

@@ -201,7 +201,7 @@ class Scheduler:
             return
         # Samples of one prompt (and adapter) are prefilled once, the others fork that row.
         distinct = list(dict.fromkeys((tuple(seq.all_ids), seq.adapter) for seq in admitted))
-        outputs = self.runner.prefill([list(ids) for ids, _ in distinct], [adapter for _, adapter in distinct])
+        outputs = self.runner.prefill([ids for ids, _ in distinct], [adapter for _, adapter in distinct])
         prefilled = dict(zip(distinct, outputs, strict=True))
         placed: set[tuple[tuple[int, ...], LoraAdapter | None]] = set()
         for seq in admitted:

@@ -48,6 +48,13 @@ class Running:
             self.logits.append(done.logits)
         return [done.cached_tokens for done in prefilled]
 
+    def first_turn(self, prompt: list[int], steps: int) -> list[int]:
+        """A whole sequence on its own: joins, decodes ``steps`` tokens, finishes; returns its ids."""
+        self.join([prompt])
+        for _ in range(steps):
+            self.step()
+        return self.finish(len(self.ids) - 1)
+
     def finish(self, index: int) -> list[int]:
         """Ends sequence ``index`` as the scheduler does (its keys and values kept); returns its ids."""
         ids = self.ids[index]
@@ -137,10 +144,7 @@ def test_an_idle_runner_releases_its_cache_memory(model: torch.nn.Module) -> Non
 def test_a_prompt_continuing_a_finished_sequence_feeds_only_its_new_tokens(model: torch.nn.Module) -> None:
     runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
     running = Running(runner)
-    running.join([list(range(1, 40))])
-    for _ in range(5):
-        running.step()
-    earlier = running.finish(0)  # the first turn: 39 prompt tokens and 5 generated
+    earlier = running.first_turn(list(range(1, 40)), steps=5)  # 39 prompt tokens and 5 generated
     fed = runner.counts.prefill_tokens
     observation = [50, 51, 52]
     diverging = [*earlier[:37], 90, 91]  # shares 37 tokens, past the last whole block (32)
@@ -158,9 +162,7 @@ def test_a_prompt_continuing_a_finished_sequence_feeds_only_its_new_tokens(model
 def test_nothing_is_reused_after_a_clear_or_under_another_adapter(model: torch.nn.Module) -> None:
     runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
     running = Running(runner)
-    running.join([list(range(1, 30))])
-    running.step()
-    earlier = running.finish(0)
+    earlier = running.first_turn(list(range(1, 30)), steps=1)
     assert runner.prefixes.lookup([*earlier, 5], object()) is None  # keys and values of the base, not an adapter's
     runner.prefixes.clear()  # the engine's weights changed
     assert running.join([[*earlier, 5]]) == [0]
@@ -170,8 +172,7 @@ def test_nothing_is_reused_after_a_clear_or_under_another_adapter(model: torch.n
 def test_a_runner_without_a_cache_budget_keeps_nothing(model: torch.nn.Module) -> None:
     runner = ModelRunner(model)
     running = Running(runner)
-    running.join([list(range(1, 30))])
-    earlier = running.finish(0)
+    earlier = running.first_turn(list(range(1, 30)), steps=0)
     assert running.join([[*earlier, 5]]) == [0]
     assert len(runner.prefixes) == 0
 
