@@ -183,23 +183,41 @@ class DataPlaneInfo(_message.Message):
     def __init__(self, data_port: _Optional[int] = ...) -> None: ...
 
 class BulkRequest(_message.Message):
-    __slots__ = ("publish", "fetch", "resume_from_bytes")
+    __slots__ = ("publish", "fetch", "map", "resume_from_bytes")
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_BYTES_FIELD_NUMBER: _ClassVar[int]
     publish: WeightManifest
     fetch: FetchRequest
+    map: FetchRequest
     resume_from_bytes: int
-    def __init__(self, publish: _Optional[_Union[WeightManifest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., resume_from_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, publish: _Optional[_Union[WeightManifest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., map: _Optional[_Union[FetchRequest, _Mapping]] = ..., resume_from_bytes: _Optional[int] = ...) -> None: ...
 
 class BulkReply(_message.Message):
-    __slots__ = ("code", "message", "manifest", "bytes_received")
+    __slots__ = ("code", "message", "manifest", "bytes_received", "shared")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     manifest: WeightManifest
     bytes_received: int
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    shared: SharedVersion
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., bytes_received: _Optional[int] = ..., shared: _Optional[_Union[SharedVersion, _Mapping]] = ...) -> None: ...
+
+class SharedVersion(_message.Message):
+    __slots__ = ("pid", "fd", "host", "token", "file_bytes")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    fd: int
+    host: str
+    token: str
+    file_bytes: int
+    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., host: _Optional[str] = ..., token: _Optional[str] = ..., file_bytes: _Optional[int] = ...) -> None: ...

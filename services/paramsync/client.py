@@ -24,7 +24,9 @@ connection the call falls back to gRPC with a warning.
 
 Failures raise :mod:`services.paramsync.errors` types: ``VersionConflict`` (an older or
 different version), ``ChecksumMismatch`` (corrupt or missing bytes; nothing is returned),
-``VersionUnavailable`` (not held, or its upload failed). Link failures (UNAVAILABLE,
+``VersionUnavailable`` (not held, or its upload failed). A replica on paramsync's own host maps
+each version's memory instead of fetching its bytes (``fetch_to_file``, the ``shared_memory``
+channel), unless ``shared_memory=False``. Link failures (UNAVAILABLE,
 DEADLINE_EXCEEDED) are retried with exponential backoff using verl's names:
 ``max_sync_retries`` attempts after the first, starting ``sync_retry_delay`` seconds apart, each
 call bounded by ``sync_timeout`` seconds (an upload: each of its exchanges, as it also waits on
@@ -47,6 +49,7 @@ from relayrl.retry import RetryPolicy, call_with_retries, retrying
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync.channels import shared_memory as shm
 from services.paramsync.channels import tcp
 from services.paramsync.channels.base import ByteChannel, TensorRun
 from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
@@ -184,6 +187,7 @@ class ParamSyncClient:
         sync_retry_delay: float = 1.0,
         data_plane: bool = True,
         reuse_memory: bool = True,
+        shared_memory: bool = True,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -195,6 +199,8 @@ class ParamSyncClient:
         self.max_sync_retries = max_sync_retries
         self.sync_retry_delay = sync_retry_delay
         self.data_plane = data_plane
+        # Whether fetch_to_file tries mapping paramsync's memory first (off once it cannot).
+        self.shared_memory = shared_memory
         # A fetch over the data plane reuses the previous version's memory once the caller has
         # dropped its tensors (fresh memory costs ~0.3 s of page faults per 512 MiB). The price:
         # that memory stays allocated between fetches.
@@ -242,6 +248,24 @@ class ParamSyncClient:
         # Asked again next call: a restarted paramsync may listen on another port.
         log.warning("%s; using gRPC streams for this transfer", exc)
         self._data_address = None
+
+    async def _map(self, version: int, replica_id: str) -> shm.MappedVersion | None:
+        """The version's memory file when paramsync shares this host; None: fetch its bytes."""
+        address = await self._data_plane_address() if self.shared_memory and replica_id else None
+        if address is None:
+            return None
+        try:
+            return await shm.map_version(
+                address, pb.FetchRequest(replica_id=replica_id, version=version), self.sync_timeout
+            )
+        except shm.NotMappable as exc:
+            if exc.lasting:
+                log.warning("fetching weights from paramsync instead of mapping its memory: %s", exc)
+                self.shared_memory = False
+            return None
+        except DataPlaneUnreachable as exc:
+            self._give_up_data_plane(exc)
+            return None
 
     def _chunk_streams(self, replica_id: str = "") -> GrpcChunksChannel:
         peer = f"paramsync {self.address}"
@@ -390,9 +414,14 @@ class ParamSyncClient:
         Each tensor is verified against the manifest's checksum as it lands; on any mismatch
         (ChecksumMismatch) or other failure no file of the version is left. ``reusable_below``:
         files of versions older than this are no longer read and their memory may be reused.
+        On paramsync's host the directory links to paramsync's memory file instead, and nothing
+        is received.
         """
 
         async def call() -> Path:
+            mapped = await self._map(version, replica_id)
+            if mapped is not None:
+                return files.add_mapped(mapped)
             with files.receiving(reusable_below) as landing:
                 await self._over_a_channel(lambda channel: channel.receive(version, landing.place), replica_id)
                 return landing.commit()

@@ -294,6 +294,7 @@ class ParamSyncCore:
         """Records a replica's load result; returns the latest version."""
         if ok:
             self.table.record_success(replica_id, version, sync_s)
+            self.store.release_mappings(replica_id, version)
         else:
             self.table.record_failure(replica_id, "replica_reported", error or "unspecified error")
         return self.store.latest_version

@@ -96,6 +96,17 @@ class Manifest:
             position += spec.num_bytes
         return starts
 
+    def safetensors_entries(self) -> dict[str, object]:
+        """Each tensor's entry in the header of a safetensors file holding them back to back."""
+        return {
+            spec.name: {
+                "dtype": SAFETENSORS_DTYPES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [start, start + spec.num_bytes],
+            }
+            for spec, start in zip(self.tensors, self.offsets(), strict=True)
+        }
+
     @property
     def is_open(self) -> bool:
         """A streamed upload's manifest: checksums arrive after it, with the bytes."""

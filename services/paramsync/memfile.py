@@ -15,6 +15,10 @@ Layout of ``root``:
   directory, so no engine is ever given a half-received or corrupt file. It is renamed in
   only after the last checksum matched, and deleted if any did not.
 
+A replica on paramsync's host maps a version instead (``channels/shared_memory.py``): the
+version's directory then holds a link to paramsync's memory file, open in this process until a
+newer version is loaded, and nothing is received.
+
 Memory: the files of the newest ``keep`` versions stay, each with its mapping. A new version is
 received into the oldest kept file the engine no longer reads (one older than the version the
 engine holds: SGLang applies updates one at a time, so once a version is applied every older
@@ -33,9 +37,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.paramsync.manifest import Manifest
 from services.paramsync.safetensors_io import FILE_NAME, safetensors_header, version_dir
+
+if TYPE_CHECKING:
+    from services.paramsync.channels.shared_memory import MappedVersion
 
 
 class VersionFileError(RuntimeError):
@@ -88,13 +96,27 @@ class VersionFiles:
         self.keep = keep
         # Complete versions, oldest first; guarded by _lock, as receives run in worker threads.
         self._files: dict[int, _MappedFile] = {}
+        # Versions mapped from paramsync's memory (only the newest is kept).
+        self._mapped: dict[int, MappedVersion] = {}
         self._lock = threading.Lock()
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
 
     def versions(self) -> list[int]:
         with self._lock:
-            return sorted(self._files)
+            return sorted({*self._files, *self._mapped})
+
+    def add_mapped(self, mapped: MappedVersion) -> Path:
+        """Makes a version mapped from paramsync's memory loadable; returns its directory (the
+        engine's model path), which holds a link to the memory file."""
+        version = mapped.manifest.version
+        directory = version_dir(self.root, version)
+        with self._lock:
+            self._drop(version)
+            directory.mkdir()
+            (directory / FILE_NAME).symlink_to(mapped.path)
+            self._mapped[version] = mapped
+        return directory
 
     @contextlib.contextmanager
     def receiving(self, reusable_below: int = 0) -> Iterator[Landing]:
@@ -107,15 +129,20 @@ class VersionFiles:
             landing.abandon()
 
     def prune(self) -> None:
-        """Deletes all but the newest ``keep`` versions."""
+        """Deletes all but the newest ``keep`` received versions, and every mapped version but the
+        newest version: no later version reuses a mapped one's memory, so the engine's is all."""
         with self._lock:
-            for version in sorted(self._files)[: -self.keep]:
+            newest = max((*self._files, *self._mapped), default=0)
+            for version in [*sorted(self._files)[: -self.keep], *(v for v in self._mapped if v != newest)]:
                 self._drop(version)
 
     def close(self) -> None:
-        """Deletes every file, received or being received."""
+        """Deletes every file, received or being received, and lets go of every mapped one."""
         with self._lock:
             self._files.clear()
+            for mapped in self._mapped.values():
+                mapped.close()
+            self._mapped.clear()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _take(self, path: Path, size: int, reusable_below: int) -> _MappedFile:
@@ -136,6 +163,9 @@ class VersionFiles:
             directory.mkdir(exist_ok=True)
             # A version received again replaces its file; an engine reading the old one keeps its inode.
             self._files.pop(version, None)
+            mapped = self._mapped.pop(version, None)
+            if mapped is not None:
+                mapped.close()
             final = directory / FILE_NAME
             os.replace(file.path, final)
             self._files[version] = _MappedFile(final, file.size, file.map)
@@ -144,6 +174,9 @@ class VersionFiles:
 
     def _drop(self, version: int) -> None:
         self._files.pop(version, None)
+        mapped = self._mapped.pop(version, None)
+        if mapped is not None:
+            mapped.close()
         shutil.rmtree(version_dir(self.root, version), ignore_errors=True)
 
 

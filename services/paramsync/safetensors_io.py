@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.paramsync.digest import new_hasher
-from services.paramsync.manifest import SAFETENSORS_DTYPES, Manifest, TensorSpec
+from services.paramsync.manifest import Manifest, TensorSpec
 from services.paramsync.store import StoredVersion
 
 if TYPE_CHECKING:
@@ -32,13 +32,7 @@ def version_dir(root: Path, version: int) -> Path:
 
 def safetensors_header(manifest: Manifest) -> bytes:
     """The JSON header of the file holding ``manifest``'s tensors back to back, padded to 8 bytes."""
-    header: dict[str, object] = {}
-    for spec, start in zip(manifest.tensors, manifest.offsets(), strict=True):
-        header[spec.name] = {
-            "dtype": SAFETENSORS_DTYPES[spec.dtype],
-            "shape": list(spec.shape),
-            "data_offsets": [start, start + spec.num_bytes],
-        }
+    header = manifest.safetensors_entries()
     header["__metadata__"] = {
         "format": "pt",
         "relayrl_version": str(manifest.version),

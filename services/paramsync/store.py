@@ -2,7 +2,10 @@
 
 Each version is one buffer (:class:`~services.paramsync.memory.VersionMemory`) holding its
 tensors back to back in manifest order, so an upload writes every byte once and fetchers slice
-it without further copies. Readers of a version that is still uploading wait on
+it without further copies. The buffer is a memory file laid out as a safetensors file, which a
+replica on this host may map instead of fetching (``channels/shared_memory.py``); memory handed
+out that way is never written again until the replica reports holding a newer version, since its
+engine may serve the file in place. Readers of a version that is still uploading wait on
 :meth:`StoredVersion.wait_past` and receive bytes as they arrive; that is how chunks are
 forwarded before the upload finishes.
 """
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from services.paramsync.digest import Hasher, new_hasher
 from services.paramsync.manifest import Manifest
-from services.paramsync.memory import RecycledMemory, VersionMemory
+from services.paramsync.memory import RecycledMemory, SharedVersionMemory, VersionMemory, header_room, new_memory
 from services.paramsync.wire import encode_chunk
 
 # Serialized Fetch chunks kept per version. Replicas fetching together read the same chunks at
@@ -51,6 +54,8 @@ class StoredVersion:
     error: str = ""
     # Fetches, disk writes and broadcasts reading ``data`` right now (see ``reading``).
     readers: int = 0
+    # Replicas that mapped this version's memory and have not yet reported a newer version.
+    mapped_by: set[str] = field(default_factory=set)
     published_at_unix_s: float = field(default_factory=time.time)
     # Set for a re-publish of the latest version: its checksums are compared with these, and the
     # upload never becomes a version of its own.
@@ -67,8 +72,18 @@ class StoredVersion:
         self._offsets = self.manifest.offsets()
 
     @classmethod
-    def empty(cls, manifest: Manifest) -> StoredVersion:
-        return cls(manifest, VersionMemory(manifest.total_bytes))
+    def empty(cls, manifest: Manifest, recycled: RecycledMemory | None = None) -> StoredVersion:
+        """A version of ``manifest`` with room for its bytes (``recycled``'s kept buffer if it fits)."""
+        prefix = header_room(manifest)
+        memory = recycled.take(manifest.total_bytes, prefix) if recycled else new_memory(manifest.total_bytes, prefix)
+        if isinstance(memory, SharedVersionMemory):
+            memory.write_header(manifest)
+        return cls(manifest, memory)
+
+    @property
+    def in_use(self) -> bool:
+        """Whether anything may still read the memory: a reader, or a replica's engine that mapped it."""
+        return self.readers > 0 or bool(self.mapped_by)
 
     @property
     def data(self) -> memoryview:
@@ -271,6 +286,10 @@ class VersionStore:
         # The memory of the last evicted version, reused by the next upload of the same size:
         # fresh memory costs about 0.45 s of page faults per 512 MiB on the upload's path.
         self._recycled = RecycledMemory()
+        # Evicted versions still in use (newest last), recycled once nothing uses them. Only the
+        # newest is kept: one recycled buffer is all the next upload takes, and the memory of
+        # the others is freed once their users let go of it.
+        self._evicted: list[StoredVersion] = []
 
     @property
     def latest(self) -> StoredVersion | None:
@@ -291,7 +310,8 @@ class VersionStore:
             same_layout = manifest.layout() == latest.manifest.layout()
             if manifest.version == latest.version and manifest.is_open and same_layout:
                 # The checksums come with the bytes: compare them as they arrive (UploadWriter).
-                stored = StoredVersion(manifest, VersionMemory(manifest.total_bytes), republish_of=latest.manifest)
+                stored = StoredVersion.empty(manifest)
+                stored.republish_of = latest.manifest
                 stored.writer = UploadWriter(stored)
                 stored.writer.rewind(resume_from)
                 return stored
@@ -318,7 +338,7 @@ class VersionStore:
             self.fail(open_upload, f"superseded by a new upload of version {manifest.version}")
         if resume_from:
             raise StoreError("cannot_resume", f"version {manifest.version}: no open upload to resume")
-        self.uploading = StoredVersion(manifest, self._recycled.take(manifest.total_bytes))
+        self.uploading = StoredVersion.empty(manifest, self._recycled)
         self.uploading.writer = UploadWriter(self.uploading)
         return self.uploading
 
@@ -333,9 +353,22 @@ class VersionStore:
             self.uploading = None
         for old in sorted(self._complete)[: -self.keep_versions]:
             evicted = self._complete.pop(old)
-            if evicted.readers == 0:
+            if evicted.in_use:
+                self._evicted = [*self._evicted, evicted][-1:]
+            else:
                 self._recycled.give_back(evicted.memory)
         stored.pulse()
+
+    def release_mappings(self, replica_id: str, held_version: int) -> None:
+        """``replica_id`` holds ``held_version`` now, so its engine no longer reads any older
+        version's memory; an evicted version nothing else uses is recycled."""
+        for stored in (*self._complete.values(), *self._evicted):
+            if stored.version < held_version:
+                stored.mapped_by.discard(replica_id)
+        free = [evicted for evicted in self._evicted if not evicted.in_use]
+        if free:
+            self._recycled.give_back(free[-1].memory)
+            self._evicted = [evicted for evicted in self._evicted if evicted.in_use]
 
     def fail(self, stored: StoredVersion, reason: str) -> None:
         stored.writer = None

@@ -112,6 +112,13 @@ class RolloutSettings(ServiceSettings):
         " engine must see it at the same path (same host, or one memory volume in the pod). Empty, or a"
         " directory that does not exist: weights_dir.",
     )
+    weights_map_shared_memory: bool = Field(
+        True,
+        description="On paramsync's host, give the engine each version as a path to paramsync's own memory"
+        " file (it maps what the trainer uploaded) instead of receiving a copy into weights_shm_dir; the"
+        " engine must be able to open this replica's /proc/<pid>/fd files (same host, same process"
+        " namespace). Elsewhere, or when false: every version is received.",
+    )
     weights_dir: str = Field(
         "",
         description="Where pulled versions are received when weights_shm_dir is not available (a file per"

@@ -64,7 +64,11 @@ async def start_rollout(settings: RolloutSettings) -> RunningReplica:
     queue = QueueClient(settings.queue_address)
     weights_tmp = tempfile.TemporaryDirectory(prefix="relayrl-rollout-weights-") if not settings.weights_dir else None
     weights_dir = Path(settings.weights_dir or weights_tmp.name)  # type: ignore[union-attr]
-    source = ParamSyncClient(settings.paramsync_address) if settings.paramsync_address else None
+    source = (
+        ParamSyncClient(settings.paramsync_address, shared_memory=settings.weights_map_shared_memory)
+        if settings.paramsync_address
+        else None
+    )
     replica = Replica(settings, engine, queue, rewards, source, weights_dir if source else None)
     tasks = replica.start()
     openai = openai_endpoint(settings, replica, engine, queue, rewards)

@@ -132,7 +132,7 @@ class DataPlaneUnreachable(ConnectionError):
     """The data plane did not accept a connection; the caller may fall back to gRPC."""
 
 
-async def _connect(address: DataPlaneAddress, timeout_s: float) -> socket.socket:
+async def connect(address: DataPlaneAddress, timeout_s: float) -> socket.socket:
     """A connected blocking socket whose calls time out after ``timeout_s``; DataPlaneUnreachable if none."""
     loop = asyncio.get_running_loop()
     try:
@@ -153,19 +153,19 @@ async def _connect(address: DataPlaneAddress, timeout_s: float) -> socket.socket
     return sock
 
 
-def _check(reply: pb.BulkReply) -> pb.BulkReply:
+def check_reply(reply: pb.BulkReply) -> pb.BulkReply:
     if reply.code:
         raise from_status(reply.code, reply.message)
     return reply
 
 
-def _link_error(exc: BaseException, doing: str) -> ParamSyncError:
+def link_error(exc: BaseException, doing: str) -> ParamSyncError:
     if isinstance(exc, TimeoutError):
         return ParamSyncError(f"data plane timed out while {doing}", grpc.StatusCode.DEADLINE_EXCEEDED)
     return ParamSyncError(f"data plane link failed while {doing}: {exc}", grpc.StatusCode.UNAVAILABLE)
 
 
-async def _blocking(sock: socket.socket, call: Callable[..., T], *args: object) -> T:
+async def in_thread(sock: socket.socket, call: Callable[..., T], *args: object) -> T:
     """Runs blocking socket work in a thread; cancelling the caller shuts the socket so it returns.
 
     A thread with blocking calls (``MSG_WAITALL``, a C-level ``sendall``) spends about 20% less
@@ -179,7 +179,7 @@ async def _blocking(sock: socket.socket, call: Callable[..., T], *args: object) 
         raise
 
 
-def _request(sock: socket.socket, request: pb.BulkRequest) -> pb.BulkReply:
+def exchange(sock: socket.socket, request: pb.BulkRequest) -> pb.BulkReply:
     sock.sendall(frame(request))
     return recv_frame(sock, pb.BulkReply)
 
@@ -200,23 +200,23 @@ def _send_views(sock: socket.socket, views: Sequence[memoryview], header: bytes 
         # that far, is waiting on the socket.
         with contextlib.suppress(OSError, FrameError):
             sock.settimeout(5)
-            _check(recv_frame(sock, pb.BulkReply))
+            check_reply(recv_frame(sock, pb.BulkReply))
         raise
 
 
 async def publish(address: DataPlaneAddress, manifest: Manifest, views: Sequence[memoryview], timeout_s: float) -> int:
     """Uploads ``manifest`` and the tensors' bytes; returns the bytes paramsync stored (0: already held)."""
-    sock = await _connect(address, timeout_s)
+    sock = await connect(address, timeout_s)
     with sock:
         try:
             async with asyncio.timeout(timeout_s):
-                go = await _blocking(sock, _request, sock, pb.BulkRequest(publish=manifest.to_proto()))
+                go = await in_thread(sock, exchange, sock, pb.BulkRequest(publish=manifest.to_proto()))
                 if go.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
                     return 0
-                _check(go)
-                return _check(await _blocking(sock, _send_version, sock, views)).bytes_received
+                check_reply(go)
+                return check_reply(await in_thread(sock, _send_version, sock, views)).bytes_received
         except (OSError, TimeoutError, FrameError) as exc:
-            raise _link_error(exc, f"uploading version {manifest.version}") from exc
+            raise link_error(exc, f"uploading version {manifest.version}") from exc
 
 
 async def publish_runs(
@@ -233,25 +233,25 @@ async def publish_runs(
     bounded by ``timeout_s`` and fails with an error naming the stage, the peer and the version.
     """
     peer = f"paramsync data plane {address.host}:{address.port}"
-    sock = await _connect(address, timeout_s)
+    sock = await connect(address, timeout_s)
     stage = "upload start"
     with sock:
         try:
             async with asyncio.timeout(timeout_s):
                 request = pb.BulkRequest(publish=manifest.to_proto(), resume_from_bytes=resume_from)
-                go = await _blocking(sock, _request, sock, request)
+                go = await in_thread(sock, exchange, sock, request)
             if go.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
                 return 0
-            _check(go)
+            check_reply(go)
             async for run in runs:
                 stage = "upload"
                 header = frame(pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums))
                 async with asyncio.timeout(timeout_s):
-                    await _blocking(sock, _send_views, sock, run.views, header)
+                    await in_thread(sock, _send_views, sock, run.views, header)
                 stage = "upload (waiting for the next bucket)"
             stage = "commit"
             async with asyncio.timeout(timeout_s):
-                return _check(await _blocking(sock, recv_frame, sock, pb.BulkReply)).bytes_received
+                return check_reply(await in_thread(sock, recv_frame, sock, pb.BulkReply)).bytes_received
         except StageDeadline:
             raise  # the trainer's own stall (the gather), not the link's: not worth a retry
         except TimeoutError as exc:
@@ -295,7 +295,7 @@ def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> M
             filled += received
         digests.append(hasher.hexdigest())
     if manifest.is_open:
-        closed = Manifest.from_proto(_check(recv_frame(sock, pb.BulkReply)).manifest)
+        closed = Manifest.from_proto(check_reply(recv_frame(sock, pb.BulkReply)).manifest)
         if closed.layout() != manifest.layout():
             raise ChecksumMismatch(f"version {manifest.version}: the closing manifest lists other tensors")
         manifest = closed
@@ -305,15 +305,15 @@ def _receive_version(sock: socket.socket, manifest: Manifest, place: Place) -> M
 async def fetch_into(address: DataPlaneAddress, request: pb.FetchRequest, timeout_s: float, place: Place) -> Manifest:
     """Downloads a version into the views ``place`` gives (called in the receiving thread once
     the manifest is known); ChecksumMismatch if any tensor differs from the manifest."""
-    sock = await _connect(address, timeout_s)
+    sock = await connect(address, timeout_s)
     with sock:
         try:
             async with asyncio.timeout(timeout_s):
-                reply = _check(await _blocking(sock, _request, sock, pb.BulkRequest(fetch=request)))
+                reply = check_reply(await in_thread(sock, exchange, sock, pb.BulkRequest(fetch=request)))
                 manifest = Manifest.from_proto(reply.manifest)
-                manifest = await _blocking(sock, _receive_version, sock, manifest, place)
+                manifest = await in_thread(sock, _receive_version, sock, manifest, place)
         except (OSError, TimeoutError, FrameError) as exc:
-            raise _link_error(exc, f"fetching version {request.version}") from exc
+            raise link_error(exc, f"fetching version {request.version}") from exc
     return manifest
 
 
@@ -381,7 +381,7 @@ SEND_BYTES = 64 * 1024 * 1024
 MAX_TRANSFER_THREADS = 64
 
 
-def _reply(code: grpc.StatusCode, message: str = "") -> pb.BulkReply:
+def status_reply(code: grpc.StatusCode, message: str = "") -> pb.BulkReply:
     return pb.BulkReply(code=code.value[0], message=message)
 
 
@@ -445,7 +445,8 @@ class DataPlaneServer:
     async def _io(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, call, *args)
 
-    async def _send(self, conn: socket.socket, reply: pb.BulkReply) -> None:
+    async def send_reply(self, conn: socket.socket, reply: pb.BulkReply) -> None:
+        """Sends one framed reply on ``conn`` (from a transfer thread)."""
         await self._io(conn.sendall, frame(reply))
 
     async def _serve(self, conn: socket.socket, peer: object) -> None:
@@ -457,11 +458,18 @@ class DataPlaneServer:
                     await self._publish(conn, request.publish, request.resume_from_bytes)
                 elif operation == "fetch":
                     await self._fetch(conn, request.fetch)
+                elif operation == "map":
+                    # Imported here: that channel rides on this connection and imports its framing.
+                    from services.paramsync.channels.shared_memory import serve_map
+
+                    await serve_map(self, conn, request.map)
                 else:
-                    await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, "BulkRequest names no operation"))
+                    await self.send_reply(
+                        conn, status_reply(grpc.StatusCode.INVALID_ARGUMENT, "BulkRequest names no operation")
+                    )
             except FrameError as exc:
                 with contextlib.suppress(OSError):
-                    await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+                    await self.send_reply(conn, status_reply(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
             except OSError as exc:  # includes timeouts and peers that went away
                 log.info("data plane connection from %s ended: %s", peer, exc or type(exc).__name__)
 
@@ -472,19 +480,21 @@ class DataPlaneServer:
             manifest = Manifest.from_proto(proto)
         except ValueError as exc:
             self.core.metrics.publish_failures.labels("invalid_manifest").inc()
-            await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}"))
+            await self.send_reply(conn, status_reply(grpc.StatusCode.INVALID_ARGUMENT, f"invalid manifest: {exc}"))
             return
         try:
             stored = self.core.begin_upload(manifest, resume_from)
         except StoreError as err:
-            await self._send(conn, _reply(status_of(err), str(err)))
+            await self.send_reply(conn, status_reply(status_of(err), str(err)))
             return
         if stored is None:
-            await self._send(conn, _reply(grpc.StatusCode.ALREADY_EXISTS, "the latest version has these bytes"))
+            await self.send_reply(
+                conn, status_reply(grpc.StatusCode.ALREADY_EXISTS, "the latest version has these bytes")
+            )
             return
         started, epoch = time.perf_counter(), stored.link_epoch
         try:
-            await self._send(conn, _reply(grpc.StatusCode.OK))
+            await self.send_reply(conn, status_reply(grpc.StatusCode.OK))
             await self._receive(conn, stored, epoch)
             received = self.core.commit_upload(stored, started)
         except StoreError as err:
@@ -495,12 +505,12 @@ class DataPlaneServer:
             else:
                 self.core.fail_upload(stored, err, epoch)
             with contextlib.suppress(OSError):
-                await self._send(conn, _reply(status_of(err), str(err)))
+                await self.send_reply(conn, status_reply(status_of(err), str(err)))
             return
         except (OSError, asyncio.CancelledError):
             self.core.link_broke(stored, epoch)
             raise
-        await self._send(conn, pb.BulkReply(bytes_received=received))
+        await self.send_reply(conn, pb.BulkReply(bytes_received=received))
 
     async def _receive(self, conn: socket.socket, stored: StoredVersion, epoch: int) -> None:
         loop = asyncio.get_running_loop()
@@ -576,15 +586,15 @@ class DataPlaneServer:
     async def _fetch(self, conn: socket.socket, request: pb.FetchRequest) -> None:
         if request.version < 0:
             message = f"version must be >= 0, got {request.version}"
-            await self._send(conn, _reply(grpc.StatusCode.INVALID_ARGUMENT, message))
+            await self.send_reply(conn, status_reply(grpc.StatusCode.INVALID_ARGUMENT, message))
             return
         try:
             stored = self.core.store.get(request.version)
         except StoreError as err:
-            await self._send(conn, _reply(status_of(err), str(err)))
+            await self.send_reply(conn, status_reply(status_of(err), str(err)))
             return
         opened = stored.manifest
-        await self._send(conn, pb.BulkReply(manifest=opened.to_proto()))
+        await self.send_reply(conn, pb.BulkReply(manifest=opened.to_proto()))
         total, idle_s = stored.manifest.total_bytes, self.core.upload_idle_timeout_s
         busy = self.forward_streams and self._forwarding >= self.forward_streams
         if stored.state is VersionState.UPLOADING and busy:
@@ -604,7 +614,7 @@ class DataPlaneServer:
             if stored.state is not VersionState.COMPLETE:
                 log.info("fetch of version %d by %r cut: %s", stored.version, request.replica_id, stored.error)
                 return
-            await self._send(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
+            await self.send_reply(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
 
     async def _send_version(self, conn: socket.socket, stored: StoredVersion, data: memoryview, replica: str) -> bool:
         """Sends every byte as it arrives; False when the upload failed and the stream was cut."""

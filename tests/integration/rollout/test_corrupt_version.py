@@ -1,6 +1,10 @@
 """A version whose bytes do not match their checksums never reaches the engine: the replica's
 switch fails, the engine keeps generating with its old weights, and no file of that version is
-left for an engine to load (over the data plane and over gRPC streams)."""
+left for an engine to load (over the data plane and over gRPC streams).
+
+The replica receives the version here (``shared_memory=False``): the damage stands for bytes
+changed on their way, which a version mapped from paramsync's memory never takes (its engine
+reads the very memory paramsync verified as the upload landed)."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ async def test_a_corrupt_version_leaves_the_engine_on_its_weights_and_no_loadabl
 ) -> None:
     async with (
         running_service() as (address, service),
-        ParamSyncClient(address, data_plane=data_plane, max_sync_retries=0) as paramsync,
+        ParamSyncClient(address, data_plane=data_plane, max_sync_retries=0, shared_memory=False) as paramsync,
         EngineClient(engine.url) as client,
     ):
         old = int(await client.weight_version())
