@@ -86,9 +86,11 @@ def build() -> Board:
         ),
         timeseries_panel(
             "Weight bandwidth",
-            "Bytes per second received from the trainer and sent to replicas, by transport.",
+            "Bytes per second received from the trainer (of which copied from its memory files on paramsync's"
+            " host) and sent to replicas, by transport. Replicas on paramsync's host map versions: nothing is sent.",
             [
                 total_rate("relayrl_paramsync_bytes_received_bytes_total", "received"),
+                total_rate("relayrl_paramsync_bytes_copied_bytes_total", "copied from the trainer's memory"),
                 Query(
                     zero_if_absent(f"sum by (transport) ({counter_rate('relayrl_paramsync_bytes_sent_bytes_total')})"),
                     "sent {{transport}}",

@@ -47,12 +47,26 @@ class WeightChunk(_message.Message):
     def __init__(self, tensor_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TensorChecksums(_message.Message):
-    __slots__ = ("first_tensor", "checksums")
+    __slots__ = ("first_tensor", "checksums", "shared")
     FIRST_TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     first_tensor: int
     checksums: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, first_tensor: _Optional[int] = ..., checksums: _Optional[_Iterable[str]] = ...) -> None: ...
+    shared: SharedBytes
+    def __init__(self, first_tensor: _Optional[int] = ..., checksums: _Optional[_Iterable[str]] = ..., shared: _Optional[_Union[SharedBytes, _Mapping]] = ...) -> None: ...
+
+class SharedBytes(_message.Message):
+    __slots__ = ("host", "pid", "fd", "offsets")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    pid: int
+    fd: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[str] = ..., pid: _Optional[int] = ..., fd: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WeightStreamMessage(_message.Message):
     __slots__ = ("manifest", "chunk", "checksums", "resume_from_bytes")

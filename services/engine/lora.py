@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,9 @@ def adapter_dir(weights_file: Path, out_dir: Path, lora_alpha: float) -> Path | 
     (out_dir / CONFIG_FILE).write_text(json.dumps(config))
     link = out_dir / WEIGHTS_FILE
     link.unlink(missing_ok=True)
-    link.symlink_to(weights_file.resolve())
+    # Not resolved: the file may be a link to another process's memory file (/proc/<pid>/fd/<fd>),
+    # which resolves to a name no one can open.
+    link.symlink_to(os.path.abspath(weights_file))
     return out_dir
 
 

@@ -49,6 +49,7 @@ from relayrl.retry import RetryPolicy, call_with_retries, retrying
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
+from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
 from services.paramsync.channels import tcp
 from services.paramsync.channels.base import ByteChannel, TensorRun
@@ -131,8 +132,10 @@ class _StreamedUpload:
     """The trainer's side of one streamed upload across retries: the buckets still to come, and the
     run in hand, kept until the next one is asked for so a retry can resume from its start."""
 
-    def __init__(self, manifest: Manifest, buckets: AsyncIterator[Sequence[torch.Tensor]]) -> None:
+    def __init__(self, manifest: Manifest, buckets: AsyncIterator[Sequence[torch.Tensor]], share: bool) -> None:
         self.manifest = manifest
+        # Whether runs lying in a memory file of this process name it (paramsync may copy them).
+        self.share = share
         self._buckets = aiter(buckets)
         self._offsets = [*manifest.offsets(), manifest.total_bytes]
         self._next_tensor = 0
@@ -164,15 +167,20 @@ class _StreamedUpload:
         specs = self.manifest.tensors[first : first + len(tensors)]
         if len(specs) != len(tensors):
             raise ValueError(f"buckets hold more than the {len(self.manifest.tensors)} tensors of the manifest")
-        views, checksums = [], []
+        views, checksums, places = [], [], []
         for spec, tensor in zip(specs, tensors, strict=True):
             view = checked_bytes(tensor, spec)
             hasher = new_hasher(self.manifest.checksum_algorithm)
             hasher.update(view)
             views.append(view)
             checksums.append(hasher.hexdigest())
+            places.append(memory_files.locate(tensor.data_ptr(), spec.num_bytes) if self.share else None)
         self._next_tensor += len(tensors)
-        return TensorRun(first, checksums, views)
+        files = {place[0] for place in places if place is not None}
+        shared = None
+        if len(files) == 1 and all(place is not None for place in places):
+            shared = (files.pop(), [place[1] for place in places if place is not None])
+        return TensorRun(first, checksums, views, shared)
 
 
 class ParamSyncClient:
@@ -271,13 +279,18 @@ class ParamSyncClient:
         peer = f"paramsync {self.address}"
         return GrpcChunksChannel(self._publish, self._fetch, peer, self.chunk_bytes, self.sync_timeout, replica_id)
 
-    async def _over_a_channel(self, transfer: Callable[[ByteChannel], Awaitable[T]], replica_id: str = "") -> T:
+    async def _over_a_channel(
+        self,
+        transfer: Callable[[ByteChannel], Awaitable[T]],
+        replica_id: str = "",
+        on_shared_refused: Callable[[str], None] | None = None,
+    ) -> T:
         """``transfer`` over the data plane where paramsync serves one, else (or when it does not
         accept a connection) over the gRPC chunk streams."""
         address = await self._data_plane_address()
         if address is not None:
             try:
-                return await transfer(TcpChannel(address, self.sync_timeout, replica_id))
+                return await transfer(TcpChannel(address, self.sync_timeout, replica_id, on_shared_refused))
             except DataPlaneUnreachable as exc:
                 self._give_up_data_plane(exc)
         return await transfer(self._chunk_streams(replica_id))
@@ -327,11 +340,17 @@ class ParamSyncClient:
         manifest.validate()
         if not manifest.is_open:
             raise ValueError("publish_streamed takes specs without checksums; they are computed from the buckets")
-        upload = _StreamedUpload(manifest, buckets)
+        upload = _StreamedUpload(manifest, buckets, self.shared_memory)
+
+        def refused(reason: str) -> None:
+            log.warning("sending weight bytes to paramsync instead of naming this process's memory: %s", reason)
+            self.shared_memory = upload.share = False
 
         async def call() -> int:
             resume_from = upload.resume_from()
-            return await self._over_a_channel(lambda channel: channel.send(manifest, upload.runs(), resume_from))
+            return await self._over_a_channel(
+                lambda channel: channel.send(manifest, upload.runs(), resume_from), on_shared_refused=refused
+            )
 
         try:
             received = await self._with_retries(call)

@@ -18,6 +18,12 @@ class ParamSyncMetrics:
         )
         self.latest_version = m.gauge("latest_version", "Latest complete version held.")
         self.bytes_received = m.counter("bytes_received", "Weight bytes received from the trainer.", "bytes_total")
+        self.bytes_copied = m.counter(
+            "bytes_copied",
+            "Weight bytes of uploads copied from the trainer's memory files on this host instead of received"
+            " over a socket (also counted in bytes_received).",
+            "bytes_total",
+        )
         self.bytes_sent = m.counter(
             "bytes_sent", "Weight bytes sent to replicas, by transport.", "bytes_total", labels=("transport",)
         )

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from services.paramsync import memory_files
 from services.trainer import distributed as D
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class _Buffer:
 
     def close(self) -> None:
         if self.fd >= 0:
+            memory_files.unregister(_address(self.map))
             os.close(self.fd)
             self.fd = -1
         # BufferError: a view's array is still being torn down, and the mapping goes with it.
@@ -103,10 +105,17 @@ def _create(index: int, size: int) -> _Buffer:
         os.ftruncate(fd, size)
         # Claims the pages now: writing through a mapping the kernel cannot back would be a SIGBUS.
         os.posix_fallocate(fd, 0, size)
-        return _Buffer(index, size, mmap.mmap(fd, size, flags=mmap.MAP_SHARED), fd)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        # A bucket's upload may name this file rather than send its bytes (paramsync on this host).
+        memory_files.register(_address(mapping), size, fd)
+        return _Buffer(index, size, mapping, fd)
     except BaseException:
         os.close(fd)
         raise
+
+
+def _address(mapping: mmap.mmap) -> int:
+    return int(np.frombuffer(mapping, dtype=np.uint8, count=1).ctypes.data)
 
 
 def _open_peer(pid: int, fd: int, index: int, size: int) -> _Buffer:

@@ -24,11 +24,14 @@ Place = Callable[[Manifest], Sequence[memoryview]]
 
 @dataclass(frozen=True, slots=True)
 class TensorRun:
-    """Consecutive tensors of a streamed upload: the index of the first, their checksums and bytes."""
+    """Consecutive tensors of a streamed upload: the index of the first, their checksums and bytes,
+    and where the bytes lie when they are in one of this process's memory files (``shared``: the
+    descriptor and each tensor's offset; see ``services/paramsync/memory_files.py``)."""
 
     first_tensor: int
     checksums: list[str]
     views: list[memoryview]
+    shared: tuple[int, list[int]] | None = None
 
 
 class ByteChannel(ABC):

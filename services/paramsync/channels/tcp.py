@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
 import time
@@ -179,7 +180,7 @@ async def in_thread(sock: socket.socket, call: Callable[..., T], *args: object) 
         raise
 
 
-def exchange(sock: socket.socket, request: pb.BulkRequest) -> pb.BulkReply:
+def exchange(sock: socket.socket, request: Message) -> pb.BulkReply:
     sock.sendall(frame(request))
     return recv_frame(sock, pb.BulkReply)
 
@@ -225,9 +226,12 @@ async def publish_runs(
     runs: AsyncIterator[TensorRun],
     resume_from: int,
     timeout_s: float,
+    on_shared_refused: Callable[[str], None] | None = None,
 ) -> int:
     """Uploads an open ``manifest`` run by run from byte ``resume_from``, each run's checksums
-    before its bytes; returns the bytes paramsync stored (0: already held).
+    before its bytes; returns the bytes paramsync stored (0: already held). A run lying in a memory
+    file of this process is named instead of sent, until paramsync says it cannot read the file
+    (then ``on_shared_refused`` hears why, and every run travels as bytes).
 
     Waiting for the next run is the caller's (``runs`` bounds it); every exchange with paramsync is
     bounded by ``timeout_s`` and fails with an error naming the stage, the peer and the version.
@@ -243,11 +247,27 @@ async def publish_runs(
             if go.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
                 return 0
             check_reply(go)
+            sharing = True
             async for run in runs:
                 stage = "upload"
-                header = frame(pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums))
+                checksums = pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
                 async with asyncio.timeout(timeout_s):
-                    await in_thread(sock, _send_views, sock, run.views, header)
+                    if sharing and run.shared is not None:
+                        fd, offsets = run.shared
+                        checksums.shared.CopyFrom(
+                            pb.SharedBytes(host=socket.gethostname(), pid=os.getpid(), fd=fd, offsets=offsets)
+                        )
+                        copied = await in_thread(sock, exchange, sock, checksums)
+                        if copied.code == grpc.StatusCode.UNIMPLEMENTED.value[0]:
+                            sharing = False
+                            if on_shared_refused is not None:
+                                on_shared_refused(copied.message)
+                            # The run's bytes follow its checksums, already sent.
+                            await in_thread(sock, _send_views, sock, run.views)
+                        else:
+                            check_reply(copied)
+                    else:
+                        await in_thread(sock, _send_views, sock, run.views, frame(checksums))
                 stage = "upload (waiting for the next bucket)"
             stage = "commit"
             async with asyncio.timeout(timeout_s):
@@ -364,9 +384,11 @@ class TcpChannel(ByteChannel):
     address: DataPlaneAddress
     timeout_s: float
     replica_id: str = ""
+    # Told why, when paramsync cannot read this process's memory files (runs then travel as bytes).
+    on_shared_refused: Callable[[str], None] | None = None
 
     async def send(self, manifest: Manifest, runs: AsyncIterator[TensorRun], resume_from: int = 0) -> int:
-        return await publish_runs(self.address, manifest, runs, resume_from, self.timeout_s)
+        return await publish_runs(self.address, manifest, runs, resume_from, self.timeout_s, self.on_shared_refused)
 
     async def receive(self, version: int, place: Place) -> Manifest:
         request = pb.FetchRequest(replica_id=self.replica_id, version=version)
@@ -377,6 +399,8 @@ class TcpChannel(ByteChannel):
 
 # Bytes handed to one sendall.
 SEND_BYTES = 64 * 1024 * 1024
+# Bytes copied per read from a sender's memory file: progress reaches fetchers piece by piece.
+COPY_BYTES = 16 * 1024 * 1024
 # Transfers running at once; each holds a thread only while it is inside a socket call.
 MAX_TRANSFER_THREADS = 64
 
@@ -538,19 +562,89 @@ class DataPlaneServer:
         manifest = stored.manifest
         offsets = [*manifest.offsets(), manifest.total_bytes]
         position = writer.position
-        while position < manifest.total_bytes:
-            end = manifest.total_bytes
-            if manifest.is_open:
-                run = recv_frame(conn, pb.TensorChecksums)
-                first, count = run.first_tensor, len(run.checksums)
-                if not 0 <= first < len(manifest.tensors) or offsets[first] != position or count == 0:
+        # The sender's memory files opened so far ((pid, fd) → this process's descriptor).
+        sources: dict[tuple[int, int], int] = {}
+        try:
+            while position < manifest.total_bytes:
+                end = manifest.total_bytes
+                if manifest.is_open:
+                    run = recv_frame(conn, pb.TensorChecksums)
+                    first, count = run.first_tensor, len(run.checksums)
+                    if not 0 <= first < len(manifest.tensors) or offsets[first] != position or count == 0:
+                        raise StoreError(
+                            "bad_message",
+                            f"version {stored.version}: checksums for tensor {first} where byte {position} is due",
+                        )
+                    writer.add_checksums(first, list(run.checksums))
+                    end = offsets[min(first + count, len(manifest.tensors))]
+                    if run.HasField("shared"):
+                        if len(run.shared.offsets) != count:
+                            raise StoreError(
+                                "bad_message",
+                                f"version {stored.version}: a shared run's offsets do not match its tensors",
+                            )
+                        source = self._open_source(conn, run.shared, sources)
+                        if source is not None:
+                            self._copy_run(stored, epoch, writer, loop, first, run.shared, source)
+                            conn.sendall(frame(pb.BulkReply()))
+                            position = end
+                            continue
+                position = self._receive_run(conn, stored, epoch, writer, loop, position, end)
+        finally:
+            for source in sources.values():
+                os.close(source)
+
+    def _open_source(
+        self, conn: socket.socket, shared: pb.SharedBytes, sources: dict[tuple[int, int], int]
+    ) -> int | None:
+        """The sender's memory file, opened once per upload; None (and the sender told so, so
+        that it sends the run's bytes) when this process cannot read it."""
+        key = (shared.pid, shared.fd)
+        if key in sources:
+            return sources[key]
+        if shared.host != socket.gethostname():
+            reason = f"paramsync runs on host {socket.gethostname()!r}, the sender on {shared.host!r}"
+        else:
+            try:
+                sources[key] = os.open(f"/proc/{shared.pid}/fd/{shared.fd}", os.O_RDONLY | os.O_CLOEXEC)
+                return sources[key]
+            except OSError as exc:
+                reason = f"paramsync cannot open the sender's memory file: {exc}"
+        conn.sendall(frame(status_reply(grpc.StatusCode.UNIMPLEMENTED, reason)))
+        return None
+
+    def _copy_run(
+        self,
+        stored: StoredVersion,
+        epoch: int,
+        writer: UploadWriter,
+        loop: asyncio.AbstractEventLoop,
+        first: int,
+        shared: pb.SharedBytes,
+        source: int,
+    ) -> None:
+        """Copies a run of tensors from the sender's memory file into the version, checking each
+        piece as received bytes are checked (a wrong file fails its checksums)."""
+        tensors = stored.manifest.tensors[first : first + len(shared.offsets)]
+        if len(tensors) != len(shared.offsets):
+            raise StoreError(
+                "bad_message", f"version {stored.version}: a shared run's offsets do not match its tensors"
+            )
+        data, position = stored.data, stored.manifest.offsets()[first]
+        for spec, offset in zip(tensors, shared.offsets, strict=True):
+            done = 0
+            while done < spec.num_bytes:
+                check_link(stored, epoch)
+                count = os.preadv(
+                    source, [data[position : position + min(COPY_BYTES, spec.num_bytes - done)]], offset + done
+                )
+                if count <= 0:
                     raise StoreError(
-                        "bad_message",
-                        f"version {stored.version}: checksums for tensor {first} where byte {position} is due",
+                        "incomplete", f"version {stored.version}: the sender's memory file ends inside {spec.name!r}"
                     )
-                writer.add_checksums(first, list(run.checksums))
-                end = offsets[min(first + count, len(manifest.tensors))]
-            position = self._receive_run(conn, stored, epoch, writer, loop, position, end)
+                writer.check_in_place(position, count)
+                position, done = position + count, done + count
+                loop.call_soon_threadsafe(self._progress, stored, position, count, True)
 
     def _receive_run(
         self,
@@ -577,9 +671,11 @@ class DataPlaneServer:
             loop.call_soon_threadsafe(self._progress, stored, position, received)
         return position
 
-    def _progress(self, stored: StoredVersion, position: int, received: int) -> None:
+    def _progress(self, stored: StoredVersion, position: int, received: int, copied: bool = False) -> None:
         stored.advance(position)
         self.core.metrics.bytes_received.inc(received)
+        if copied:
+            self.core.metrics.bytes_copied.inc(received)
 
     # --- fetch --------------------------------------------------------------------------------
 

@@ -1,20 +1,24 @@
-"""The ``shared_memory`` channel's two ends against a real paramsync: a replica on paramsync's host
-maps each version's memory file instead of receiving its bytes, the file is a safetensors file
-whose tensors equal the published ones bit for bit, paramsync never writes another version into
-memory a replica mapped until that replica reports a newer version, and a replica on another
-host receives the version over the data plane instead."""
+"""Weights that cross no socket on paramsync's host, against a real paramsync: a replica maps each
+version's memory file instead of receiving its bytes (the ``shared_memory`` channel), the file is
+a safetensors file whose tensors equal the published ones bit for bit, paramsync never writes
+another version into memory a replica mapped until that replica reports a newer version, and an
+upload whose tensors lie in a memory file of the trainer is copied from it by paramsync. A
+replica or trainer on another host moves the bytes over the data plane instead."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
 from relayrl.v1 import paramsync_pb2 as pb
 from services.engine.weights import read_safetensors_dir
+from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
 from services.paramsync.channels.tcp import DataPlaneAddress
 from services.paramsync.client import ParamSyncClient
@@ -113,3 +117,57 @@ async def test_a_map_request_names_its_replica_and_a_held_version() -> None:
         with pytest.raises(VersionUnavailable, match="not held"):
             await shm.map_version(data_plane, pb.FetchRequest(replica_id="r0", version=7), 10.0)
         assert not service.store.get(1).mapped_by
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
+
+
+class MemoryFile:
+    """Tensors living in a memory file this process registered, as the trainer's gather buffers are."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        size = sum(_aligned(t.numel() * t.element_size()) for t in tensors.values())
+        self.fd = os.memfd_create("relayrl-test-upload", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
+        whole = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.start = whole.data_ptr()
+        memory_files.register(self.start, size, self.fd)
+        self.tensors, position = {}, 0
+        for name, tensor in tensors.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            view = whole[position : position + nbytes].view(tensor.dtype).reshape(tensor.shape)
+            view.copy_(tensor)
+            self.tensors[name], position = view, position + _aligned(nbytes)
+
+    def close(self) -> None:
+        memory_files.unregister(self.start)
+        self.tensors.clear()
+        os.close(self.fd)
+
+
+def copied_bytes(http_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith("relayrl_paramsync_bytes_copied_bytes_total ")]
+    return float(line.split()[1])
+
+
+@pytest.mark.parametrize("same_host", [True, False], ids=["same host", "another host"])
+async def test_an_upload_from_a_memory_file_is_copied_by_paramsync_on_the_same_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_host: bool
+) -> None:
+    source = MemoryFile(weights(1))
+    try:
+        with serve_process(tmp_path) as (address, http_port, _):
+            if not same_host:
+                monkeypatch.setattr(socket, "gethostname", lambda: "elsewhere")
+            async with ParamSyncClient(address) as client:
+                published = await client.publish(1, source.tensors)
+                assert client.shared_memory == same_host, "refused once: runs travel as bytes from then on"
+                fetched = await client.fetch(1)
+            copied = copied_bytes(http_port)
+    finally:
+        source.close()
+    assert_bit_equal(fetched, weights(1))
+    assert copied == (published.total_bytes if same_host else 0)
