@@ -53,8 +53,9 @@ from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
 from services.paramsync.channels import tcp
 from services.paramsync.channels.base import ByteChannel, TensorRun
+from services.paramsync.channels.dataplane import DataPlaneAddress, DataPlaneUnreachable
 from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
-from services.paramsync.channels.tcp import DataPlaneAddress, DataPlaneUnreachable, TcpChannel
+from services.paramsync.channels.tcp import TcpChannel
 from services.paramsync.digest import DEFAULT_ALGORITHM, new_hasher
 from services.paramsync.errors import (
     TRANSIENT_CODES,

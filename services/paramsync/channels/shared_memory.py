@@ -30,12 +30,12 @@ import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
 from relayrl.v1 import paramsync_pb2 as pb
-from services.paramsync.channels.tcp import (
+from services.paramsync.channels.dataplane import (
     DataPlaneAddress,
     FrameError,
     check_reply,
@@ -51,7 +51,16 @@ from services.paramsync.memory import TOKEN_KEY, SharedVersionMemory
 from services.paramsync.store import StoreError, VersionState
 
 if TYPE_CHECKING:
-    from services.paramsync.channels.tcp import DataPlaneServer
+    from services.paramsync.core import ParamSyncCore
+
+
+class Replier(Protocol):
+    """The data plane's server, as the map handler uses it (``tcp.DataPlaneServer``)."""
+
+    core: ParamSyncCore
+
+    async def send_reply(self, conn: socket.socket, reply: pb.BulkReply) -> None: ...
+
 
 # A header is at most a few MB even for 100k tensors; anything larger is not our file.
 MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -143,7 +152,7 @@ def _check_file(fd: int, version: int, shared: pb.SharedVersion) -> None:
 # --- paramsync's end -------------------------------------------------------------------------
 
 
-async def serve_map(server: DataPlaneServer, conn: socket.socket, request: pb.FetchRequest) -> None:
+async def serve_map(server: Replier, conn: socket.socket, request: pb.FetchRequest) -> None:
     """Answers a map request: the complete version's memory file, once its upload has ended."""
     if not request.replica_id or request.version < 0:
         message = "a map request names its replica and a version >= 0"

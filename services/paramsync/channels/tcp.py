@@ -9,7 +9,9 @@ and every fetch use their own core where there is one. (``sendfile`` from a memo
 measured too: on loopback it cost more CPU than ``sendall``, 0.30 s against 0.21 s per 512 MiB.)
 
 - **Framing.** Only :class:`BulkRequest` and :class:`BulkReply` are framed (a 4-byte big-endian
-  length, then the protobuf); the weight bytes between them travel raw.
+  length, then the protobuf; ``dataplane.py``); the weight bytes between them travel raw. A run
+  of an upload that lies in a memory file of a trainer on paramsync's host is named, not sent:
+  paramsync copies it from the file (``TensorChecksums.shared``, ``memory_files.py``).
 - **The peer's end** (:class:`TcpChannel`: the trainer sends, a replica receives). One TCP
   connection per operation; the bytes move in a worker thread with blocking calls, and
   cancelling the caller shuts the connection, which stops the transfer. The trainer sends each
@@ -31,26 +33,37 @@ import contextlib
 import logging
 import os
 import socket
-import struct
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
 from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.channels.base import ByteChannel, Place, TensorRun, check_digests
+from services.paramsync.channels.dataplane import (
+    DataPlaneAddress,
+    FrameError,
+    T,
+    check_reply,
+    connect,
+    exchange,
+    frame,
+    in_thread,
+    link_error,
+    recv_frame,
+    status_reply,
+)
+from services.paramsync.channels.shared_memory import serve_map
 from services.paramsync.core import ParamSyncCore, check_link
 from services.paramsync.digest import new_hasher
 from services.paramsync.errors import (
     ChecksumMismatch,
     ParamSyncError,
     StageDeadline,
-    from_status,
     stage_deadline_error,
     status_of,
 )
@@ -67,122 +80,7 @@ log = logging.getLogger(__name__)
 # replicas get each piece while a big tensor is still arriving (paramsync forwards as it lands).
 RECV_BYTES = 4 * 1024 * 1024
 
-# --- framing of the control messages -------------------------------------------------------
-
-LENGTH = struct.Struct(">I")
-# A manifest of 100k tensors is about 10 MB; anything far larger is not a control message.
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-
-M = TypeVar("M", bound=Message)
-T = TypeVar("T")
-
-
-class FrameError(ValueError):
-    """The peer sent something that is not a valid frame."""
-
-
-def frame(message: Message) -> bytes:
-    body = message.SerializeToString()
-    return LENGTH.pack(len(body)) + body
-
-
-def _parse(body: bytes, message_type: type[M]) -> M:
-    try:
-        return message_type.FromString(body)
-    except DecodeError as exc:
-        raise FrameError(f"{message_type.__name__} does not decode: {exc}") from None
-
-
-def _check_length(length: int) -> int:
-    if length > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
-    return length
-
-
-def recv_exactly(sock: socket.socket, view: memoryview) -> None:
-    """Fills ``view`` from a blocking socket; ConnectionError if the peer closes first."""
-    filled = 0
-    while filled < view.nbytes:
-        received = sock.recv_into(view[filled:])
-        if received == 0:
-            raise ConnectionError(f"connection closed after {filled} of {view.nbytes} bytes")
-        filled += received
-
-
-def recv_frame(sock: socket.socket, message_type: type[M]) -> M:
-    header = bytearray(LENGTH.size)
-    recv_exactly(sock, memoryview(header))
-    body = bytearray(_check_length(LENGTH.unpack(header)[0]))
-    recv_exactly(sock, memoryview(body))
-    return _parse(bytes(body), message_type)
-
-
 # --- the peer's end: a trainer sends, a replica receives --------------------------------
-
-# A data plane that does not answer within this is treated as absent (e.g. a firewalled port).
-CONNECT_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class DataPlaneAddress:
-    host: str
-    port: int
-
-
-class DataPlaneUnreachable(ConnectionError):
-    """The data plane did not accept a connection; the caller may fall back to gRPC."""
-
-
-async def connect(address: DataPlaneAddress, timeout_s: float) -> socket.socket:
-    """A connected blocking socket whose calls time out after ``timeout_s``; DataPlaneUnreachable if none."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(min(timeout_s, CONNECT_TIMEOUT_S)):
-            infos = await loop.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
-            family, kind, proto, _, sockaddr = infos[0]
-            sock = socket.socket(family, kind, proto)
-            sock.setblocking(False)
-            try:
-                await loop.sock_connect(sock, sockaddr)
-            except BaseException:
-                sock.close()
-                raise
-    except (OSError, TimeoutError) as exc:
-        raise DataPlaneUnreachable(f"data plane {address.host}:{address.port} unreachable: {exc}") from exc
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.settimeout(timeout_s)
-    return sock
-
-
-def check_reply(reply: pb.BulkReply) -> pb.BulkReply:
-    if reply.code:
-        raise from_status(reply.code, reply.message)
-    return reply
-
-
-def link_error(exc: BaseException, doing: str) -> ParamSyncError:
-    if isinstance(exc, TimeoutError):
-        return ParamSyncError(f"data plane timed out while {doing}", grpc.StatusCode.DEADLINE_EXCEEDED)
-    return ParamSyncError(f"data plane link failed while {doing}: {exc}", grpc.StatusCode.UNAVAILABLE)
-
-
-async def in_thread(sock: socket.socket, call: Callable[..., T], *args: object) -> T:
-    """Runs blocking socket work in a thread; cancelling the caller shuts the socket so it returns.
-
-    A thread with blocking calls (``MSG_WAITALL``, a C-level ``sendall``) spends about 20% less
-    CPU per byte than asyncio's readiness round trips, measured on loopback here.
-    """
-    try:
-        return await asyncio.to_thread(call, *args)
-    except asyncio.CancelledError:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        raise
-
-
-def exchange(sock: socket.socket, request: Message) -> pb.BulkReply:
-    sock.sendall(frame(request))
-    return recv_frame(sock, pb.BulkReply)
 
 
 def _send_version(sock: socket.socket, views: Sequence[memoryview]) -> pb.BulkReply:
@@ -405,10 +303,6 @@ COPY_BYTES = 16 * 1024 * 1024
 MAX_TRANSFER_THREADS = 64
 
 
-def status_reply(code: grpc.StatusCode, message: str = "") -> pb.BulkReply:
-    return pb.BulkReply(code=code.value[0], message=message)
-
-
 class DataPlaneServer:
     """Accepts on the asyncio loop; every socket call runs in a thread.
 
@@ -483,9 +377,6 @@ class DataPlaneServer:
                 elif operation == "fetch":
                     await self._fetch(conn, request.fetch)
                 elif operation == "map":
-                    # Imported here: that channel rides on this connection and imports its framing.
-                    from services.paramsync.channels.shared_memory import serve_map
-
                     await serve_map(self, conn, request.map)
                 else:
                     await self.send_reply(

@@ -16,7 +16,7 @@ import torch
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
 from relayrl.v1 import paramsync_pb2_grpc as pb_grpc
-from services.paramsync.channels.tcp import frame, recv_frame
+from services.paramsync.channels.dataplane import frame, recv_frame
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.tensors import as_pairs, build_manifest, open_specs, raw_bytes
 

@@ -16,9 +16,10 @@ import torch
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import grpc_channel
 from services.paramsync.channels.base import ByteChannel, TensorRun
+from services.paramsync.channels.dataplane import DataPlaneAddress
 from services.paramsync.channels.disk import DiskChannel
 from services.paramsync.channels.grpc_chunks import GrpcChunksChannel, stream_calls
-from services.paramsync.channels.tcp import DataPlaneAddress, TcpChannel
+from services.paramsync.channels.tcp import TcpChannel
 from services.paramsync.channels.torch_dist import EngineGroupLink, TorchDistSender
 from services.paramsync.digest import new_hasher
 from services.paramsync.manifest import Manifest

@@ -13,7 +13,14 @@ import torch
 from relayrl.net import free_port
 from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.channels import tcp
-from services.paramsync.channels.tcp import LENGTH, MAX_FRAME_BYTES, DataPlaneAddress, frame, recv_exactly, recv_frame
+from services.paramsync.channels.dataplane import (
+    LENGTH,
+    MAX_FRAME_BYTES,
+    DataPlaneAddress,
+    frame,
+    recv_exactly,
+    recv_frame,
+)
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest

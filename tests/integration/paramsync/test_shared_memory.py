@@ -20,7 +20,7 @@ from relayrl.v1 import paramsync_pb2 as pb
 from services.engine.weights import read_safetensors_dir
 from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
-from services.paramsync.channels.tcp import DataPlaneAddress
+from services.paramsync.channels.dataplane import DataPlaneAddress
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import VersionUnavailable
 from services.paramsync.memfile import VersionFiles
