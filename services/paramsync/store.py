@@ -119,6 +119,13 @@ class StoredVersion:
             event = self._progress
             await asyncio.wait_for(event.wait(), timeout_s)
 
+    async def wait_ended(self, timeout_s: float) -> bool:
+        """Waits for the upload's end (its last bytes may be verified after they arrived), each
+        wait for progress bounded by ``timeout_s``; True when the version was committed."""
+        while self.state is VersionState.UPLOADING:
+            await self.wait_past(self.manifest.total_bytes, timeout_s)
+        return self.state is VersionState.COMPLETE
+
     def serialized_chunk(self, index: int, offset: int, stop: int) -> bytes:
         """The Fetch message for bytes ``[offset, stop)`` of tensor ``index``, serialized once and shared."""
         key = (index, offset)
@@ -286,10 +293,10 @@ class VersionStore:
         # The memory of the last evicted version, reused by the next upload of the same size:
         # fresh memory costs about 0.45 s of page faults per 512 MiB on the upload's path.
         self._recycled = RecycledMemory()
-        # Evicted versions still in use (newest last), recycled once nothing uses them. Only the
-        # newest is kept: one recycled buffer is all the next upload takes, and the memory of
-        # the others is freed once their users let go of it.
-        self._evicted: list[StoredVersion] = []
+        # The newest evicted version still in use, recycled once nothing uses it. One is enough:
+        # one recycled buffer is all the next upload takes, and older ones' memory is freed once
+        # their users let go of it.
+        self._evicted: StoredVersion | None = None
 
     @property
     def latest(self) -> StoredVersion | None:
@@ -354,7 +361,7 @@ class VersionStore:
         for old in sorted(self._complete)[: -self.keep_versions]:
             evicted = self._complete.pop(old)
             if evicted.in_use:
-                self._evicted = [*self._evicted, evicted][-1:]
+                self._evicted = evicted
             else:
                 self._recycled.give_back(evicted.memory)
         stored.pulse()
@@ -362,13 +369,13 @@ class VersionStore:
     def release_mappings(self, replica_id: str, held_version: int) -> None:
         """``replica_id`` holds ``held_version`` now, so its engine no longer reads any older
         version's memory; an evicted version nothing else uses is recycled."""
-        for stored in (*self._complete.values(), *self._evicted):
+        evicted = [self._evicted] if self._evicted is not None else []
+        for stored in (*self._complete.values(), *evicted):
             if stored.version < held_version:
                 stored.mapped_by.discard(replica_id)
-        free = [evicted for evicted in self._evicted if not evicted.in_use]
-        if free:
-            self._recycled.give_back(free[-1].memory)
-            self._evicted = [evicted for evicted in self._evicted if evicted.in_use]
+        if self._evicted is not None and not self._evicted.in_use:
+            self._recycled.give_back(self._evicted.memory)
+            self._evicted = None
 
     def fail(self, stored: StoredVersion, reason: str) -> None:
         stored.writer = None

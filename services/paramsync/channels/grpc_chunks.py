@@ -21,7 +21,7 @@ from services.paramsync.core import Checksums, Chunk, ParamSyncCore
 from services.paramsync.digest import new_hasher
 from services.paramsync.errors import ChecksumMismatch, ParamSyncError, stage_deadline_error, status_of
 from services.paramsync.manifest import Manifest
-from services.paramsync.store import StoredVersion, StoreError, VersionState
+from services.paramsync.store import StoreError, VersionState
 from services.paramsync.wire import RawChunk, decode_stream_message, encode_chunk, serialize_stream_message
 
 
@@ -257,7 +257,7 @@ class GrpcChunksServer:
                     self.core.metrics.bytes_sent.labels("grpc").inc(stop - offset)
             if opened.is_open:
                 try:
-                    committed = await _completed(stored, self.core.upload_idle_timeout_s)
+                    committed = await stored.wait_ended(self.core.upload_idle_timeout_s)
                 except TimeoutError:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"version {stored.version} stalled")
                 if not committed:
@@ -265,14 +265,6 @@ class GrpcChunksServer:
                         grpc.StatusCode.ABORTED, f"upload of version {stored.version} failed: {stored.error}"
                     )
                 yield pb.WeightStreamMessage(manifest=stored.manifest.to_proto())
-
-
-async def _completed(stored: StoredVersion, timeout_s: float) -> bool:
-    """Waits for the upload's end (its last bytes may be verified after they were forwarded);
-    True when the version was committed."""
-    while stored.state is VersionState.UPLOADING:
-        await stored.wait_past(stored.manifest.total_bytes, timeout_s)
-    return stored.state is VersionState.COMPLETE
 
 
 async def _chunks(messages: AsyncIterator[pb.WeightStreamMessage | RawChunk]) -> AsyncIterator[Chunk | Checksums]:

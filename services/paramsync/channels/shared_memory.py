@@ -48,7 +48,7 @@ from services.paramsync.channels.dataplane import (
 from services.paramsync.errors import status_of
 from services.paramsync.manifest import Manifest
 from services.paramsync.memory import TOKEN_KEY, SharedVersionMemory
-from services.paramsync.store import StoreError, VersionState
+from services.paramsync.store import StoreError
 
 if TYPE_CHECKING:
     from services.paramsync.core import ParamSyncCore
@@ -163,15 +163,13 @@ async def serve_map(server: Replier, conn: socket.socket, request: pb.FetchReque
     except StoreError as err:
         await server.send_reply(conn, status_reply(status_of(err), str(err)))
         return
-    total = stored.manifest.total_bytes
     try:
-        while stored.state is VersionState.UPLOADING:
-            await stored.wait_past(total, server.core.upload_idle_timeout_s)
+        committed = await stored.wait_ended(server.core.upload_idle_timeout_s)
     except TimeoutError:
         message = f"version {stored.version}: its upload stalled while a map request waited"
         await server.send_reply(conn, status_reply(grpc.StatusCode.DEADLINE_EXCEEDED, message))
         return
-    if stored.state is VersionState.FAILED:
+    if not committed:
         message = f"version {stored.version} was not published: {stored.error}"
         await server.send_reply(conn, status_reply(grpc.StatusCode.NOT_FOUND, message))
         return

@@ -596,9 +596,7 @@ class DataPlaneServer:
             self._forwarding -= forwarding
         if opened.is_open:
             # Its last bytes may be verified after they were forwarded: wait for the commit.
-            while stored.state is VersionState.UPLOADING:
-                await stored.wait_past(total, idle_s)
-            if stored.state is not VersionState.COMPLETE:
+            if not await stored.wait_ended(idle_s):
                 log.info("fetch of version %d by %r cut: %s", stored.version, request.replica_id, stored.error)
                 return
             await self.send_reply(conn, pb.BulkReply(manifest=stored.manifest.to_proto()))
