@@ -177,10 +177,10 @@ class _StreamedUpload:
             checksums.append(hasher.hexdigest())
             places.append(memory_files.locate(tensor.data_ptr(), spec.num_bytes) if self.share else None)
         self._next_tensor += len(tensors)
-        files = {place[0] for place in places if place is not None}
         shared = None
-        if len(files) == 1 and all(place is not None for place in places):
-            shared = (files.pop(), [place[1] for place in places if place is not None])
+        located = [place for place in places if place is not None]
+        if len(located) == len(places) and len({fd for fd, _ in located}) == 1:
+            shared = (located[0][0], [offset for _, offset in located])
         return TensorRun(first, checksums, views, shared)
 
 

@@ -163,9 +163,7 @@ class VersionFiles:
             directory.mkdir(exist_ok=True)
             # A version received again replaces its file; an engine reading the old one keeps its inode.
             self._files.pop(version, None)
-            mapped = self._mapped.pop(version, None)
-            if mapped is not None:
-                mapped.close()
+            self._let_go_of_mapped(version)
             final = directory / FILE_NAME
             os.replace(file.path, final)
             self._files[version] = _MappedFile(final, file.size, file.map)
@@ -174,10 +172,13 @@ class VersionFiles:
 
     def _drop(self, version: int) -> None:
         self._files.pop(version, None)
+        self._let_go_of_mapped(version)
+        shutil.rmtree(version_dir(self.root, version), ignore_errors=True)
+
+    def _let_go_of_mapped(self, version: int) -> None:
         mapped = self._mapped.pop(version, None)
         if mapped is not None:
             mapped.close()
-        shutil.rmtree(version_dir(self.root, version), ignore_errors=True)
 
 
 class Landing:
