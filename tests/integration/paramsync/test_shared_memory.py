@@ -7,11 +7,13 @@ replica or trainer on another host moves the bytes over the data plane instead."
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import socket
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import torch
@@ -20,10 +22,12 @@ from relayrl.v1 import paramsync_pb2 as pb
 from services.engine.weights import read_safetensors_dir
 from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
-from services.paramsync.channels.dataplane import DataPlaneAddress
+from services.paramsync.channels.dataplane import DataPlaneAddress, frame, recv_frame
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import VersionUnavailable
+from services.paramsync.manifest import Manifest
 from services.paramsync.memfile import VersionFiles
+from services.paramsync.tensors import as_pairs, open_specs
 from tests.integration.paramsync.harness import running_service, serve_process
 
 SHM = Path("/dev/shm")
@@ -171,3 +175,25 @@ async def test_an_upload_from_a_memory_file_is_copied_by_paramsync_on_the_same_h
         source.close()
     assert_bit_equal(fetched, weights(1))
     assert copied == (published.total_bytes if same_host else 0)
+
+
+async def test_a_shared_run_whose_offsets_do_not_match_its_tensors_is_refused() -> None:
+    async with running_service() as (address, service), ParamSyncClient(address) as client:
+        await client.publish(1, weights(1))
+        opened = Manifest(2, tuple(open_specs(as_pairs(weights(2)))))
+        run = pb.TensorChecksums(
+            first_tensor=0,
+            checksums=["0" * 32],
+            shared=pb.SharedBytes(host=socket.gethostname(), pid=os.getpid(), fd=0, offsets=[0, 64]),
+        )
+
+        def upload() -> pb.BulkReply:
+            with socket.create_connection(("127.0.0.1", service.data_port), timeout=10) as sock:
+                sock.sendall(frame(pb.BulkRequest(publish=opened.to_proto())))
+                assert recv_frame(sock, pb.BulkReply).code == 0
+                sock.sendall(frame(run))
+                return recv_frame(sock, pb.BulkReply)
+
+        reply = await asyncio.to_thread(upload)
+        assert reply.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "offsets" in reply.message
+        assert_bit_equal(await client.fetch(0), weights(1))
