@@ -47,14 +47,16 @@ class WeightChunk(_message.Message):
     def __init__(self, tensor_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TensorChecksums(_message.Message):
-    __slots__ = ("first_tensor", "checksums", "shared")
+    __slots__ = ("first_tensor", "checksums", "shared", "end_byte")
     FIRST_TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    END_BYTE_FIELD_NUMBER: _ClassVar[int]
     first_tensor: int
     checksums: _containers.RepeatedScalarFieldContainer[str]
     shared: SharedBytes
-    def __init__(self, first_tensor: _Optional[int] = ..., checksums: _Optional[_Iterable[str]] = ..., shared: _Optional[_Union[SharedBytes, _Mapping]] = ...) -> None: ...
+    end_byte: int
+    def __init__(self, first_tensor: _Optional[int] = ..., checksums: _Optional[_Iterable[str]] = ..., shared: _Optional[_Union[SharedBytes, _Mapping]] = ..., end_byte: _Optional[int] = ...) -> None: ...
 
 class SharedBytes(_message.Message):
     __slots__ = ("host", "pid", "fd", "offsets")

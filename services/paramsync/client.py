@@ -131,7 +131,13 @@ def _runs_of(pairs: Sequence[tuple[str, torch.Tensor]], run_bytes: int) -> Itera
 
 class _StreamedUpload:
     """The trainer's side of one streamed upload across retries: the buckets still to come, and the
-    run in hand, kept until the next one is asked for so a retry can resume from its start."""
+    run in hand, kept until the next one is asked for so a retry can resume from its start.
+
+    A bucket's tensors continue the version's bytes in manifest order: whole tensors, or row ranges
+    of one larger than a bucket (its first rows in one bucket, the next in the following one), so
+    a run may begin or end inside a tensor. The hash of a tensor goes on across runs and its
+    checksum travels with the run that holds its last byte.
+    """
 
     def __init__(self, manifest: Manifest, buckets: AsyncIterator[Sequence[torch.Tensor]], share: bool) -> None:
         self.manifest = manifest
@@ -139,12 +145,15 @@ class _StreamedUpload:
         self.share = share
         self._buckets = aiter(buckets)
         self._offsets = [*manifest.offsets(), manifest.total_bytes]
-        self._next_tensor = 0
+        # Where the bytes taken so far end: inside tensor ``_tensor``, after ``_filled`` of its bytes.
+        self._tensor = 0
+        self._filled = 0
+        self._hasher = new_hasher(manifest.checksum_algorithm)
         self._held: TensorRun | None = None
 
     def resume_from(self) -> int:
         """Where a new attempt starts: the run in hand, or the first byte not yet taken."""
-        return self._offsets[self._held.first_tensor if self._held is not None else self._next_tensor]
+        return self._held.start if self._held is not None else self._offsets[self._tensor] + self._filled
 
     async def runs(self) -> AsyncIterator[TensorRun]:
         if self._held is not None:
@@ -158,30 +167,58 @@ class _StreamedUpload:
                 break
             self._held = await asyncio.to_thread(self._hashed, list(tensors))
             yield self._held
-        if self._next_tensor != len(self.manifest.tensors):
-            raise ValueError(f"buckets ended after {self._next_tensor} of {len(self.manifest.tensors)} tensors")
+        if self._tensor != len(self.manifest.tensors):
+            raise ValueError(f"buckets ended after {self._tensor} of {len(self.manifest.tensors)} tensors")
 
     def _hashed(self, tensors: list[torch.Tensor]) -> TensorRun:
-        from services.paramsync.tensors import checked_bytes
+        from services.paramsync.tensors import raw_bytes
 
-        first = self._next_tensor
-        specs = self.manifest.tensors[first : first + len(tensors)]
-        if len(specs) != len(tensors):
-            raise ValueError(f"buckets hold more than the {len(self.manifest.tensors)} tensors of the manifest")
+        first, start = self._tensor, self.resume_from()
         views, checksums, places = [], [], []
-        for spec, tensor in zip(specs, tensors, strict=True):
-            view = checked_bytes(tensor, spec)
-            hasher = new_hasher(self.manifest.checksum_algorithm)
-            hasher.update(view)
+        for tensor in tensors:
+            if self._tensor >= len(self.manifest.tensors):
+                raise ValueError(f"buckets hold more than the {len(self.manifest.tensors)} tensors of the manifest")
+            spec = self.manifest.tensors[self._tensor]
+            view = raw_bytes(_checked_part(tensor, spec, self._filled))
+            self._hasher.update(view)
+            self._filled += view.nbytes
             views.append(view)
-            checksums.append(hasher.hexdigest())
-            places.append(memory_files.locate(tensor.data_ptr(), spec.num_bytes) if self.share else None)
-        self._next_tensor += len(tensors)
-        shared = None
-        located = [place for place in places if place is not None]
-        if len(located) == len(places) and len({fd for fd, _ in located}) == 1:
-            shared = (located[0][0], [offset for _, offset in located])
-        return TensorRun(first, checksums, views, shared)
+            places.append(memory_files.locate(tensor.data_ptr(), view.nbytes) if self.share and view.nbytes else None)
+            if self._filled == spec.num_bytes:
+                checksums.append(self._hasher.hexdigest())
+                self._tensor, self._filled = self._tensor + 1, 0
+                self._hasher = new_hasher(self.manifest.checksum_algorithm)
+        end = self.resume_from()
+        if end == start:
+            raise ValueError(f"a bucket of version {self.manifest.version} holds no bytes")
+        # A zero-byte tensor at the end of a bucket is not a part of this run (its start is the end).
+        parts = len(self.manifest.run_parts(first, start, end))
+        return TensorRun(first, checksums, views, start, end, self._shared(views[:parts], places[:parts]))
+
+    @staticmethod
+    def _shared(views: list[memoryview], places: list[tuple[int, int] | None]) -> tuple[int, list[int]] | None:
+        """The memory file and each part's offset when every part with bytes lies in one file."""
+        located = [place for view, place in zip(views, places, strict=True) if view.nbytes]
+        if not located or None in located or len({fd for fd, _ in located}) != 1:
+            return None
+        offsets = iter(offset for _, offset in located)
+        return located[0][0], [next(offsets) if view.nbytes else 0 for view in views]
+
+
+def _checked_part(tensor: torch.Tensor, spec: TensorSpec, filled: int) -> torch.Tensor:
+    """``tensor``, which must be the next part of the tensor ``spec`` promised after ``filled`` of its
+    bytes: the whole tensor, or rows of it (the same dtype and row shape, within its bytes)."""
+    from services.paramsync.tensors import dtype_name
+
+    nbytes = tensor.numel() * tensor.element_size()
+    whole = tuple(tensor.shape) == spec.shape
+    rows = tensor.dim() > 0 and tuple(tensor.shape[1:]) == spec.shape[1:] and len(spec.shape) == tensor.dim()
+    if dtype_name(tensor) != spec.dtype or not (whole or rows) or filled + nbytes > spec.num_bytes:
+        raise ValueError(
+            f"tensor {spec.name!r}: got {dtype_name(tensor)} {list(tensor.shape)} after {filled} of its bytes, the"
+            f" manifest promised {spec.dtype} {list(spec.shape)}"
+        )
+    return tensor
 
 
 class ParamSyncClient:

@@ -266,6 +266,7 @@ class ParamSyncCore:
             check_link(stored, epoch)
             if isinstance(msg, Checksums):
                 writer.add_checksums(msg.first_tensor, msg.checksums)
+                writer.begin_run()
                 continue
             writer.accept(msg.tensor_name, msg.offset, msg.data)
             self.metrics.bytes_received.inc(len(msg.data))

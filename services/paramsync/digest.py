@@ -25,6 +25,8 @@ class Hasher(Protocol):
 
     def hexdigest(self) -> str: ...
 
+    def copy(self) -> Hasher: ...
+
 
 class _Crc32:
     def __init__(self) -> None:
@@ -35,6 +37,11 @@ class _Crc32:
 
     def hexdigest(self) -> str:
         return f"{self._value:08x}"
+
+    def copy(self) -> _Crc32:
+        twin = _Crc32()
+        twin._value = self._value
+        return twin
 
 
 def new_hasher(algorithm: str) -> Hasher:

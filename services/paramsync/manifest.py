@@ -96,6 +96,25 @@ class Manifest:
             position += spec.num_bytes
         return starts
 
+    def run_parts(self, first: int, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of a streamed upload's run of bytes [``start``, ``end``) that begins inside
+        tensor ``first``: one per tensor it touches, from ``first`` on, as (position in the version,
+        bytes). ValueError unless ``start`` lies in tensor ``first`` and ``start < end <= total``."""
+        offsets = self.offsets()
+        if not 0 <= first < len(self.tensors):
+            raise ValueError(f"the run begins in tensor {first} of {len(self.tensors)}")
+        size = self.tensors[first].num_bytes
+        if not offsets[first] <= start < offsets[first] + size and start != offsets[first]:
+            raise ValueError(f"byte {start} does not lie in tensor {first} ({self.tensors[first].name!r})")
+        if not start < end <= self.total_bytes:
+            raise ValueError(f"the run's bytes [{start}, {end}) do not lie in the version's {self.total_bytes}")
+        parts, k = [], first
+        while k < len(self.tensors) and offsets[k] < end:
+            begin = max(start, offsets[k])
+            parts.append((begin, min(end, offsets[k] + self.tensors[k].num_bytes) - begin))
+            k += 1
+        return parts
+
     def safetensors_entries(self) -> dict[str, object]:
         """Each tensor's entry in the header of a safetensors file holding them back to back."""
         return {

@@ -143,9 +143,10 @@ class UploadWriter:
     """Accepts one upload's bytes in manifest order, checking offsets, sizes and checksums.
 
     With an open manifest (a streamed upload) each tensor's checksum arrives through
-    :meth:`add_checksums` before its bytes; a tensor is verified as its last byte lands. The
-    writer outlives a broken link, so a resumed upload goes on from a verified tensor boundary
-    (:meth:`rewind`).
+    :meth:`add_checksums` before its last byte; a tensor is verified as its last byte lands. The
+    writer outlives a broken link, so a resumed upload goes on from a verified tensor boundary, or
+    from the start of the last run (:meth:`begin_run`), which may lie inside a tensor larger than
+    the trainer's bucket (:meth:`rewind`).
     """
 
     def __init__(self, stored: StoredVersion) -> None:
@@ -156,6 +157,8 @@ class UploadWriter:
         self._index = 0
         self._filled = 0
         self._hasher: Hasher = new_hasher(manifest.checksum_algorithm)
+        # Where the last run began inside a tensor, and the hash of that tensor's bytes before it.
+        self._run_start: tuple[int, int, int, Hasher] | None = None
 
     @property
     def position(self) -> int:
@@ -198,14 +201,30 @@ class UploadWriter:
                         f" {republished.version} and its content differs (tensor {spec.name!r})",
                     )
 
+    def begin_run(self) -> None:
+        """A run of the upload starts at :attr:`position`: a resumed upload may start there again,
+        inside a tensor, since the hash of that tensor's bytes before it is kept."""
+        self._skip_finished()
+        if self._filled:
+            self._run_start = (self.position, self._index, self._filled, self._hasher.copy())
+
     def rewind(self, position: int) -> None:
-        """Goes back to ``position``, a tensor boundary no further than the verified bytes."""
+        """Goes back to ``position``: a tensor boundary no further than the verified bytes, where the
+        last run began, or where the bytes in order end."""
         total = self.stored.manifest.total_bytes
+        if position == self.position:
+            return
+        mark = self._run_start
+        if mark is not None and mark[0] == position and position < self.position:
+            _, self._index, self._filled, hasher = mark
+            self._hasher = hasher.copy()
+            return
         if position > self.verified_bytes or (position < total and position not in self._offsets):
             raise StoreError(
                 "cannot_resume",
                 f"version {self.stored.version}: cannot resume at byte {position}; paramsync verified"
-                f" {self.verified_bytes} bytes (resume at a tensor boundary no further than that)",
+                f" {self.verified_bytes} bytes (resume at a tensor boundary no further than that, or where"
+                " the last run began)",
             )
         # Zero-byte tensors share their offset with the next one: start at the first of them.
         self._index = self._offsets.index(position) if position < total else len(self._offsets)

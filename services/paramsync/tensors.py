@@ -58,16 +58,6 @@ def open_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, dtype_name(tensor), tuple(tensor.shape), tensor.numel() * tensor.element_size(), "")
 
 
-def checked_bytes(tensor: torch.Tensor, spec: TensorSpec) -> memoryview:
-    """The bytes of ``tensor``, which must be the tensor ``spec`` promised."""
-    if dtype_name(tensor) != spec.dtype or tuple(tensor.shape) != spec.shape:
-        raise ValueError(
-            f"tensor {spec.name!r}: got {dtype_name(tensor)} {list(tensor.shape)}, the manifest promised"
-            f" {spec.dtype} {list(spec.shape)}"
-        )
-    return raw_bytes(tensor)
-
-
 def empty_like_spec(spec: TensorSpec) -> torch.Tensor:
     """An uninitialised byte buffer for one tensor, filled by the receiver."""
     import torch

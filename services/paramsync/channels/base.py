@@ -24,13 +24,17 @@ Place = Callable[[Manifest], Sequence[memoryview]]
 
 @dataclass(frozen=True, slots=True)
 class TensorRun:
-    """Consecutive tensors of a streamed upload: the index of the first, their checksums and bytes,
-    and where the bytes lie when they are in one of this process's memory files (``shared``: the
-    descriptor and each tensor's offset; see ``services/paramsync/memory_files.py``)."""
+    """Bytes [``start``, ``end``) of a streamed upload, which begin inside tensor ``first_tensor``:
+    the checksums of the tensors whose last byte they hold (from ``first_tensor`` on), one view per
+    tensor they touch (``Manifest.run_parts``), and where those parts lie when they are in one of this
+    process's memory files (``shared``: the descriptor and each part's offset; see
+    ``services/paramsync/memory_files.py``). A tensor larger than a bucket spans several runs."""
 
     first_tensor: int
     checksums: list[str]
     views: list[memoryview]
+    start: int
+    end: int
     shared: tuple[int, list[int]] | None = None
 
 

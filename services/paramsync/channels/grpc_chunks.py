@@ -93,10 +93,13 @@ class GrpcChunksChannel(ByteChannel):
                 yield pb.WeightStreamMessage(
                     checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
                 )
+                # The run's first part may begin inside its tensor; every other part begins at its start.
+                inside = run.start - manifest.offsets()[run.first_tensor]
                 for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
                     for offset in range(0, view.nbytes, self.chunk_bytes):
-                        yield encode_chunk(spec.name, offset, view[offset : offset + self.chunk_bytes])
+                        yield encode_chunk(spec.name, inside + offset, view[offset : offset + self.chunk_bytes])
                         at("upload")
+                    inside = 0
             at("commit")
 
         try:

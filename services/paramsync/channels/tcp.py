@@ -126,8 +126,8 @@ async def publish_runs(
     timeout_s: float,
     on_shared_refused: Callable[[str], None] | None = None,
 ) -> int:
-    """Uploads an open ``manifest`` run by run from byte ``resume_from``, each run's checksums
-    before its bytes; returns the bytes paramsync stored (0: already held). A run lying in a memory
+    """Uploads an open ``manifest`` run by run from byte ``resume_from``, each run's checksums and
+    end before its bytes; returns the bytes paramsync stored (0: already held). A run lying in a memory
     file of this process is named instead of sent, until paramsync says it cannot read the file
     (then ``on_shared_refused`` hears why, and every run travels as bytes).
 
@@ -148,7 +148,7 @@ async def publish_runs(
             sharing = True
             async for run in runs:
                 stage = "upload"
-                checksums = pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
+                checksums = pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums, end_byte=run.end)
                 async with asyncio.timeout(timeout_s):
                     if sharing and run.shared is not None:
                         fd, offsets = run.shared
@@ -303,6 +303,24 @@ COPY_BYTES = 16 * 1024 * 1024
 MAX_TRANSFER_THREADS = 64
 
 
+def _run_end(stored: StoredVersion, position: int, run: pb.TensorChecksums) -> int:
+    """Where a run that begins at ``position`` ends (its ``end_byte``, or the end of the last tensor
+    it has a checksum for); StoreError unless it begins inside its first tensor and ends in the version."""
+    manifest = stored.manifest
+    ends = [*manifest.offsets()[1:], manifest.total_bytes]
+    first = run.first_tensor
+    end = run.end_byte
+    if not end and first >= 0 and run.checksums and first + len(run.checksums) <= len(ends):
+        end = ends[first + len(run.checksums) - 1]
+    try:
+        manifest.run_parts(first, position, end)
+    except ValueError as exc:
+        raise StoreError(
+            "bad_message", f"version {stored.version}: a run where byte {position} is due: {exc}"
+        ) from None
+    return end
+
+
 class DataPlaneServer:
     """Accepts on the asyncio loop; every socket call runs in a thread.
 
@@ -446,12 +464,11 @@ class DataPlaneServer:
 
         One thread for the whole stream, not one hand-off per piece: a round trip through the
         loop for every MiB cost a third of the throughput. With an open manifest the bytes come in
-        runs of tensors, each after a framed TensorChecksums.
+        runs, each after a framed TensorChecksums.
         """
         writer = stored.writer
         assert writer is not None
         manifest = stored.manifest
-        offsets = [*manifest.offsets(), manifest.total_bytes]
         position = writer.position
         # The sender's memory files opened so far ((pid, fd) → this process's descriptor).
         sources: dict[tuple[int, int], int] = {}
@@ -460,23 +477,19 @@ class DataPlaneServer:
                 end = manifest.total_bytes
                 if manifest.is_open:
                     run = recv_frame(conn, pb.TensorChecksums)
-                    first, count = run.first_tensor, len(run.checksums)
-                    if not 0 <= first < len(manifest.tensors) or offsets[first] != position or count == 0:
-                        raise StoreError(
-                            "bad_message",
-                            f"version {stored.version}: checksums for tensor {first} where byte {position} is due",
-                        )
+                    first, end = run.first_tensor, _run_end(stored, position, run)
                     writer.add_checksums(first, list(run.checksums))
-                    end = offsets[min(first + count, len(manifest.tensors))]
+                    writer.begin_run()
                     if run.HasField("shared"):
-                        if len(run.shared.offsets) != count:
+                        parts = manifest.run_parts(first, position, end)
+                        if len(run.shared.offsets) != len(parts):
                             raise StoreError(
                                 "bad_message",
                                 f"version {stored.version}: a shared run's offsets do not match its tensors",
                             )
                         source = self._open_source(conn, run.shared, sources)
                         if source is not None:
-                            self._copy_run(stored, epoch, writer, loop, first, run.shared, source)
+                            self._copy_run(stored, epoch, writer, loop, parts, run.shared, source)
                             conn.sendall(frame(pb.BulkReply()))
                             position = end
                             continue
@@ -510,25 +523,24 @@ class DataPlaneServer:
         epoch: int,
         writer: UploadWriter,
         loop: asyncio.AbstractEventLoop,
-        first: int,
+        parts: list[tuple[int, int]],
         shared: pb.SharedBytes,
         source: int,
     ) -> None:
-        """Copies a run of tensors from the sender's memory file into the version, checking each
-        piece as received bytes are checked (a wrong file fails its checksums)."""
-        # The caller checked there is one offset per tensor of the run.
-        tensors = stored.manifest.tensors[first : first + len(shared.offsets)]
-        data, position = stored.data, stored.manifest.offsets()[first]
-        for spec, offset in zip(tensors, shared.offsets, strict=True):
+        """Copies a run from the sender's memory file into the version, part by part (``parts``: where
+        each lies in the version and its size), checking the bytes as received bytes are checked (a
+        wrong file fails its checksums)."""
+        # The caller checked there is one offset per part.
+        data = stored.data
+        for (position, nbytes), offset in zip(parts, shared.offsets, strict=True):
             done = 0
-            while done < spec.num_bytes:
+            while done < nbytes:
                 check_link(stored, epoch)
-                count = os.preadv(
-                    source, [data[position : position + min(COPY_BYTES, spec.num_bytes - done)]], offset + done
-                )
+                count = os.preadv(source, [data[position : position + min(COPY_BYTES, nbytes - done)]], offset + done)
                 if count <= 0:
                     raise StoreError(
-                        "incomplete", f"version {stored.version}: the sender's memory file ends inside {spec.name!r}"
+                        "incomplete",
+                        f"version {stored.version}: the sender's memory file ends {nbytes - done} bytes short",
                     )
                 writer.check_in_place(position, count)
                 position, done = position + count, done + count

@@ -36,18 +36,23 @@ WEIGHTS = {
 
 
 def _runs(manifest: Manifest, tensors: dict[str, torch.Tensor]) -> AsyncIterator[TensorRun]:
-    """Two runs, each tensor's checksum computed from its bytes."""
+    """Two runs, the first ending inside tensor "a" (a tensor larger than a bucket), each tensor's
+    checksum computed from its bytes and sent with the run that holds its last byte."""
+
+    def raw(tensor: torch.Tensor) -> memoryview:
+        return memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
 
     async def runs() -> AsyncIterator[TensorRun]:
         names = [spec.name for spec in manifest.tensors]
-        for first, stop in ((0, 1), (1, len(names))):
-            views = [memoryview(tensors[n].contiguous().view(torch.uint8).numpy()).cast("B") for n in names[first:stop]]
-            sums = []
-            for view in views:
-                hasher = new_hasher(manifest.checksum_algorithm)
-                hasher.update(view)
-                sums.append(hasher.hexdigest())
-            yield TensorRun(first, sums, views)
+        sums = []
+        for name in names:
+            hasher = new_hasher(manifest.checksum_algorithm)
+            hasher.update(raw(tensors[name]))
+            sums.append(hasher.hexdigest())
+        split = 100_000 * 4
+        a = raw(tensors["a"])
+        yield TensorRun(0, [], [a[:split]], 0, split)
+        yield TensorRun(0, sums, [a[split:], *(raw(tensors[n]) for n in names[1:])], split, manifest.total_bytes)
 
     return runs()
 

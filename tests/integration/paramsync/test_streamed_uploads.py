@@ -73,8 +73,11 @@ def in_process_metric(service: ParamSyncCore, name: str, **labels: str) -> float
     return service.metrics.service.registry.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "row_ranges"])
 @pytest.mark.parametrize("link", ["dataplane", "grpc"])
-async def test_an_upload_whose_link_breaks_midway_resumes_from_the_bucket_in_hand(tmp_path, link):
+async def test_an_upload_whose_link_breaks_midway_resumes_from_the_bucket_in_hand(tmp_path, link, split):
+    """With ``split`` the big tensor comes as two buckets of rows (as a tensor larger than the
+    trainer's bucket does), and the cut lands in the second: the upload resumes inside the tensor."""
     data_port = free_port()
     env = {"RELAYRL_PARAMSYNC_DATA_PORT": str(data_port), "RELAYRL_PARAMSYNC_UPLOAD_RESUME_WINDOW_S": "60"}
     with serve_process(tmp_path, **env) as (address, http_port, _):
@@ -87,13 +90,16 @@ async def test_an_upload_whose_link_breaks_midway_resumes_from_the_bucket_in_han
             await proxy.start("127.0.0.2", proxy.target[1])
         flaky = proxies[link]
         tensors = version_tensors(seed=1)
+        half = tensors["big"].numel() // 2
+        big_buckets = [[tensors["big"][:half]], [tensors["big"][half:]]] if split else [[tensors["big"]]]
         before_big = nbytes(tensors["embed"])
+        resume_at = before_big + (nbytes(big_buckets[0][0]) if split else 0)
         received_at_cut: list[float] = []
 
         async def cut_inside_big() -> float:
             async def past_embed() -> float:
                 received = await metric(http_port, RECEIVED)
-                return received if received > before_big else 0.0
+                return received if received > resume_at else 0.0
 
             received = await wait_until_async(past_embed, what="paramsync inside the big tensor", poll_s=0.01)
             flaky.latency_s = 0.0
@@ -104,7 +110,8 @@ async def test_an_upload_whose_link_breaks_midway_resumes_from_the_bucket_in_han
             yield [tensors["embed"]]
             flaky.latency_s = 0.005  # slow the link so the cut lands while the big tensor is on its way
             cutting = asyncio.create_task(cut_inside_big())
-            yield [tensors["big"]]
+            for bucket in big_buckets:
+                yield bucket
             received_at_cut.append(await cutting)
             yield [tensors["norm"], tensors["steps"]]
 
@@ -124,13 +131,13 @@ async def test_an_upload_whose_link_breaks_midway_resumes_from_the_bucket_in_han
 
         total = sum(nbytes(t) for t in tensors.values())
         assert result.bytes_received == result.total_bytes == total
-        assert before_big < received_at_cut[0] < total  # the link really broke midway
+        assert resume_at < received_at_cut[0] < total  # the link really broke midway
         async with ParamSyncClient(address) as replica:
             fetched = await replica.fetch_version(1)
         assert_bit_equal(fetched.tensors, tensors)
         assert await metric(http_port, "relayrl_paramsync_versions_published_total") == 1
         log = (tmp_path / f"paramsync-{grpc_port}.log").read_text()
-        assert f"upload of version 1 resumed at byte {before_big}" in log
+        assert f"upload of version 1 resumed at byte {resume_at}" in log
 
 
 def small_version(value: float) -> dict[str, torch.Tensor]:

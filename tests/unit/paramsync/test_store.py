@@ -122,6 +122,42 @@ def test_bytes_received_in_place_are_checked_across_tensor_boundaries():
     assert err.value.reason == "overflow"
 
 
+def test_a_streamed_upload_resumes_where_its_last_run_began_even_inside_a_tensor():
+    """A tensor larger than the trainer's bucket spans runs; its checksum comes with its last run.
+    A link that breaks inside the second run resumes from that run's start, inside the tensor."""
+    payload = {"big": b"0123456789", "small": b"xy"}
+    full = manifest(1, payload)
+    opened = Manifest(1, tuple(TensorSpec(s.name, s.dtype, s.shape, s.num_bytes, "") for s in full.tensors), "sha256")
+    stored = VersionStore(keep_versions=1).begin(opened)
+    writer = stored.writer
+    writer.begin_run()
+    writer.accept("big", 0, b"0123")  # run 1: the first rows of "big", no checksum yet
+    writer.add_checksums(0, [full.tensors[0].checksum])
+    writer.begin_run()  # run 2 starts inside "big"
+    writer.accept("big", 4, b"456")
+    # Neither a byte inside the run nor one inside an earlier run can be resumed from...
+    for position in (5, 2):
+        with pytest.raises(StoreError) as err:
+            writer.rewind(position)
+        assert err.value.reason == "cannot_resume"
+    # ...the run's start can: the bytes of "big" before it stay counted in its hash.
+    writer.rewind(4)
+    assert writer.position == 4
+    writer.accept("big", 4, b"456789")
+    writer.add_checksums(1, [full.tensors[1].checksum])
+    writer.accept("small", 0, b"xy")
+    assert writer.finish().tensors == full.tensors
+
+    wrong = VersionStore(keep_versions=1).begin(opened).writer
+    wrong.accept("big", 0, b"0123")
+    wrong.add_checksums(0, [full.tensors[0].checksum])
+    wrong.begin_run()
+    wrong.rewind(4)
+    with pytest.raises(StoreError) as err:
+        wrong.accept("big", 4, b"456788")
+    assert err.value.reason == "checksum"
+
+
 def test_an_evicted_version_memory_is_reused_only_when_nobody_reads_it():
     store = VersionStore(keep_versions=1)
     upload(store, 1, {"w": b"one"})
