@@ -125,8 +125,9 @@ class TrainerSettings(ServiceSettings):
     update_weights_bucket_megabytes: int = Field(
         64,
         ge=1,
-        description="verl's name: a publish gathers full tensors this many MiB at a time and uploads each bucket"
-        " while the next is gathered, so rank 0 holds at most two buckets beyond its shard, never a second copy"
+        description="verl's name: a publish gathers full tensors this many MiB at a time (a larger tensor in row"
+        " ranges of at most this size) and uploads each bucket while the next is gathered, so rank 0 holds at"
+        " most two buckets beyond its shard, never a second copy"
         " of the model. verl uses 512 on GPUs; 64 keeps the CPU trainer's peak low and measured as fast as 512"
         " for the small preset (services/trainer/README.md).",
     )

@@ -20,6 +20,7 @@ from services.paramsync.tensors import open_spec
 from services.trainer import distributed as D
 from services.trainer import lora
 from services.trainer.host_gather import HostGather, buffer_bytes
+from services.trainer.rows import Rows
 
 Items = list[tuple[str, torch.Tensor]]
 
@@ -85,7 +86,8 @@ class BucketGather:
         return self._host is not None
 
     def buckets(self, items: Items) -> Iterator[list[torch.Tensor]]:
-        """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere).
+        """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere),
+        each of at most ``bucket_bytes``: a larger tensor comes as row ranges, each in its own bucket.
 
         Collective: every rank must drain the iterator. Nothing else writes a bucket's tensors while
         they live, because training goes on while the upload reads them: they are private copies,
@@ -96,23 +98,32 @@ class BucketGather:
         if self.share_host_memory and self._host is None:
             self.share_host_memory = False  # one try: the answer holds for the job's life
             self._host = HostGather.connect()
-        parts: list[list[tuple[torch.Tensor, bool]]] = [[]]
+        parts: list[list[tuple[Rows, bool]]] = [[]]
         size = 0
         for _, tensor in items:
-            if size >= self.bucket_bytes:
-                parts.append([])
-                size = 0
-            parts[-1].append((tensor, _row_sharded(tensor)))
-            size += tensor.numel() * tensor.element_size()
+            row_sharded = _row_sharded(tensor)
+            whole = Rows.whole(tensor)
+            # A tensor larger than a bucket goes by row ranges, each its own bucket: rank 0 then
+            # never holds more than a bucket of it. Only row-sharded and plain tensors can.
+            splittable = tensor.dim() > 0 and (row_sharded or not hasattr(tensor, "full_tensor"))
+            pieces = whole.split(self.bucket_bytes) if splittable and whole.nbytes > self.bucket_bytes else [whole]
+            for piece in pieces:
+                # No bucket holds more than bucket_bytes (one larger tensor's rows aside); a tensor
+                # without bytes joins the bucket before it, so no bucket is bytes-free.
+                if size + piece.nbytes > self.bucket_bytes and piece.nbytes and parts[-1]:
+                    parts.append([])
+                    size = 0
+                parts[-1].append((piece, row_sharded))
+                size += piece.nbytes
         # Every bucket's shared buffer the size of the largest: one set of buffers serves them all.
-        capacity = max(buffer_bytes([t for t, rows in part if rows]) for part in parts) if self._host is not None else 0
+        capacity = max(buffer_bytes([r for r, rows in part if rows]) for part in parts) if self._host is not None else 0
         for part in parts:
             if part:
                 yield self._gather(part, capacity)
 
-    def _gather(self, bucket: list[tuple[torch.Tensor, bool]], capacity: int) -> list[torch.Tensor]:
+    def _gather(self, bucket: list[tuple[Rows, bool]], capacity: int) -> list[torch.Tensor]:
         is_main = D.get_rank() == 0
-        sharded = [t for t, rows in bucket if rows]
+        sharded = [r for r, rows in bucket if rows]
         shared = self._host.gather(sharded, capacity) if sharded and self._host is not None else None
         if not sharded:
             rows: Iterator[torch.Tensor] = iter(())
@@ -121,7 +132,8 @@ class BucketGather:
         else:
             rows = iter(_all_gather_rows(sharded))
         kept: list[torch.Tensor] = []
-        for tensor, row_sharded in bucket:
+        for part, row_sharded in bucket:
+            tensor = part.tensor
             if row_sharded:
                 if not is_main:
                     continue
@@ -129,10 +141,11 @@ class BucketGather:
             elif hasattr(tensor, "full_tensor"):
                 full = tensor.full_tensor()
             else:
-                full = tensor
+                full = tensor if part.is_whole else tensor[part.start : part.stop]
             if is_main:
-                # Gathered bytes are new memory already; a plain tensor is the live parameter.
-                fresh = full is not tensor and full.device.type == "cpu"
+                # Gathered bytes are new memory already; a plain tensor (or its rows) is the live parameter.
+                gathered = row_sharded or hasattr(tensor, "full_tensor")
+                fresh = gathered and full is not tensor and full.device.type == "cpu"
                 copy = full.detach().contiguous() if fresh else full.detach().to("cpu", copy=True).contiguous()
                 self._track(copy)
                 kept.append(copy)
@@ -151,34 +164,32 @@ def _row_sharded(tensor: torch.Tensor) -> bool:
     )
 
 
-def _all_gather_rows(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The full tensors of row-sharded DTensors of one mesh, through one all-gather of their bytes.
-
-    Rank r holds rows [r·c, min((r+1)·c, n)) of each tensor, c = ceil(n / world) (torch.chunk's
-    split, which FSDP2 uses); each rank pads its rows to c so every rank sends the same bytes."""
+def _all_gather_rows(parts: list[Rows]) -> list[torch.Tensor]:
+    """The full rows of row ranges of row-sharded DTensors of one mesh, through one all-gather of
+    their bytes. Each rank pads its rows of a range (:meth:`Rows.own`) to the most any rank can
+    hold of it, so every rank sends the same bytes."""
     import torch.distributed as dist
 
-    mesh = tensors[0].device_mesh
+    mesh = parts[0].tensor.device_mesh
     world, group = mesh.size(), mesh.get_group()
-    layout = []  # (offset in the padded buffer, rows per rank, bytes per row)
+    rank = mesh.get_local_rank()
+    layout = []  # (offset in the padded buffer, padded bytes per rank)
     offset = 0
-    for t in tensors:
-        rows = t.shape[0]
-        row_bytes = t.numel() // rows * t.element_size() if rows else 0
-        per_rank = -(-rows // world)
-        layout.append((offset, per_rank, row_bytes))
-        offset += per_rank * row_bytes
+    for part in parts:
+        per_rank = -(-part.tensor.shape[0] // world)
+        padded = min(per_rank, part.stop - part.start) * part.row_bytes
+        layout.append((offset, padded))
+        offset += padded
     send = torch.zeros(offset, dtype=torch.uint8)
-    for t, (start, _, _) in zip(tensors, layout, strict=True):
-        local = t.to_local().detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
-        send[start : start + local.numel()] = local
+    for part, (start, _) in zip(parts, layout, strict=True):
+        local, _, count = part.own(rank, world)
+        shard = part.tensor.to_local().detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
+        mine = shard[local * part.row_bytes : (local + count) * part.row_bytes]
+        send[start : start + mine.numel()] = mine
     received = [torch.empty_like(send) for _ in range(world)]
     dist.all_gather(received, send, group=group)
     full = []
-    for t, (start, per_rank, row_bytes) in zip(tensors, layout, strict=True):
-        rows = t.shape[0]
-        pieces = [
-            received[r][start : start + max(0, min(per_rank, rows - r * per_rank)) * row_bytes] for r in range(world)
-        ]
-        full.append(torch.cat(pieces).view(t.dtype).reshape(t.shape))
+    for part, (start, _) in zip(parts, layout, strict=True):
+        pieces = [received[r][start : start + part.own(r, world)[2] * part.row_bytes] for r in range(world)]
+        full.append(torch.cat(pieces).view(part.tensor.dtype).reshape(part.shape))
     return full

@@ -35,6 +35,7 @@ import torch
 
 from services.paramsync import memory_files
 from services.trainer import distributed as D
+from services.trainer.rows import Rows
 
 log = logging.getLogger(__name__)
 
@@ -46,33 +47,32 @@ SIZE_STEP = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class _Placed:
-    """Where one row-sharded tensor's full bytes go inside a buffer, and this rank's part of them."""
+    """Where one row range's full bytes go inside a buffer, and this rank's part of them."""
 
     start: int
     nbytes: int
-    # This rank's rows: their first byte inside the tensor, and how many bytes.
+    # This rank's rows among them: their first byte inside the range, their first byte inside
+    # the rank's shard, and how many bytes.
     own_offset: int
+    local_offset: int
     own_nbytes: int
 
 
-def _layout(tensors: list[torch.Tensor], rank: int, world: int) -> tuple[list[_Placed], int]:
-    """Rank r holds rows [r·c, min((r+1)·c, n)) of each tensor, c = ceil(n / world) (torch.chunk's
-    split, which FSDP2 uses); full tensors lie one after another, each start aligned."""
+def _layout(parts: list[Rows], rank: int, world: int) -> tuple[list[_Placed], int]:
+    """Each range's full bytes one after another, each start aligned, and this rank's rows of each
+    (:meth:`Rows.own`)."""
     placed, position = [], 0
-    for t in tensors:
-        rows = t.shape[0]
-        row_bytes = t.numel() // rows * t.element_size() if rows else 0
-        per_rank = -(-rows // world)
-        own_rows = max(0, min(per_rank, rows - rank * per_rank))
-        nbytes = rows * row_bytes
-        placed.append(_Placed(position, nbytes, rank * per_rank * row_bytes, own_rows * row_bytes))
-        position += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+    for part in parts:
+        local, inside, count = part.own(rank, world)
+        row_bytes = part.row_bytes
+        placed.append(_Placed(position, part.nbytes, inside * row_bytes, local * row_bytes, count * row_bytes))
+        position += -(-part.nbytes // ALIGN_BYTES) * ALIGN_BYTES
     return placed, position
 
 
-def buffer_bytes(tensors: list[torch.Tensor]) -> int:
-    """The buffer size that holds ``tensors`` in full."""
-    return _layout(tensors, 0, 1)[1]
+def buffer_bytes(parts: list[Rows]) -> int:
+    """The buffer size that holds ``parts`` in full."""
+    return _layout(parts, 0, 1)[1]
 
 
 def _own_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -173,11 +173,11 @@ class HostGather:
             return None
         return cls(rank, world, pid)
 
-    def gather(self, tensors: list[torch.Tensor], capacity: int) -> list[torch.Tensor] | None:
-        """Collective: the full tensors of the row-sharded ``tensors`` on rank 0 (views of one
-        buffer of at least ``capacity`` bytes, which every rank passes alike), [] elsewhere; None
-        on every rank when rank 0 could not have a buffer (the caller gathers another way)."""
-        placed, size = _layout(tensors, self.rank, self.world)
+    def gather(self, parts: list[Rows], capacity: int) -> list[torch.Tensor] | None:
+        """Collective: the full rows of the row-sharded ``parts`` on rank 0 (views of one buffer of
+        at least ``capacity`` bytes, which every rank passes alike), [] elsewhere; None on every
+        rank when rank 0 could not have a buffer (the caller gathers another way)."""
+        placed, size = _layout(parts, self.rank, self.world)
         taken = (0, 0, 0)
         if self.rank == 0:
             try:
@@ -198,16 +198,19 @@ class HostGather:
         array = np.frombuffer(buffer.map, dtype=np.uint8, count=max(size, 1))
         whole = torch.from_numpy(array)
         misfit = ""
-        for tensor, where in zip(tensors, placed, strict=True):
-            own = _own_bytes(tensor)
-            if own.numel() != where.own_nbytes:
+        for part, where in zip(parts, placed, strict=True):
+            own = _own_bytes(part.tensor)
+            expected = part.shard_rows(self.rank, self.world) * part.row_bytes
+            if own.numel() != expected:
                 misfit = misfit or (
-                    f"rank {self.rank} holds {own.numel()} bytes of a tensor of shape {tuple(tensor.shape)}, "
-                    f"expected {where.own_nbytes} (rows split as torch.chunk)"
+                    f"rank {self.rank} holds {own.numel()} bytes of a tensor of shape {tuple(part.tensor.shape)}, "
+                    f"expected {expected} (rows split as torch.chunk)"
                 )
                 continue
             first = where.start + where.own_offset
-            whole[first : first + where.own_nbytes].copy_(own)
+            whole[first : first + where.own_nbytes].copy_(
+                own[where.local_offset : where.local_offset + where.own_nbytes]
+            )
         # The barrier after the writes, which also tells every rank whether one of them could not write.
         if D.all_reduce(torch.tensor([1 if misfit else 0])).item():
             if self.rank == 0:
@@ -218,8 +221,8 @@ class HostGather:
         # The views keep ``array`` alive: the buffer is free again once the last of them is gone.
         weakref.finalize(array, self._release, index)
         return [
-            whole[where.start : where.start + where.nbytes].view(t.dtype).reshape(t.shape)
-            for t, where in zip(tensors, placed, strict=True)
+            whole[where.start : where.start + where.nbytes].view(part.tensor.dtype).reshape(part.shape)
+            for part, where in zip(parts, placed, strict=True)
         ]
 
     def _take(self, size: int) -> tuple[int, int, int]:

@@ -1,12 +1,12 @@
 """One rank of the shared-memory gather test (launched by torchrun from test_host_gather.py).
 
 ``python -m ... OUT``: both ranks row-shard the same seeded tensors (rows that split unevenly,
-a tensor whose second rank holds no row, a 1-D one, bf16 beside float32 and int64) and gather
-them in small buckets through :class:`~services.trainer.gather.BucketGather` with shared host
-memory, three times: keeping every bucket, again after the shards changed while the first
-buckets are still kept, then dropping each bucket as it comes; and a fourth time with every
-buffer held and rank 0 unable to open a file (so to make a new buffer). Rank 0 writes what it saw to OUT
-as JSON.
+a tensor whose second rank holds no row, a 1-D one, bf16 beside float32 and int64, one larger
+than a bucket, which comes in row ranges) and gather them in small buckets through
+:class:`~services.trainer.gather.BucketGather` with shared host memory, three times: keeping
+every bucket, again after the shards changed while the first buckets are still kept, then
+dropping each bucket as it comes; and a fourth time with every buffer held and rank 0 unable to
+open a file (so to make a new buffer). Rank 0 writes what it saw to OUT as JSON.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ def main(out: str) -> None:
     kept = list(gather.buckets(items))
     _add_one(items)
     kept_too = list(gather.buckets(items))
-    first, second = _flat(kept), _flat(kept_too)
+    first, second = _joined(kept, full), _joined(kept_too, full)
     result = {
         "shared": gather.shares_host_memory,
         "buckets": len(kept),
+        # Bytes of each piece of the tensor larger than a bucket.
+        "wide_pieces": [t.numel() * t.element_size() for t in _flat(kept) if t.shape[1:] == (16,)],
         # The first gather's tensors, still held while the second gather ran.
         "first_equal": [torch.equal(t, full[n]) for t, n in zip(first, full, strict=True)] if is_main else [],
         "second_equal": [torch.equal(t, full[n] + 1) for t, n in zip(second, full, strict=True)] if is_main else [],
@@ -54,18 +56,20 @@ def main(out: str) -> None:
     del kept, kept_too, first, second
     _add_one(items)
     streamed = []
-    names = iter(full)
     for bucket in gather.buckets(items):
-        if is_main:
-            # One added twice, as to the shards: the same rounding as theirs.
-            streamed.extend(torch.equal(t, full[next(names)] + 1 + 1) for t in bucket)
+        # Each bucket's rows cloned before it is dropped: its buffer is free again for the next.
+        streamed.append([t.clone() for t in bucket])
         del bucket
-    result.update(streamed_equal=streamed, buffers_after_streaming=_buffers(gather))
+    # One added twice, as to the shards: the same rounding as theirs.
+    equal = (
+        [torch.equal(t, full[n] + 1 + 1) for t, n in zip(_joined(streamed, full), full, strict=True)] if is_main else []
+    )
+    result.update(streamed_equal=equal, buffers_after_streaming=_buffers(gather))
 
     # Every buffer held, and rank 0 out of file descriptors for a new one: the all-gather serves.
     held = [list(gather.buckets(items)), list(gather.buckets(items))]
     with _no_new_files(is_main):
-        fallback = _flat(list(gather.buckets(items)))
+        fallback = _joined(list(gather.buckets(items)), full)
     equal = [torch.equal(t, full[n] + 1 + 1) for t, n in zip(fallback, full, strict=True)] if is_main else []
     result.update(fallback_equal=equal, buffers_after_fallback=_buffers(gather))
     del held
@@ -102,6 +106,19 @@ def _add_one(items: list[tuple[str, torch.Tensor]]) -> None:
 
 def _flat(buckets: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     return [t for bucket in buckets for t in bucket]
+
+
+def _joined(buckets: list[list[torch.Tensor]], full: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The buckets' tensors with each one's row ranges joined again (rank 0; [] elsewhere)."""
+    pieces, joined = iter(_flat(buckets)), []
+    if not any(buckets):
+        return []
+    for tensor in full.values():
+        parts = [next(pieces)]
+        while sum(p.shape[0] for p in parts) < tensor.shape[0]:
+            parts.append(next(pieces))
+        joined.append(torch.cat(parts))
+    return joined
 
 
 def _buffers(gather: BucketGather) -> int:

@@ -1,5 +1,6 @@
 """Two CPU ranks gather row-sharded tensors through shared memory: every full tensor equals the
-original bit for bit, however its rows split; a bucket the consumer still holds is never
+original bit for bit, however its rows split, and one larger than a bucket comes in row ranges of
+at most a bucket each; a bucket the consumer still holds is never
 overwritten by a later gather; and buckets dropped as they are consumed give their buffers back,
 so a streamed publish needs no new memory version after version; when rank 0 cannot make a
 buffer, the all-gather serves instead."""
@@ -19,6 +20,8 @@ async def test_shared_memory_gather_is_exact_keeps_held_buckets_reuses_freed_buf
     seen = json.loads(out.read_text())
     assert seen["shared"], "both ranks run on this host"
     assert seen["buckets"] >= 3, "the bucket size must split the tensors, else reuse proves nothing"
+    assert len(seen["wide_pieces"]) > 1 and max(seen["wide_pieces"]) <= 64, "split to the bucket size"
+    assert sum(seen["wide_pieces"]) == 64 * 16 * 4
     assert seen["first_equal"] == [True] * 4
     assert seen["second_equal"] == [True] * 4
     assert seen["streamed_equal"] == [True] * 4

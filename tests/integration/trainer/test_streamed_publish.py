@@ -1,6 +1,7 @@
 """A publish from 2 FSDP ranks streams bucket by bucket into a real paramsync: the version is the
 trained state dict bit for bit (gathered through the ranks' shared memory, checked against an
-all-gather), and rank 0 never holds more than two buckets of gathered bytes."""
+all-gather), and rank 0 never holds more than two buckets of gathered bytes, even though most
+tensors are larger than a bucket (they come in row ranges)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from services.paramsync.client import ParamSyncClient
 from tests.integration.paramsync.harness import running_service
 from tests.integration.trainer.harness import run_logged, torchrun
 
-BUCKET_BYTES = 64 * 1024
+BUCKET_BYTES = 16 * 1024
 
 
 async def test_two_ranks_publish_bucket_by_bucket_and_the_version_is_the_state_dict(tiny_model_dir, tmp_path):
@@ -36,8 +37,8 @@ async def test_two_ranks_publish_bucket_by_bucket_and_the_version_is_the_state_d
         assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
         assert torch.equal(got.view(torch.uint8), tensor.contiguous().view(torch.uint8)), name
     sizes = [weights[n].numel() * weights[n].element_size() for n in saved["published"]]
-    model_bytes, largest = sum(sizes), max(sizes)
-    # A bucket closes at the first tensor that fills it, so it holds < BUCKET_BYTES + largest.
-    assert saved["peak"] <= 2 * (BUCKET_BYTES + largest)
-    assert model_bytes > 4 * (BUCKET_BYTES + largest)  # else the bound would prove nothing
+    largest = max(sizes)
+    # No bucket holds more than BUCKET_BYTES, though most tensors are larger: they come in row ranges.
+    assert largest >= 4 * BUCKET_BYTES
+    assert saved["peak"] <= 2 * BUCKET_BYTES
     assert saved["metrics"]["timing/gather_s"] > 0
