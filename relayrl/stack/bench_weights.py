@@ -19,7 +19,9 @@ Per version it records:
   table, and to the last of them.
 
 Peak resident memory (VmHWM) of trainer rank 0, paramsync and each engine is reset once the stack
-is up and read after the last version, so it is the peak of the weight path, not of start-up.
+is up and read after the last version, so it is the peak of the weight path, not of start-up;
+its growth over the resident size at the reset (``above_start_bytes``) is what the weight path
+itself added, the process's libraries and rank 0's shard left out.
 After the runs the references move the same byte count: loopback TCP into another process, and
 one memcpy. Medians leave out the first version (it pays one-off costs; reported apart).
 """
@@ -243,7 +245,7 @@ def _accept_trainer(server: socket.socket, supervisor: Supervisor, timeout_s: fl
 
 async def _measure(
     stack: LocalStack, supervisor: Supervisor, conn: socket.socket, versions: int, timeout_s: float
-) -> tuple[list[VersionSample], dict[str, int]]:
+) -> tuple[list[VersionSample], dict[str, int], dict[str, int]]:
     from services.paramsync.client import ParamSyncClient
 
     reader, writer = await asyncio.open_connection(sock=conn)
@@ -271,6 +273,8 @@ async def _measure(
         pids.update({name: _pid(supervisor, name) for name in streams})
         for pid in pids.values():
             reset_peak_memory(pid)
+        # What each process held before the first version: the peak's growth during the weight path.
+        starts = {name: peak_memory_bytes(pid) for name, pid in pids.items()}
         samples = []
         before = await stage_histograms(rollouts, engines)
         for version in range(1, versions + 1):
@@ -300,7 +304,7 @@ async def _measure(
         for stream in streams.values():
             await stream.stop()
         await trainer.close()
-    return samples, peaks
+    return samples, peaks, starts
 
 
 def _pid(supervisor: Supervisor, name: str) -> int:
@@ -323,13 +327,13 @@ def run_replicas(
             stack.start(model_dir, training=False)
             _phase(f"stack up: paramsync, {replicas} engine(s) and replica(s)")
             conn = _accept_trainer(server, supervisor, timeout_s)
-        samples, peaks = asyncio.run(_measure(stack, supervisor, conn, versions, timeout_s))
+        samples, peaks, starts = asyncio.run(_measure(stack, supervisor, conn, versions, timeout_s))
         trainer = supervisor.get("trainer")
         assert trainer.process is not None
         trainer.process.wait(timeout_s)
         if trainer.process.returncode != 0:
             raise RuntimeError(f"the bench's trainer exited with {trainer.process.returncode}; see {stack.run_dir}")
-    return replica_run_figures(samples, peaks, TRAINER_RANKS)
+    return replica_run_figures(samples, peaks, TRAINER_RANKS, starts)
 
 
 def memcpy_seconds(size_bytes: int) -> float:

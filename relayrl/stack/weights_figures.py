@@ -102,10 +102,14 @@ def median_figures(per_version: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def replica_run_figures(
-    samples: Sequence[VersionSample], peak_bytes: Mapping[str, int], trainer_ranks: int
+    samples: Sequence[VersionSample],
+    peak_bytes: Mapping[str, int],
+    trainer_ranks: int,
+    start_bytes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The figures of one replica count: medians over every version after the first, the first apart,
-    and peak resident memory as bytes and as multiples of the model's bytes."""
+    and peak resident memory as bytes and as multiples of the model's bytes, with its growth over
+    ``start_bytes`` (the resident size before the first version) where given."""
     if len(samples) < 2:
         raise ValueError("need at least two versions: the first is reported apart from the medians")
     per_version = [version_figures(s) for s in samples]
@@ -117,7 +121,12 @@ def replica_run_figures(
         "bucket_bytes": max(s.published.bucket_bytes for s in samples),
         "trainer_ranks": trainer_ranks,
         "peak_memory": {
-            name: {"bytes": value, "x_model": value / model_bytes} for name, value in sorted(peak_bytes.items())
+            name: {
+                "bytes": value,
+                "x_model": value / model_bytes,
+                **({"above_start_bytes": value - start_bytes[name]} if start_bytes and name in start_bytes else {}),
+            }
+            for name, value in sorted(peak_bytes.items())
         },
     }
 
@@ -141,6 +150,13 @@ def targets(preset: str, runs: Mapping[int, dict[str, Any]], raw_tcp_s: float) -
     checks["rank0_peak_le_shard_bucket_10pct"] = all(
         run["peak_memory"]["trainer_rank0"]["bytes"] <= rank0_memory_bound(run) for run in runs.values()
     )
+    # The same bound on what publishing added to rank 0, its shard and the process's libraries left out.
+    growths = [run["peak_memory"]["trainer_rank0"].get("above_start_bytes") for run in runs.values()]
+    if growths and None not in growths:
+        checks["rank0_publish_growth_le_bucket_10pct"] = all(
+            growth <= run["bucket_bytes"] + RANK0_SLACK_SHARE_OF_MODEL * run["model_bytes"]
+            for growth, run in zip(growths, runs.values(), strict=True)
+        )
     if preset == "tiny":
         checks["tiny_total_le_50ms"] = all(m["total_s"] <= MAX_TINY_TOTAL_S for m in medians)
     return checks

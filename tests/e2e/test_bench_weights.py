@@ -24,6 +24,7 @@ TARGETS = {
     "pause_le_apply",
     "pause_le_25pct_of_total",
     "rank0_peak_le_shard_bucket_10pct",
+    "rank0_publish_growth_le_bucket_10pct",
     "tiny_total_le_50ms",
 }
 
@@ -55,6 +56,7 @@ def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
     for peak in run["peak_memory"].values():
         assert peak["bytes"] > 0
         assert peak["x_model"] == pytest.approx(peak["bytes"] / result["model_bytes"], rel=1e-4)
+        assert 0 <= peak["above_start_bytes"] <= peak["bytes"]
     assert result["raw_tcp_s"] > 0 and result["memcpy_s"] > 0
     assert run["ratio_to_raw_tcp"] == pytest.approx(run["median"]["total_s"] / result["raw_tcp_s"], rel=1e-4)
     assert result["targets"].keys() == TARGETS

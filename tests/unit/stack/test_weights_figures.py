@@ -101,6 +101,10 @@ def test_medians_leave_out_the_first_version_which_is_reported_apart() -> None:
     assert run["first_version"]["total_s"] == pytest.approx(11.0)
     assert run["first_version"]["fetch_s"] == pytest.approx({"rollout-0": 10.0})
     assert run["peak_memory"]["engine-0"] == {"bytes": 3 * MODEL, "x_model": 3.0}
+    grown = replica_run_figures(
+        SAMPLES, {"trainer_rank0": 2 * MODEL}, trainer_ranks=2, start_bytes={"trainer_rank0": MODEL}
+    )
+    assert grown["peak_memory"]["trainer_rank0"] == {"bytes": 2 * MODEL, "x_model": 2.0, "above_start_bytes": MODEL}
     with pytest.raises(ValueError, match="at least two versions"):
         replica_run_figures(SAMPLES[:1], {}, trainer_ranks=2)
 
@@ -143,6 +147,17 @@ def test_every_target_is_computed_from_the_figures() -> None:
         "rank0_peak_le_shard_bucket_10pct": False,
         "tiny_total_le_50ms": False,
     }
+
+
+def test_rank0_growth_during_publish_is_held_to_a_bucket_and_a_tenth_of_the_model() -> None:
+    # Bucket MODEL / 4, slack MODEL / 10: growth may reach 0.35 MODEL whatever the peak itself.
+    run = _run(1.0, 0.0, 0.0, 10 * MODEL)
+    run["peak_memory"]["trainer_rank0"]["above_start_bytes"] = int(0.35 * MODEL)
+    checks = targets("small", {1: run}, raw_tcp_s=1.0)
+    assert checks["rank0_publish_growth_le_bucket_10pct"] is True
+    assert checks["rank0_peak_le_shard_bucket_10pct"] is False
+    run["peak_memory"]["trainer_rank0"]["above_start_bytes"] = int(0.36 * MODEL)
+    assert targets("small", {1: run}, raw_tcp_s=1.0)["rank0_publish_growth_le_bucket_10pct"] is False
 
 
 def test_targets_without_their_figures_are_left_out() -> None:
