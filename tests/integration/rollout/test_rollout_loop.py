@@ -38,9 +38,21 @@ def _reward_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: st
     return f"{module}:compute_score"
 
 
-async def test_each_prompt_becomes_one_group_with_per_token_versions(engine: EngineProcess, queue: QueueServer) -> None:
+async def test_each_prompt_becomes_one_group_with_per_token_versions(
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str
+) -> None:
     async with EngineClient(engine.url) as client:
         version = int(await client.weight_version())
+    # Exactly 9 samples, so no lease may expire: with the module's 2 s lease this failed once in a
+    # loaded suite (a renewal a second late lets the prompt be re-issued and generated again).
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=30.0)))
+    try:
+        await _one_group_per_prompt(engine, queue, version)
+    finally:
+        await queue.stop()
+
+
+async def _one_group_per_prompt(engine: EngineProcess, queue: QueueServer, version: int) -> None:
     async with QueueClient(queue.grpc_address) as q:
         await q.release([prompt(i, n=3) for i in range(3)])
         async with running_replica(engine.url, queue.grpc_address, replica_id="r-loop") as replica:
