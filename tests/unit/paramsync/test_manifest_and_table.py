@@ -13,6 +13,27 @@ from services.paramsync.table import IN_SYNC, LAGGING, SYNCING, VersionTable, la
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes, typed_view
 
 
+def test_a_run_is_split_into_the_parts_of_each_tensor_it_touches():
+    # Tensors of 10, 0 and 6 bytes at 0, 10 and 10.
+    specs = [TensorSpec(name, "uint8", (size,), size, "") for name, size in (("a", 10), ("e", 0), ("b", 6))]
+    m = Manifest(1, tuple(specs))
+    assert m.run_parts(0, 0, 4) == [(0, 4)]
+    assert m.run_parts(0, 4, 13) == [(4, 6), (10, 0), (10, 3)]
+    assert m.run_parts(2, 13, 16) == [(13, 3)]
+    # The empty tensor at the run's end belongs to the next run.
+    assert m.run_parts(0, 4, 10) == [(4, 6)]
+    assert m.run_parts(1, 10, 16) == [(10, 0), (10, 6)]
+    for first, start, end, why in [
+        (2, 4, 13, "does not lie in tensor 2"),
+        (0, 10, 13, "does not lie in tensor 0"),
+        (0, 4, 4, "do not lie"),
+        (2, 13, 17, "do not lie"),
+        (3, 16, 17, "tensor 3 of 3"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            m.run_parts(first, start, end)
+
+
 def test_manifest_round_trips_and_describes_every_dtype_exactly():
     state = {
         "bf16": torch.randn(3, 5).to(torch.bfloat16),
