@@ -205,8 +205,8 @@ class UploadWriter:
         """A run of the upload starts at :attr:`position`: a resumed upload may start there again,
         inside a tensor, since the hash of that tensor's bytes before it is kept."""
         self._skip_finished()
-        if self._filled:
-            self._run_start = (self.position, self._index, self._filled, self._hasher.copy())
+        mark = (self.position, self._index, self._filled, self._hasher.copy())
+        self._run_start = mark if self._filled else None
 
     def rewind(self, position: int) -> None:
         """Goes back to ``position``: a tensor boundary no further than the verified bytes, where the

@@ -108,8 +108,8 @@ class BucketGather:
             splittable = tensor.dim() > 0 and (row_sharded or not hasattr(tensor, "full_tensor"))
             pieces = whole.split(self.bucket_bytes) if splittable and whole.nbytes > self.bucket_bytes else [whole]
             for piece in pieces:
-                # No bucket holds more than bucket_bytes (one larger tensor's rows aside); a tensor
-                # without bytes joins the bucket before it, so no bucket is bytes-free.
+                # No bucket holds more than bucket_bytes (but a larger tensor that cannot be split);
+                # a tensor without bytes joins the bucket before it, so no bucket is bytes-free.
                 if size + piece.nbytes > self.bucket_bytes and piece.nbytes and parts[-1]:
                     parts.append([])
                     size = 0
