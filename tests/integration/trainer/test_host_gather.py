@@ -1,9 +1,9 @@
 """Two CPU ranks gather row-sharded tensors through shared memory: every full tensor equals the
 original bit for bit, however its rows split, and one larger than a bucket comes in row ranges of
-at most a bucket each; a bucket the consumer still holds is never
-overwritten by a later gather; and buckets dropped as they are consumed give their buffers back,
-so a streamed publish needs no new memory version after version; when rank 0 cannot make a
-buffer, the all-gather serves instead."""
+at most a bucket each; a bucket the consumer still holds is never overwritten by a later gather;
+and buckets dropped as they are consumed give their buffers back, so a streamed publish needs no
+new memory version after version; when rank 0 cannot make a buffer, the all-gather serves
+instead."""
 
 from __future__ import annotations
 
