@@ -166,6 +166,9 @@ class _StreamedUpload:
             except StopAsyncIteration:
                 break
             self._held = await asyncio.to_thread(self._hashed, list(tensors))
+            # The run keeps the bucket's bytes; holding its tensors too while the next is awaited
+            # would keep a third bucket alive on the trainer.
+            del tensors
             yield self._held
         if self._tensor != len(self.manifest.tensors):
             raise ValueError(f"buckets ended after {self._tensor} of {len(self.manifest.tensors)} tensors")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -93,13 +93,11 @@ class GrpcChunksChannel(ByteChannel):
                 yield pb.WeightStreamMessage(
                     checksums=pb.TensorChecksums(first_tensor=run.first_tensor, checksums=run.checksums)
                 )
-                # The run's first part may begin inside its tensor; every other part begins at its start.
-                inside = run.start - manifest.offsets()[run.first_tensor]
-                for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
-                    for offset in range(0, view.nbytes, self.chunk_bytes):
-                        yield encode_chunk(spec.name, inside + offset, view[offset : offset + self.chunk_bytes])
-                        at("upload")
-                    inside = 0
+                for chunk in _run_chunks(manifest, run, self.chunk_bytes):
+                    yield chunk
+                    at("upload")
+                # Sent: let go of its bytes before waiting for the next run (see tcp.publish_runs).
+                del run
             at("commit")
 
         try:
@@ -122,6 +120,16 @@ class GrpcChunksChannel(ByteChannel):
     async def receive(self, version: int, place: Place) -> Manifest:
         request = pb.FetchRequest(replica_id=self.replica_id, version=version)
         return await _receive_into(self.fetch(request, timeout=self.timeout_s), place)
+
+
+def _run_chunks(manifest: Manifest, run: TensorRun, chunk_bytes: int) -> Iterator[bytes]:
+    """A run's bytes as encoded chunks; its first part may begin inside its tensor, every other
+    part begins at its tensor's start."""
+    inside = run.start - manifest.offsets()[run.first_tensor]
+    for spec, view in zip(manifest.tensors[run.first_tensor :], run.views, strict=False):
+        for offset in range(0, view.nbytes, chunk_bytes):
+            yield encode_chunk(spec.name, inside + offset, view[offset : offset + chunk_bytes])
+        inside = 0
 
 
 def _write_failed(err: grpc.aio.AioRpcError) -> bool:

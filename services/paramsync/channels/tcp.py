@@ -166,6 +166,9 @@ async def publish_runs(
                             check_reply(copied)
                     else:
                         await in_thread(sock, _send_views, sock, run.views, frame(checksums))
+                # Sent: let go of its bytes before waiting for the next run, so its bucket's memory
+                # is free for the bucket after it.
+                del run
                 stage = "upload (waiting for the next bucket)"
             stage = "commit"
             async with asyncio.timeout(timeout_s):
