@@ -151,9 +151,14 @@ class _StreamedUpload:
         self._hasher = new_hasher(manifest.checksum_algorithm)
         self._held: TensorRun | None = None
 
+    @property
+    def _taken(self) -> int:
+        """The first byte no bucket has given yet."""
+        return self._offsets[self._tensor] + self._filled
+
     def resume_from(self) -> int:
         """Where a new attempt starts: the run in hand, or the first byte not yet taken."""
-        return self._held.start if self._held is not None else self._offsets[self._tensor] + self._filled
+        return self._held.start if self._held is not None else self._taken
 
     async def runs(self) -> AsyncIterator[TensorRun]:
         if self._held is not None:
@@ -176,7 +181,7 @@ class _StreamedUpload:
     def _hashed(self, tensors: list[torch.Tensor]) -> TensorRun:
         from services.paramsync.tensors import raw_bytes
 
-        first, start = self._tensor, self.resume_from()
+        first, start = self._tensor, self._taken
         views, checksums, places = [], [], []
         for tensor in tensors:
             if self._tensor >= len(self.manifest.tensors):
@@ -191,7 +196,7 @@ class _StreamedUpload:
                 checksums.append(self._hasher.hexdigest())
                 self._tensor, self._filled = self._tensor + 1, 0
                 self._hasher = new_hasher(self.manifest.checksum_algorithm)
-        end = self.resume_from()
+        end = self._taken
         if end == start:
             raise ValueError(f"a bucket of version {self.manifest.version} holds no bytes")
         # A zero-byte tensor at the end of a bucket is not a part of this run (its start is the end).

@@ -176,8 +176,7 @@ def _all_gather_rows(parts: list[Rows]) -> list[torch.Tensor]:
     layout = []  # (offset in the padded buffer, padded bytes per rank)
     offset = 0
     for part in parts:
-        per_rank = -(-part.tensor.shape[0] // world)
-        padded = min(per_rank, part.stop - part.start) * part.row_bytes
+        padded = min(part.rows_per_rank(world), part.stop - part.start) * part.row_bytes
         layout.append((offset, padded))
         offset += padded
     send = torch.zeros(offset, dtype=torch.uint8)

@@ -42,18 +42,20 @@ class Rows:
     def nbytes(self) -> int:
         return (self.stop - self.start) * self.row_bytes if self.tensor.dim() else self.tensor.element_size()
 
+    def rows_per_rank(self, world: int) -> int:
+        """The most rows of the whole tensor one rank holds: c = ceil(n / world)."""
+        return -(-self.tensor.shape[0] // world)
+
     def shard_rows(self, rank: int, world: int) -> int:
         """How many rows of the whole tensor ``rank`` holds."""
-        rows = self.tensor.shape[0]
-        per_rank = -(-rows // world)
-        return max(0, min(per_rank, rows - rank * per_rank))
+        per_rank = self.rows_per_rank(world)
+        return max(0, min(per_rank, self.tensor.shape[0] - rank * per_rank))
 
     def own(self, rank: int, world: int) -> tuple[int, int, int]:
         """``rank``'s rows among these: (first of them in its shard, first of them in these rows, count)."""
-        rows = self.tensor.shape[0]
-        per_rank = -(-rows // world)
+        per_rank = self.rows_per_rank(world)
         low = max(self.start, rank * per_rank)
-        high = min(self.stop, (rank + 1) * per_rank, rows)
+        high = min(self.stop, (rank + 1) * per_rank, self.tensor.shape[0])
         return low - rank * per_rank, low - self.start, max(0, high - low)
 
     def split(self, max_bytes: int) -> list[Rows]:

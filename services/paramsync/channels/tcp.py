@@ -306,9 +306,10 @@ COPY_BYTES = 16 * 1024 * 1024
 MAX_TRANSFER_THREADS = 64
 
 
-def _run_end(stored: StoredVersion, position: int, run: pb.TensorChecksums) -> int:
+def _run_bounds(stored: StoredVersion, position: int, run: pb.TensorChecksums) -> tuple[int, list[tuple[int, int]]]:
     """Where a run that begins at ``position`` ends (its ``end_byte``, or the end of the last tensor
-    it has a checksum for); StoreError unless it begins inside its first tensor and ends in the version."""
+    it has a checksum for) and its parts (``Manifest.run_parts``); StoreError unless it begins
+    inside its first tensor and ends in the version."""
     manifest = stored.manifest
     ends = [*manifest.offsets()[1:], manifest.total_bytes]
     first = run.first_tensor
@@ -316,12 +317,11 @@ def _run_end(stored: StoredVersion, position: int, run: pb.TensorChecksums) -> i
     if not end and first >= 0 and run.checksums and first + len(run.checksums) <= len(ends):
         end = ends[first + len(run.checksums) - 1]
     try:
-        manifest.run_parts(first, position, end)
+        return end, manifest.run_parts(first, position, end)
     except ValueError as exc:
         raise StoreError(
             "bad_message", f"version {stored.version}: a run where byte {position} is due: {exc}"
         ) from None
-    return end
 
 
 class DataPlaneServer:
@@ -480,11 +480,10 @@ class DataPlaneServer:
                 end = manifest.total_bytes
                 if manifest.is_open:
                     run = recv_frame(conn, pb.TensorChecksums)
-                    first, end = run.first_tensor, _run_end(stored, position, run)
-                    writer.add_checksums(first, list(run.checksums))
+                    end, parts = _run_bounds(stored, position, run)
+                    writer.add_checksums(run.first_tensor, list(run.checksums))
                     writer.begin_run()
                     if run.HasField("shared"):
-                        parts = manifest.run_parts(first, position, end)
                         if len(run.shared.offsets) != len(parts):
                             raise StoreError(
                                 "bad_message",
