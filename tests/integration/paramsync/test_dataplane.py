@@ -24,7 +24,7 @@ from services.paramsync.channels.dataplane import (
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest
-from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes
+from services.paramsync.tensors import as_pairs, build_manifest, open_specs, raw_bytes
 from tests.integration.paramsync.harness import running_service
 from tests.integration.paramsync.test_publish_fetch import same, weights
 from tests.waiting import wait_until_async
@@ -166,6 +166,31 @@ async def test_bad_requests_get_a_status_and_the_data_plane_keeps_serving():
         reply = await asyncio.to_thread(exchange, plane, stale)
         assert reply.code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "content differs" in reply.message
         assert same(await ps.fetch(1), weights(1))
+
+
+@pytest.mark.parametrize(
+    ("first_tensor", "end_byte", "text"),
+    [(1, 4, "does not lie in tensor 1"), (0, 10**12, "do not lie"), (0, 0, "do not lie"), (9, 4, "of")],
+    ids=["starts_in_another_tensor", "ends_past_the_version", "no_end_and_no_checksum", "unknown_tensor"],
+)
+async def test_a_run_outside_its_place_in_the_upload_is_refused(first_tensor, end_byte, text):
+    """A streamed upload's run must begin inside its first tensor, where the bytes so far end, and
+    end inside the version: anything else gets INVALID_ARGUMENT, and the previous version stays."""
+    async with running_service() as (address, service), ParamSyncClient(address) as ps:
+        await ps.publish(1, weights(1))
+        opened = Manifest(2, tuple(open_specs(as_pairs(weights(2)))))
+        run = pb.TensorChecksums(first_tensor=first_tensor, end_byte=end_byte)
+
+        def upload() -> pb.BulkReply:
+            with socket.create_connection(("127.0.0.1", service.data_port), timeout=10) as sock:
+                sock.sendall(frame(pb.BulkRequest(publish=opened.to_proto())))
+                assert recv_frame(sock, pb.BulkReply).code == 0
+                sock.sendall(frame(run))
+                return recv_frame(sock, pb.BulkReply)
+
+        reply = await asyncio.to_thread(upload)
+        assert reply.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and text in reply.message, reply
+        assert same(await ps.fetch(0), weights(1))
 
 
 async def test_without_a_reachable_data_plane_the_client_falls_back_to_grpc(caplog):
