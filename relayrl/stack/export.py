@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from relayrl.models.adapters import CONFIG_FILE
+
 # What ``relayrl up`` writes in every run directory: the checked config the run started with.
 RUN_CONFIG = "config.yaml"
 
@@ -65,7 +67,7 @@ def export_policy(run_dir: Path, out_dir: Path, step: int | None = None, merge_l
 
     checkpoint = checkpoint_dir(run_dir, step)
     base = base_model_dir(run_dir)
-    adapter_file = checkpoint / lora.CONFIG_FILE
+    adapter_file = checkpoint / CONFIG_FILE
     if adapter_file.is_file():
         config = json.loads(adapter_file.read_text())
         config["base_model_name_or_path"] = str(base.resolve())

@@ -1,9 +1,7 @@
 """LoRA adapters served next to the base weights, as SGLang serves them (``/load_lora_adapter``,
 ``/unload_lora_adapter``, ``lora_path`` on ``/generate``).
 
-An adapter is a directory in peft's format: ``adapter_config.json`` (``r``, ``lora_alpha``,
-``target_modules``) and ``adapter_model.safetensors`` with peft's tensor names
-(``base_model.model.<module>.lora_A.weight`` [r, in] and ``...lora_B.weight`` [out, r]).
+An adapter is a directory in peft's format (:mod:`relayrl.models.adapters`).
 
 The adapter is applied in the forward pass, never merged: each targeted linear layer gets a
 forward hook that adds ``scale · (x Aᵀ) Bᵀ`` (scale = alpha / r) to the rows of the batch whose
@@ -18,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-# peft's prefix of every tensor of a causal LM's adapter (PeftModelForCausalLM → LoraModel → model).
-PEFT_PREFIX = "base_model.model."
+from relayrl.models.adapters import CONFIG_FILE, PEFT_PREFIX, WEIGHTS_FILE
 
 
 @dataclass(eq=False)  # identity: the scheduler groups rows by the adapter object
@@ -90,30 +84,6 @@ def read_adapter(name: str, path: str | Path, model: torch.nn.Module) -> LoraAda
     if not weights:
         raise ValueError(f"{directory} holds no LoRA tensors")
     return LoraAdapter(name, str(path), scale, weights)
-
-
-def adapter_dir(weights_file: Path, out_dir: Path, lora_alpha: float) -> Path | None:
-    """``out_dir`` made a peft adapter directory for ``weights_file`` when that file holds LoRA
-    tensors only (an adapter version; else None): ``adapter_config.json`` with the rank and target
-    modules its tensors show and ``lora_alpha``, and ``adapter_model.safetensors`` linked to the file."""
-    from safetensors import safe_open
-
-    with safe_open(str(weights_file), "pt") as f:
-        names = list(f.keys())
-        if not names or not all(".lora_A." in n or ".lora_B." in n for n in names):
-            return None
-        first_a = next(n for n in names if ".lora_A." in n)
-        rank = int(f.get_slice(first_a).get_shape()[0])
-    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in names})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": lora_alpha, "target_modules": targets, "bias": "none"}
-    (out_dir / CONFIG_FILE).write_text(json.dumps(config))
-    link = out_dir / WEIGHTS_FILE
-    link.unlink(missing_ok=True)
-    # Not resolved: the file may be a link to another process's memory file (/proc/<pid>/fd/<fd>),
-    # which resolves to a name no one can open.
-    link.symlink_to(os.path.abspath(weights_file))
-    return out_dir
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from relayrl.models.adapters import adapter_dir
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
 from services.engine.client import (
     EngineClient,
@@ -41,7 +42,6 @@ from services.engine.client import (
     UpdateResult,
     engine_link_failed,
 )
-from services.engine.lora import adapter_dir
 from services.paramsync.memfile import VersionFiles
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import parse_version

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from relayrl.models.adapters import CONFIG_FILE
 from services.trainer import distributed as D
 from services.trainer import lora
 from services.trainer.step import Models
@@ -108,7 +109,7 @@ def save(
         (partial / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
         if lora.is_peft(models.actor):
             # What `relayrl export` needs to turn the actor's shards back into a peft adapter.
-            (partial / lora.CONFIG_FILE).write_text(json.dumps(lora.adapter_config(models.actor), indent=1))
+            (partial / CONFIG_FILE).write_text(json.dumps(lora.adapter_config(models.actor), indent=1))
     if extra is not None:
         extra(partial)
     D.barrier()

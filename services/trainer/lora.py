@@ -20,8 +20,6 @@ import torch
 from torch import nn
 
 ADAPTER = "default"  # peft's name of the one adapter a model gets from get_peft_model
-CONFIG_FILE = "adapter_config.json"  # peft's file names, which SGLang reads too
-WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
