@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -204,14 +205,44 @@ class Running(Protocol):
     async def stop(self) -> None: ...
 
 
+@contextlib.contextmanager
+def uncollected_start() -> Iterator[None]:
+    """A service's start-up (its imports, its model, its servers) with the cyclic garbage collector
+    off; afterwards, everything it built is left out of every later collection (``gc.freeze``).
+
+    Importing torch and transformers and loading a model create millions of objects that live as
+    long as the process. The collector scans them again and again while they pile up, for no
+    garbage: about 1 s of an engine's 4.5 s start on a 2-core machine. Inside another use it does
+    nothing, so a command can cover its imports and :func:`serve_until_signal` its ``start``.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def exit_uncollected() -> None:
+    """Lets a stopped service's process exit without a last collection of its whole heap (over 1 s
+    once torch is loaded; the operating system takes the memory back anyway). Objects built after
+    this call are still collected: only what exists now is left out."""
+    gc.freeze()
+
+
 async def serve_until_signal(name: str, start: Callable[[], Awaitable[Running]]) -> None:
     """Starts the service, runs it until SIGINT or SIGTERM, then stops it, whatever ended the wait."""
-    running = await start()
+    with uncollected_start():
+        running = await start()
     log.info("%s started; stops on SIGTERM or SIGINT", name)
     try:
         await wait_for_shutdown_signal()
     finally:
         await running.stop()
+        exit_uncollected()
 
 
 def grpc_channel(address: str) -> grpc.aio.Channel:

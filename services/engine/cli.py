@@ -32,7 +32,10 @@ def serve_command(
         host=host,
         weight_version=weight_version,
     )
+    from relayrl.serving import uncollected_start
+
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.
-    from services.engine.server import serve
+    with uncollected_start():
+        from services.engine.server import serve
 
     asyncio.run(serve(settings))

@@ -25,8 +25,11 @@ def serve_command(
     settings = settings_or_exit(
         RewardSettings, required={"model_path": "--model DIR"}, model_path=model, http_port=port, host=host, kind=kind
     )
+    from relayrl.serving import uncollected_start
+
     # Imported once the settings are known good: loading pulls in torch, which takes seconds.
-    from services.reward.server import serve
+    with uncollected_start():
+        from services.reward.server import serve
 
     asyncio.run(serve(settings))
 

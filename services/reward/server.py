@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from relayrl.http_app import create_http_app
-from relayrl.serving import Servers, start_servers, wait_for_shutdown_signal
+from relayrl.serving import Servers, exit_uncollected, start_servers, wait_for_shutdown_signal
 from services.reward.api import install_error_handlers, score_router
 from services.reward.batcher import DynamicBatcher
 from services.reward.config import RewardSettings
@@ -96,5 +96,6 @@ async def serve(settings: RewardSettings) -> None:
     finally:
         signalled.cancel()
         await running.stop()
+        exit_uncollected()
     if not loaded:
         raise SystemExit(1)

@@ -31,12 +31,16 @@ def run_command(
     from services.trainer.config import TrainerSettings
 
     settings = settings_or_exit(TrainerSettings, model_dir=model_dir, total_steps=total_steps)
+    from relayrl.serving import exit_uncollected, uncollected_start
+
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.
-    from services.trainer.service import run_service
+    with uncollected_start():
+        from services.trainer.service import run_service
 
     state = run_service(settings)
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps({"step": state.step, "version": state.version}))
+    exit_uncollected()
 
 
 def bench(
