@@ -118,6 +118,6 @@ def start_targets(supervisor: Supervisor, work: Path, services: tuple[str, ...])
             "RELAYRL_TRAINER_PARAMSYNC_ADDRESS": targets.by_name["paramsync"].grpc,
             "OMP_NUM_THREADS": "1",
         }
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+        argv = [sys.executable, "-m", "relayrl.torchrun", "--standalone", "--nproc-per-node", "1"]
         start("trainer", [*argv, "-m", "services.trainer"], env, http, "/healthz")
     return targets

@@ -210,7 +210,7 @@ def _start_trainer(
     stack: LocalStack, supervisor: Supervisor, model_dir: Path, control_port: int, lora_rank: int
 ) -> None:
     argv = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "relayrl.torchrun",
         "--standalone", "--nproc-per-node", str(TRAINER_RANKS),
         "-m", "services.trainer.publish_bench", str(model_dir), str(control_port), str(lora_rank),
     ]  # fmt: skip

@@ -276,7 +276,7 @@ class LocalStack:
             "OMP_NUM_THREADS": str(self.cpus.trainer_threads),
         }
         argv = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", "relayrl.torchrun",
             "--standalone", "--nproc-per-node", str(self.settings.trainer_procs),
             "-m", "services.trainer",
         ]  # fmt: skip

@@ -152,7 +152,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "relayrl.torchrun",
             "--standalone",
             f"--nproc-per-node={world}",
             "-m",

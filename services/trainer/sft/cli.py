@@ -43,7 +43,7 @@ def _launch(nproc: int, options: dict[str, Any]) -> int:
     env = dict(os.environ)
     env.update({env_var_name(SftSettings, k): str(v) for k, v in options.items() if v is not None})
     argv = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "relayrl.torchrun",
         "--standalone", "--nproc-per-node", str(nproc),
         "-m", "services.trainer.sft",
     ]  # fmt: skip

@@ -157,7 +157,7 @@ def torchrun(nproc: int, module: str, *args: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "relayrl.torchrun",
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
