@@ -69,12 +69,14 @@ async def test_entries_of_a_sigkilled_consumer_are_redelivered_to_another_after_
 
 
 async def test_a_live_consumer_keeps_its_pending_entries_across_many_pulls(start_queue):
-    server = await start_queue(consumer_idle_timeout_s=0.5)
+    # The trainer pulls every 0.2 s; the idle timeout leaves room for a loaded machine's stalls
+    # (at 0.5 s a suite run once saw a gap that long), and the loop outlasts it twice.
+    server = await start_queue(consumer_idle_timeout_s=1.5)
     async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as other:
         await trainer.push([make_group(i) for i in range(2)])
         held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
         assert len(held) == 2
-        deadline = time.monotonic() + 1.5
+        deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             # The trainer keeps training (pulling) without acking: its checkpoint is not durable yet.
             assert await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2) == []
