@@ -3,7 +3,6 @@
 import socket
 import subprocess
 import sys
-import time
 
 import grpc
 import httpx
@@ -105,13 +104,21 @@ async def test_http_app_probes_metrics_and_bearer_auth():
         await server.stop()
 
 
-def test_cli_help_is_fast_and_lists_commands():
-    started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "--help"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    assert time.monotonic() - started < 2.0
+def test_cli_help_lists_commands_without_loading_torch():
+    # Help is fast because it loads neither torch nor transformers (seconds each); checked by what
+    # the process imported rather than by a wall-clock bound, which a loaded machine breaks.
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['relayrl', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('relayrl.cli', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('loaded:', 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert "model" in out
+    assert out.strip().endswith("loaded: False False")
 
 
 def test_cli_does_not_import_torch():
