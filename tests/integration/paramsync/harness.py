@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -13,9 +14,12 @@ from pathlib import Path
 from relayrl.net import free_port, wait_for_port
 from relayrl.serving import start_grpc_server
 from relayrl.subprocesses import stop_process
+from relayrl.v1 import paramsync_pb2 as pb
+from services.paramsync.channels.dataplane import frame, recv_frame
 from services.paramsync.channels.tcp import DataPlaneServer
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.core import ParamSyncCore
+from services.paramsync.manifest import Manifest
 from services.paramsync.server import build_service, create_discovery
 from services.paramsync.service import SERVICE_NAME, add_to_server
 
@@ -76,3 +80,13 @@ def serve_process(tmp_path: Path, **env: str) -> Iterator[tuple[str, int, subpro
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
     stop_process(proc, timeout_s)
+
+
+def send_one_run(data_port: int, manifest: Manifest, run: pb.TensorChecksums) -> pb.BulkReply:
+    """Opens an upload of ``manifest`` on paramsync's data plane, sends ``run`` as its first run
+    and returns paramsync's answer to it (blocking: call it in a thread)."""
+    with socket.create_connection(("127.0.0.1", data_port), timeout=10) as sock:
+        sock.sendall(frame(pb.BulkRequest(publish=manifest.to_proto())))
+        assert recv_frame(sock, pb.BulkReply).code == 0
+        sock.sendall(frame(run))
+        return recv_frame(sock, pb.BulkReply)

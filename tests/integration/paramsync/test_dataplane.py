@@ -25,7 +25,7 @@ from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import ChecksumMismatch, VersionUnavailable
 from services.paramsync.manifest import Manifest
 from services.paramsync.tensors import as_pairs, build_manifest, open_specs, raw_bytes
-from tests.integration.paramsync.harness import running_service
+from tests.integration.paramsync.harness import running_service, send_one_run
 from tests.integration.paramsync.test_publish_fetch import same, weights
 from tests.waiting import wait_until_async
 
@@ -180,15 +180,7 @@ async def test_a_run_outside_its_place_in_the_upload_is_refused(first_tensor, en
         await ps.publish(1, weights(1))
         opened = Manifest(2, tuple(open_specs(as_pairs(weights(2)))))
         run = pb.TensorChecksums(first_tensor=first_tensor, end_byte=end_byte)
-
-        def upload() -> pb.BulkReply:
-            with socket.create_connection(("127.0.0.1", service.data_port), timeout=10) as sock:
-                sock.sendall(frame(pb.BulkRequest(publish=opened.to_proto())))
-                assert recv_frame(sock, pb.BulkReply).code == 0
-                sock.sendall(frame(run))
-                return recv_frame(sock, pb.BulkReply)
-
-        reply = await asyncio.to_thread(upload)
+        reply = await asyncio.to_thread(send_one_run, service.data_port, opened, run)
         assert reply.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and text in reply.message, reply
         assert same(await ps.fetch(0), weights(1))
 

@@ -22,13 +22,13 @@ from relayrl.v1 import paramsync_pb2 as pb
 from services.engine.weights import read_safetensors_dir
 from services.paramsync import memory_files
 from services.paramsync.channels import shared_memory as shm
-from services.paramsync.channels.dataplane import DataPlaneAddress, frame, recv_frame
+from services.paramsync.channels.dataplane import DataPlaneAddress
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import VersionUnavailable
 from services.paramsync.manifest import Manifest
 from services.paramsync.memfile import VersionFiles
 from services.paramsync.tensors import as_pairs, open_specs
-from tests.integration.paramsync.harness import running_service, serve_process
+from tests.integration.paramsync.harness import running_service, send_one_run, serve_process
 
 SHM = Path("/dev/shm")
 pytestmark = pytest.mark.skipif(not SHM.is_dir() or not hasattr(os, "memfd_create"), reason="no memory files here")
@@ -186,14 +186,6 @@ async def test_a_shared_run_whose_offsets_do_not_match_its_tensors_is_refused() 
             checksums=["0" * 32],
             shared=pb.SharedBytes(host=socket.gethostname(), pid=os.getpid(), fd=0, offsets=[0, 64]),
         )
-
-        def upload() -> pb.BulkReply:
-            with socket.create_connection(("127.0.0.1", service.data_port), timeout=10) as sock:
-                sock.sendall(frame(pb.BulkRequest(publish=opened.to_proto())))
-                assert recv_frame(sock, pb.BulkReply).code == 0
-                sock.sendall(frame(run))
-                return recv_frame(sock, pb.BulkReply)
-
-        reply = await asyncio.to_thread(upload)
+        reply = await asyncio.to_thread(send_one_run, service.data_port, opened, run)
         assert reply.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "offsets" in reply.message
         assert_bit_equal(await client.fetch(0), weights(1))
