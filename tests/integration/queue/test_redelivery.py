@@ -69,19 +69,23 @@ async def test_entries_of_a_sigkilled_consumer_are_redelivered_to_another_after_
 
 
 async def test_a_live_consumer_keeps_its_pending_entries_across_many_pulls(start_queue):
-    # The trainer pulls every 0.2 s; the idle timeout leaves room for a loaded machine's stalls
-    # (at 0.5 s a suite run once saw a gap that long), and the loop outlasts it twice.
-    server = await start_queue(consumer_idle_timeout_s=1.5)
+    # The service checks for dead consumers at most every idle_timeout / 4. The other consumer
+    # pulls just after each check falls due, so every one of its pulls judges the trainer, whose
+    # last pull is then 0.8 s old: 2.2 s short of the timeout, room for a loaded machine's stalls.
+    idle_timeout_s = 3.0
+    server = await start_queue(consumer_idle_timeout_s=idle_timeout_s)
     async with QueueClient(server.grpc_address) as trainer, QueueClient(server.grpc_address) as other:
         await trainer.push([make_group(i) for i in range(2)])
         held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2)
         assert len(held) == 2
-        deadline = time.monotonic() + 3.0
+        # Past the timeout the entries themselves are idle enough to claim: only the trainer's
+        # pulls keep them. Two judgements fall after that point.
+        deadline = time.monotonic() + idle_timeout_s + 1.6
         while time.monotonic() < deadline:
             # The trainer keeps training (pulling) without acking: its checkpoint is not durable yet.
             assert await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=2) == []
+            await asyncio.sleep(idle_timeout_s / 4 + 0.05)
             assert await other.pull("trainer-1", current_version=0, max_staleness=0, max_groups=2) == []
-            await asyncio.sleep(0.2)  # what is under test: nothing is re-delivered while unacked
         assert await trainer.ack("trainer-0", [d.entry_id for d in held]) == 2
 
 
