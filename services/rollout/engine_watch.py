@@ -9,8 +9,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
-
 from services.engine.client import EngineClient, EngineError
 from services.rollout.generation import parse_version
 from services.rollout.state import ReplicaState
@@ -77,7 +75,7 @@ class EngineWatch:
                 return True
             try:
                 await self.engine.continue_generation()
-            except (EngineError, httpx.TransportError) as exc:
+            except EngineError as exc:
                 log.warning("engine did not take continue_generation: %r", exc)
                 return False
         return True

@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
 from relayrl.models.adapters import adapter_dir
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
 from services.engine.client import (
     EngineClient,
     EngineError,
+    EngineLinkError,
     EngineUnavailableError,
     UpdateResult,
     engine_link_failed,
@@ -107,7 +106,7 @@ async def resume_generation(engine: EngineClient, deadline_s: float = RESUME_DEA
     policy = RetryPolicy(attempts=None, deadline_s=deadline_s, first_wait_s=0.2, max_wait_s=2.0)
     try:
         await call_with_retries("continue_generation", engine.continue_generation, engine_link_failed, policy, log)
-    except (EngineUnavailableError, httpx.TransportError) as exc:
+    except (EngineUnavailableError, EngineLinkError) as exc:
         # The engine watch resumes it again when it sees the engine come back (EngineWatch.run).
         log.error("engine did not answer continue_generation for %.0fs: %r", deadline_s, exc)
 
@@ -277,7 +276,7 @@ class WeightSync:
             name = self.adapters.pop(0)
             try:
                 result = await self.engine.unload_lora_adapter(name)
-            except (EngineError, httpx.TransportError) as exc:
+            except EngineError as exc:
                 # The version is loaded and reported either way; an adapter left loaded costs memory, not answers.
                 result = UpdateResult(success=False, message=repr(exc))
             if not result.success:
@@ -309,7 +308,7 @@ class WeightSync:
                 result = await self.engine.load_lora_adapter(held.name, str(held.directory))
                 if result.success:
                     result = await self.engine.update_weight_version(held.version)
-            except (EngineError, httpx.TransportError) as exc:
+            except EngineError as exc:
                 result = UpdateResult(success=False, message=repr(exc))
             if not result.success:
                 log.warning(

@@ -10,12 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from relayrl.redis_process import RedisProcess
 from relayrl.retry import RetryPolicy
 from relayrl.stack.chaos.proxy import FaultyProxy
-from services.engine.client import EngineClient, SamplingParams
+from services.engine.client import EngineClient, EngineLinkError, SamplingParams
 from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings
 from services.queue.server import start_queue_server
@@ -38,19 +36,19 @@ class LossyLink(EngineClient):
         super().__init__(base_url, retries=0)
         self.lose = lose
 
-    async def _send_once(self, method: str, path: str, json: Any) -> httpx.Response:
+    async def _send_once(self, method: str, path: str, json: Any) -> Any:
         pending = self.lose.get(path)
         if pending:
             if pending.pop(0) == "answer":
                 await super()._send_once(method, path, json)
-            raise httpx.ReadError(f"{path}: connection reset by peer (lost on purpose)")
+            raise EngineLinkError(f"{path}: connection reset by peer (lost on purpose)")
         return await super()._send_once(method, path, json)
 
 
 async def _generates(engine_url: str, timeout_s: float = 10.0) -> bool:
     """A request completes within ``timeout_s``: the engine is not paused."""
     async with EngineClient(engine_url, timeout=timeout_s) as client:
-        with contextlib.suppress(httpx.TimeoutException):
+        with contextlib.suppress(EngineLinkError):
             out = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True))
             return len(out[0].output_ids) == 4
     return False
