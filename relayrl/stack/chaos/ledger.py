@@ -2,9 +2,10 @@
 
 - The trainer's ``groups.jsonl`` says which groups each step trained on and at what age, and
   which groups the trainer skipped (stale, duplicate) as it acknowledged them. A resumed
-  trainer writes the steps after its checkpoint again; the last line of each step number is
-  the one the final model carries (a later line for step s can only come from a run that
-  resumed from a checkpoint before s), so those lines are the *lineage*.
+  trainer writes the steps after its checkpoint again, so a line for step s at or below a step
+  already read marks a resume from a checkpoint before s: the steps from s on that were read
+  before it are rolled back, whether or not the resumed trainer gets that far again before
+  the run ends. What is left are the steps the final model carries, the *lineage*.
 - The queue's statistics (kept in Redis with its AOF) say how many groups it accepted
   (``total_produced``), dropped with a reason, and still holds (queued or delivered, not yet
   acknowledged) at the end.
@@ -44,7 +45,10 @@ class Lineage:
             if "dropped" in row:
                 lineage.skipped.update(row["group_ids"])
             elif "step" in row:
-                lineage.steps[int(row["step"])] = row
+                step = int(row["step"])
+                for rolled_back in [s for s in lineage.steps if s >= step]:
+                    del lineage.steps[rolled_back]
+                lineage.steps[step] = row
         return lineage
 
     def trained(self) -> list[str]:

@@ -31,6 +31,22 @@ def test_steps_written_again_after_a_resume_replace_the_rolled_back_ones(tmp_pat
     assert lost_groups(lineage, produced=10, queue_dropped=1, queued=1, pending=0) == 1
 
 
+def test_steps_after_the_checkpoint_that_a_resumed_run_never_reached_again_are_rolled_back(tmp_path):
+    # A trainer killed at step 3 resumed from the checkpoint at step 1, and the run ended after
+    # its step 2: the killed run's step 3 is not in the final model. Its groups were never
+    # acknowledged, and the queue dropped them as stale when it delivered them again.
+    lineage = _lineage(
+        tmp_path,
+        {"step": 1, "version": 0, "group_ids": ["a", "b"], "ages": [0, 0]},
+        {"step": 2, "version": 1, "group_ids": ["c", "d"], "ages": [0, 0]},
+        {"step": 3, "version": 2, "group_ids": ["e", "f"], "ages": [0, 0]},
+        {"step": 2, "version": 3, "group_ids": ["c", "g"], "ages": [0, 0]},
+    )
+    assert lineage.trained() == ["a", "b", "c", "g"]
+    # 8 accepted: 4 trained, "d", "e" and "f" dropped by the queue, "h" still queued.
+    assert lost_groups(lineage, produced=8, queue_dropped=3, queued=1, pending=0) == 0
+
+
 def test_a_group_in_two_steps_of_the_lineage_is_trained_twice(tmp_path):
     lineage = _lineage(
         tmp_path,
