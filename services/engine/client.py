@@ -220,7 +220,9 @@ class EngineClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_KEEP_ALIVE_S)
-            self._session = aiohttp.ClientSession(self.base_url, connector=connector, timeout=self._timeout)
+            # No base_url on the session: aiohttp would replace a path in it (an engine behind a
+            # gateway's prefix) with the request's, where every call must go under it.
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
     async def aclose(self) -> None:
@@ -244,7 +246,7 @@ class EngineClient:
     async def _send_once(self, method: str, path: str, json: Any) -> _Answer:
         where = f"{method} {self.base_url}{path}"
         try:
-            async with self._http().request(method, path, json=json) as response:
+            async with self._http().request(method, f"{self.base_url}{path}", json=json) as response:
                 answer = _Answer(method, path, response.status, await response.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise EngineUnavailableError(f"{where}: cannot connect ({exc!r})") from exc
@@ -463,7 +465,8 @@ class EngineClient:
 
     async def _probe(self, path: str, timeout_s: float) -> bool:
         try:
-            async with self._http().get(path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            url = f"{self.base_url}{path}"
+            async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import pytest
+from aiohttp import web
 
 from relayrl.stack.chaos.proxy import FaultyProxy
 from services.engine.client import EngineClient, EngineLinkError, EngineUnavailableError, SamplingParams
@@ -73,3 +74,31 @@ async def test_an_answer_later_than_the_timeout_is_a_link_error(proxy: CountingP
     async with EngineClient(f"http://127.0.0.1:{proxy.port}", timeout=0.3, retries=0) as client:
         with pytest.raises(EngineLinkError, match="link failed"):
             await client.generate([5, 6, 7], SamplingParams(max_new_tokens=2))
+
+
+async def test_an_engine_behind_a_path_prefix_is_called_under_it() -> None:
+    # A gateway that routes /sglang-0/... to an engine: every call must keep the prefix.
+    seen: list[str] = []
+
+    async def model_info(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"model_path": "m", "weight_version": "7"})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/sglang-0/get_model_info", model_info)
+    app.router.add_get("/sglang-0/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with EngineClient(f"http://127.0.0.1:{port}/sglang-0/", retries=0) as client:
+            assert await client.health()
+            assert await client.weight_version() == "7"
+        assert seen == ["/sglang-0/get_model_info"]
+    finally:
+        await runner.cleanup()
