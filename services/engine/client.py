@@ -244,9 +244,10 @@ class EngineClient:
         raise AssertionError("unreachable: tenacity returns or re-raises")
 
     async def _send_once(self, method: str, path: str, json: Any) -> _Answer:
-        where = f"{method} {self.base_url}{path}"
+        url = f"{self.base_url}{path}"
+        where = f"{method} {url}"
         try:
-            async with self._http().request(method, f"{self.base_url}{path}", json=json) as response:
+            async with self._http().request(method, url, json=json) as response:
                 answer = _Answer(method, path, response.status, await response.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise EngineUnavailableError(f"{where}: cannot connect ({exc!r})") from exc
