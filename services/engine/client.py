@@ -238,13 +238,17 @@ class EngineClient:
 
     async def _request(self, method: str, path: str, json: Any = None, retry: bool = True) -> _Answer:
         policy = RetryPolicy(attempts=self.retries + 1 if retry else 1, first_wait_s=self._backoff_s, max_wait_s=5.0)
-        async for attempt in retrying(f"{method} {self.base_url}{path}", engine_unavailable, policy):
+        async for attempt in retrying(f"{method} {self._url(path)}", engine_unavailable, policy):
             with attempt:
                 return await self._send_once(method, path, json)
         raise AssertionError("unreachable: tenacity returns or re-raises")
 
+    def _url(self, path: str) -> str:
+        """Every call goes under the engine URL's path (a gateway's prefix included)."""
+        return f"{self.base_url}{path}"
+
     async def _send_once(self, method: str, path: str, json: Any) -> _Answer:
-        url = f"{self.base_url}{path}"
+        url = self._url(path)
         where = f"{method} {url}"
         try:
             async with self._http().request(method, url, json=json) as response:
@@ -466,8 +470,7 @@ class EngineClient:
 
     async def _probe(self, path: str, timeout_s: float) -> bool:
         try:
-            url = f"{self.base_url}{path}"
-            async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            async with self._http().get(self._url(path), timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False

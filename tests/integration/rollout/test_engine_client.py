@@ -94,7 +94,7 @@ async def test_an_engine_behind_a_path_prefix_is_called_under_it() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         async with EngineClient(f"http://127.0.0.1:{port}/sglang-0/", retries=0) as client:
             assert await client.health()
