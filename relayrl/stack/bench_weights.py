@@ -6,6 +6,8 @@ applies, and it needs the queue to start), then a 2-rank torchrun job
 (:mod:`services.trainer.publish_bench`) holding the FSDP2-sharded model. It asks that job for
 ``--versions`` versions, one after another; each is perturbed, gathered and uploaded by the
 trainer's own publish code, and the next is asked for only once every replica holds the last.
+No process is pinned to CPUs unless ``--cpus auto`` asks for a training stack's placement
+(:data:`CPU_PLACEMENTS` says why).
 Per version it records:
 
 - gather and upload seconds, from the trainer;
@@ -61,6 +63,12 @@ if TYPE_CHECKING:
     from services.trainer.publish_bench import PublishedVersion
 
 TRAINER_RANKS = 2
+# ``stack.cpus`` values the bench accepts. Its default is ``off``: ``auto`` keeps a trainer's CPUs
+# for training, but this trainer only publishes, so under ``auto`` half the machine would wait on
+# it while paramsync, every replica and every engine share the other half. On 2 cores that put a
+# second replica's whole apply behind the first's (``base``, 2 replicas: median 1.65x one
+# replica's seconds under ``auto``, 1.26x under ``off``; README, "Benchmarks").
+CPU_PLACEMENTS = ("off", "auto")
 # One token from a short prompt: each answer says which version generated it, at little cost.
 PROBE_REQUEST = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 POLL_S = 0.005
@@ -187,7 +195,9 @@ async def stage_histograms(rollouts: dict[str, str], engines: dict[str, str]) ->
     return {name: await asyncio.to_thread(read_histograms, url, families) for name, url, families in read}
 
 
-def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float, lora_rank: int) -> StackConfig:
+def _stack_config(
+    work: Path, model_dir: Path, replicas: int, timeout_s: float, lora_rank: int, cpus: str
+) -> StackConfig:
     from services.trainer.publish_bench import LORA_ALPHA
 
     return StackConfig(
@@ -200,6 +210,7 @@ def _stack_config(work: Path, model_dir: Path, replicas: int, timeout_s: float, 
             ready_timeout_s=timeout_s,
             # A restarted component would pay start-up costs inside a version's figures: fail instead.
             restart="never",
+            cpus=cpus,
         ),
         # An adapter version is loaded with the trainer's alpha, which the tensors do not carry.
         rollout={"lora_alpha": LORA_ALPHA} if lora_rank else {},
@@ -314,11 +325,18 @@ def _pid(supervisor: Supervisor, name: str) -> int:
 
 
 def run_replicas(
-    work: Path, model_dir: Path, replicas: int, versions: int, timeout_s: float, lora_rank: int = 0
+    work: Path,
+    model_dir: Path,
+    replicas: int,
+    versions: int,
+    timeout_s: float,
+    lora_rank: int = 0,
+    cpus: str = "off",
 ) -> dict[str, Any]:
     """The figures of ``versions`` versions through a fresh stack with ``replicas`` replicas (each
-    version a rank-``lora_rank`` LoRA adapter when above 0)."""
-    config = _stack_config(work, model_dir, replicas, timeout_s, lora_rank)
+    version a rank-``lora_rank`` LoRA adapter when above 0), its processes placed by ``cpus``
+    (``stack.cpus``: ``off`` or ``auto``)."""
+    config = _stack_config(work, model_dir, replicas, timeout_s, lora_rank, cpus)
     with supervised(None, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
         with socket.create_server((HOST, 0)) as server:
@@ -411,8 +429,14 @@ def bench(
     preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base (Qwen2.5-0.5B's shape).")] = "tiny",
     replicas: Annotated[str, typer.Option(help="Replica counts, each measured on a fresh stack, e.g. 1,2.")] = "1,2",
     versions: Annotated[
-        int, typer.Option(min=2, help="Versions published per replica count; the first is reported apart.")
-    ] = 5,
+        int,
+        typer.Option(
+            min=2,
+            help="Versions published per replica count; the first is reported apart, the medians cover the"
+            " rest. Paramsync's first keep_versions + 1 versions land in fresh memory (on base, seconds"
+            " each): the default leaves them a minority of the medians' versions.",
+        ),
+    ] = 8,
     model_dir: Annotated[
         Path | None, typer.Option(help="Use this model directory instead of creating the preset's in a temp dir.")
     ] = None,
@@ -425,11 +449,22 @@ def bench(
             " weight; each replica loads it into its engine as an adapter. 0: the whole model.",
         ),
     ] = 0,
+    cpus: Annotated[
+        str,
+        typer.Option(
+            help="Where the processes run (stack.cpus): off lets them use every CPU; auto pins them as a training"
+            " stack does (the engines and services on half the CPUs, the trainer on the rest).",
+        ),
+    ] = "off",
 ) -> None:
     """The weight path at a preset's size: trainer gather and upload, fetch, apply, pause, first token, memory."""
     if preset not in PRESETS:
         raise typer.BadParameter(
             f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}", param_hint="--preset"
+        )
+    if cpus not in CPU_PLACEMENTS:
+        raise typer.BadParameter(
+            f"unknown placement {cpus!r}; choose one of {', '.join(CPU_PLACEMENTS)}", param_hint="--cpus"
         )
     counts = _parse_replicas(replicas)
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-weights-") as tmp:
@@ -440,12 +475,12 @@ def bench(
         runs = {}
         for count in counts:
             _phase(f"{count} replica(s), {versions} versions")
-            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s, lora_rank)
+            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s, lora_rank, cpus)
     model_bytes = runs[counts[0]]["model_bytes"]
     _phase(f"references: raw TCP and memcpy of {model_bytes / 1e6:.1f} MB")
     raw_s, memcpy_s = raw_tcp_seconds(model_bytes), memcpy_seconds(model_bytes)
     from relayrl.stack.cpus import plan_cpus
 
-    cpu_split = plan_cpus(StackSettings().cpus, replicas=counts[-1], trainer_procs=TRAINER_RANKS).describe()
+    cpu_split = plan_cpus(cpus, replicas=counts[-1], trainer_procs=TRAINER_RANKS).describe()
     result = bench_result(preset, versions, runs, raw_s, memcpy_s, cpu_split, lora_rank)
     typer.echo(json.dumps(result) if json_output else render_table(result))

@@ -61,6 +61,8 @@ def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
     assert run["ratio_to_raw_tcp"] == pytest.approx(run["median"]["total_s"] / result["raw_tcp_s"], rel=1e-4)
     assert result["targets"].keys() == TARGETS
     assert all(isinstance(met, bool) for met in result["targets"].values())
+    # By default nothing is pinned: this trainer only publishes, so no CPU is kept for it.
+    assert result["cpu_split"]["engines"] == result["cpu_split"]["trainer"] == "all"
     # Stages are announced on stderr while they run.
     assert "version 2 applied at every replica" in done.stderr
 
@@ -72,12 +74,18 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
     from services.trainer.gather import published_items, weight_specs
 
     argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
+    # Pinned as a training stack is (`--cpus auto`): the placement the run reports is the one it had.
     done = subprocess.run(
-        [*argv, "--versions", "2", "--lora-rank", "4", "--json"], capture_output=True, text=True, timeout=280
+        [*argv, "--versions", "2", "--lora-rank", "4", "--cpus", "auto", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["lora_rank"] == 4
+    split = result["cpu_split"]
+    assert split["engines"] and split["trainer"] and not set(split["engines"]) & set(split["trainer"])
     adapted = lora.add_adapter(load_causal_lm(tiny_model_dir), lora.LoraSpec(4, 16.0, ALL_LINEAR))
     assert result["model_bytes"] == sum(spec.num_bytes for spec in weight_specs(published_items(adapted)))
     # Each version reached the replica (as an adapter) and the engine answered with it. A few
@@ -87,3 +95,11 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
     for stage in ("fetch_s", "apply_s", "paused_s"):
         assert median[stage]["rollout-0"] > 0, stage
     assert median["first_token_s"]["engine-0"] > 0 and median["engine_paused_s"]["engine-0"] > 0
+
+
+def test_an_unknown_cpu_placement_is_a_clear_error() -> None:
+    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--cpus", "sometimes"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    message = " ".join(done.stderr.replace("│", " ").split())
+    assert "choose one of off, auto" in message and "Traceback" not in message
