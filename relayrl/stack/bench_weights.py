@@ -23,7 +23,8 @@ Per version it records:
 Peak resident memory (VmHWM) of trainer rank 0, paramsync and each engine is reset once the stack
 is up and read after the last version, so it is the peak of the weight path, not of start-up;
 its growth over the resident size at the reset (``above_start_bytes``) is what the weight path
-itself added, the process's libraries and rank 0's shard left out.
+itself added, the process's libraries and rank 0's shard left out. ``cpus`` lists the CPUs each of
+those processes was allowed to run on, read from the kernel.
 After the runs the references move the same byte count: loopback TCP into another process, and
 one memcpy. Medians leave out the first version (it pays one-off costs; reported apart).
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -256,7 +258,9 @@ def _accept_trainer(server: socket.socket, supervisor: Supervisor, timeout_s: fl
 
 async def _measure(
     stack: LocalStack, supervisor: Supervisor, conn: socket.socket, versions: int, timeout_s: float
-) -> tuple[list[VersionSample], dict[str, int], dict[str, int]]:
+) -> tuple[list[VersionSample], dict[str, int], dict[str, int], dict[str, list[int]]]:
+    """Each version's sample; each measured process's peak and starting resident bytes, and the
+    CPUs it may run on."""
     from services.paramsync.client import ParamSyncClient
 
     reader, writer = await asyncio.open_connection(sock=conn)
@@ -282,6 +286,8 @@ async def _measure(
             await until(lambda s=stream: s.first_at(0), f"{name}'s first /generate answer", timeout_s, supervisor)
         pids = {"trainer_rank0": trainer_pid, "paramsync": _pid(supervisor, "paramsync")}
         pids.update({name: _pid(supervisor, name) for name in streams})
+        # Where each process may run, as the kernel has it: the placement the figures come from.
+        cpus = {name: sorted(os.sched_getaffinity(pid)) for name, pid in pids.items()}
         for pid in pids.values():
             reset_peak_memory(pid)
         # What each process held before the first version: the peak's growth during the weight path.
@@ -315,7 +321,7 @@ async def _measure(
         for stream in streams.values():
             await stream.stop()
         await trainer.close()
-    return samples, peaks, starts
+    return samples, peaks, starts, cpus
 
 
 def _pid(supervisor: Supervisor, name: str) -> int:
@@ -345,13 +351,13 @@ def run_replicas(
             stack.start(model_dir, training=False)
             _phase(f"stack up: paramsync, {replicas} engine(s) and replica(s)")
             conn = _accept_trainer(server, supervisor, timeout_s)
-        samples, peaks, starts = asyncio.run(_measure(stack, supervisor, conn, versions, timeout_s))
+        samples, peaks, starts, cpus_by_process = asyncio.run(_measure(stack, supervisor, conn, versions, timeout_s))
         trainer = supervisor.get("trainer")
         assert trainer.process is not None
         trainer.process.wait(timeout_s)
         if trainer.process.returncode != 0:
             raise RuntimeError(f"the bench's trainer exited with {trainer.process.returncode}; see {stack.run_dir}")
-    return replica_run_figures(samples, peaks, TRAINER_RANKS, starts)
+    return {**replica_run_figures(samples, peaks, TRAINER_RANKS, starts), "cpus": cpus_by_process}
 
 
 def memcpy_seconds(size_bytes: int) -> float:
@@ -467,6 +473,10 @@ def bench(
             f"unknown placement {cpus!r}; choose one of {', '.join(CPU_PLACEMENTS)}", param_hint="--cpus"
         )
     counts = _parse_replicas(replicas)
+    from relayrl.stack.cpus import plan_cpus
+
+    cpu_split = plan_cpus(cpus, replicas=counts[-1], trainer_procs=TRAINER_RANKS).describe()
+    _phase(f"{preset} preset, CPUs {cpu_split}")
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-weights-") as tmp:
         work = Path(tmp)
         if model_dir is None:
@@ -479,8 +489,5 @@ def bench(
     model_bytes = runs[counts[0]]["model_bytes"]
     _phase(f"references: raw TCP and memcpy of {model_bytes / 1e6:.1f} MB")
     raw_s, memcpy_s = raw_tcp_seconds(model_bytes), memcpy_seconds(model_bytes)
-    from relayrl.stack.cpus import plan_cpus
-
-    cpu_split = plan_cpus(cpus, replicas=counts[-1], trainer_procs=TRAINER_RANKS).describe()
     result = bench_result(preset, versions, runs, raw_s, memcpy_s, cpu_split, lora_rank)
     typer.echo(json.dumps(result) if json_output else render_table(result))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,7 +64,10 @@ def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
     assert all(isinstance(met, bool) for met in result["targets"].values())
     # By default nothing is pinned: this trainer only publishes, so no CPU is kept for it.
     assert result["cpu_split"]["engines"] == result["cpu_split"]["trainer"] == "all"
-    # Stages are announced on stderr while they run.
+    everywhere = sorted(os.sched_getaffinity(0))
+    assert run["cpus"] == {name: everywhere for name in ("trainer_rank0", "paramsync", "engine-0")}
+    # Stages are announced on stderr while they run, the placement first.
+    assert "tiny preset, CPUs {'engines': 'all'" in done.stderr
     assert "version 2 applied at every replica" in done.stderr
 
 
@@ -86,6 +90,13 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
     assert result["lora_rank"] == 4
     split = result["cpu_split"]
     assert split["engines"] and split["trainer"] and not set(split["engines"]) & set(split["trainer"])
+    # The processes ran where the split says.
+    cpus = result["by_replicas"]["1"]["cpus"]
+    assert (cpus["engine-0"], cpus["paramsync"], cpus["trainer_rank0"]) == (
+        split["engines"],
+        split["services"],
+        split["trainer"],
+    )
     adapted = lora.add_adapter(load_causal_lm(tiny_model_dir), lora.LoraSpec(4, 16.0, ALL_LINEAR))
     assert result["model_bytes"] == sum(spec.num_bytes for spec in weight_specs(published_items(adapted)))
     # Each version reached the replica (as an adapter) and the engine answered with it. A few
