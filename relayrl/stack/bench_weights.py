@@ -67,9 +67,9 @@ if TYPE_CHECKING:
 TRAINER_RANKS = 2
 # ``stack.cpus`` values the bench accepts. Its default is ``off``: ``auto`` keeps a trainer's CPUs
 # for training, but this trainer only publishes, so under ``auto`` half the machine would wait on
-# it while paramsync, every replica and every engine share the other half. On 2 cores that put a
-# second replica's whole apply behind the first's (``base``, 2 replicas: median 1.65x one
-# replica's seconds under ``auto``, 1.27x under ``off``; README, "Benchmarks").
+# it while paramsync, every replica and every engine share the other half. On 2 cores two
+# replicas' applies then share one core (``base``, 2 replicas: median 1.65x one replica's
+# seconds under ``auto``, 1.27x under ``off``; README, "Benchmarks").
 CPU_PLACEMENTS = ("off", "auto")
 # One token from a short prompt: each answer says which version generated it, at little cost.
 PROBE_REQUEST = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
