@@ -336,8 +336,8 @@ def run_replicas(
     replicas: int,
     versions: int,
     timeout_s: float,
+    cpus: str,
     lora_rank: int = 0,
-    cpus: str = "off",
 ) -> dict[str, Any]:
     """The figures of ``versions`` versions through a fresh stack with ``replicas`` replicas (each
     version a rank-``lora_rank`` LoRA adapter when above 0), its processes placed by ``cpus``
@@ -485,7 +485,7 @@ def bench(
         runs = {}
         for count in counts:
             _phase(f"{count} replica(s), {versions} versions")
-            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s, lora_rank, cpus)
+            runs[count] = run_replicas(work, model_dir.resolve(), count, versions, timeout_s, cpus, lora_rank)
     model_bytes = runs[counts[0]]["model_bytes"]
     _phase(f"references: raw TCP and memcpy of {model_bytes / 1e6:.1f} MB")
     raw_s, memcpy_s = raw_tcp_seconds(model_bytes), memcpy_seconds(model_bytes)
