@@ -20,6 +20,15 @@ class EngineSettings(ServiceSettings):
     max_running_requests: int = Field(
         64, ge=1, description="Sequences decoded together in one batched forward pass (SGLang's name)."
     )
+    max_prefill_tokens: int = Field(
+        512,
+        ge=1,
+        description=(
+            "Prompt tokens one step may prefill (SGLang's name): only tokens the prefix cache does not give count,"
+            " and the samples of one prompt count once. Requests past it wait for the next step, which decodes the"
+            " running ones first; a longer prompt is prefilled alone."
+        ),
+    )
     prefix_cache_mb: int = Field(
         256,
         ge=0,

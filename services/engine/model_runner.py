@@ -204,9 +204,17 @@ class ModelRunner:
         self.kv = KVSlots(int(config.num_hidden_layers), kv_heads, int(head_dim), dtype, chunk)
         self.prefixes = PrefixCache(prefix_cache_bytes)
 
+    def match(self, prompt: Sequence[int], adapter: LoraAdapter | None = None) -> tuple[CachedPrefix, int] | None:
+        """The cached entry :meth:`prefill` would start ``prompt`` from and how many of its tokens
+        that entry gives (those need no forward pass); None when nothing cached continues it."""
+        return self.prefixes.lookup(prompt, adapter)
+
     @torch.inference_mode()
     def prefill(
-        self, prompts: Sequence[Sequence[int]], adapters: Sequence[LoraAdapter | None] | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        adapters: Sequence[LoraAdapter | None] | None = None,
+        matches: Sequence[tuple[CachedPrefix, int] | None] | None = None,
     ) -> list[Prefilled]:
         """Takes every prompt into a new running row and returns each one's row and next-token logits.
 
@@ -214,10 +222,15 @@ class ModelRunner:
         keys and values and feeds only the rest. Prompts are fed in batched passes over their new
         rows, each pass grouping prompts of similar remaining length (:data:`PAD_LIMIT`), so a
         short continuation does not pay for a long prompt's padding. ``adapters`` names each
-        prompt's LoRA adapter (None: the base model).
+        prompt's LoRA adapter (None: the base model); ``matches``, each prompt's :meth:`match`
+        where the caller looked it up already.
         """
         chosen = list(adapters) if adapters is not None else [None] * len(prompts)
-        hits = [self.prefixes.lookup(prompt, adapter) for prompt, adapter in zip(prompts, chosen, strict=True)]
+        hits = (
+            list(matches)
+            if matches is not None
+            else [self.match(prompt, adapter) for prompt, adapter in zip(prompts, chosen, strict=True)]
+        )
         cached = [hit[1] if hit else 0 for hit in hits]
         longest_first = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) - cached[i], reverse=True)
         results: list[Prefilled | None] = [None] * len(prompts)

@@ -4,7 +4,9 @@ Each loop iteration (a *step*) it runs control commands (weight updates, pause, 
 admits waiting requests up to ``max_running_requests`` (prefilling each distinct prompt once),
 samples one token for every running sequence, and feeds all of those tokens to the model in
 **one** batched decode forward pass. New requests therefore join between decode steps
-instead of waiting for a running batch to drain.
+instead of waiting for a running batch to drain. A step admits at most ``max_prefill_tokens``
+prompt tokens to prefill, as SGLang's scheduler does: a wave of requests that arrived together
+is taken over several steps, so its requests finish at different times instead of all at once.
 
 Pause modes follow SGLang's ``/pause_generation``:
 
@@ -38,6 +40,7 @@ import torch
 
 from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, Slot
+from services.engine.prefix_cache import CachedPrefix
 from services.engine.sampling import SamplingConfig, sample
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class Scheduler:
         decode_text: Callable[[list[int]], str],
         eos_token_ids: set[int],
         max_running_requests: int,
+        max_prefill_tokens: int,
         context_length: int,
         weight_version: str,
         seed: int,
@@ -107,6 +111,7 @@ class Scheduler:
         self.decode_text = decode_text
         self.eos_token_ids = eos_token_ids
         self.max_running = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
         self.weight_version = weight_version
         self.generator = torch.Generator().manual_seed(seed)
@@ -188,20 +193,35 @@ class Scheduler:
 
     def _admit(self) -> None:
         admitted: list[Sequence] = []
+        # Samples of one prompt (and adapter) are prefilled once, the others fork that row; each
+        # distinct prompt costs the step its tokens the prefix cache does not give.
+        matches: dict[tuple[tuple[int, ...], LoraAdapter | None], tuple[CachedPrefix, int] | None] = {}
+        tokens = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_running:
-            seq = self.waiting.popleft()
+            seq = self.waiting[0]
             if seq.future.cancelled():
+                self.waiting.popleft()
                 self.runner.lora.release(seq.adapter)
                 continue
             if seq.config.max_new_tokens <= len(seq.output_ids):
+                self.waiting.popleft()
                 self._finish(seq, {"type": "length", "length": seq.config.max_new_tokens})
                 continue
-            admitted.append(seq)
+            key = (tuple(seq.all_ids), seq.adapter)
+            if key not in matches:
+                match = self.runner.match(key[0], seq.adapter)
+                cost = len(key[0]) - (match[1] if match else 0)
+                if matches and tokens + cost > self.max_prefill_tokens:
+                    break  # the next step admits it; one step always admits at least one prompt
+                matches[key] = match
+                tokens += cost
+            admitted.append(self.waiting.popleft())
         if not admitted:
             return
-        # Samples of one prompt (and adapter) are prefilled once, the others fork that row.
-        distinct = list(dict.fromkeys((tuple(seq.all_ids), seq.adapter) for seq in admitted))
-        outputs = self.runner.prefill([ids for ids, _ in distinct], [adapter for _, adapter in distinct])
+        distinct = list(matches)
+        outputs = self.runner.prefill(
+            [ids for ids, _ in distinct], [adapter for _, adapter in distinct], [matches[key] for key in distinct]
+        )
         prefilled = dict(zip(distinct, outputs, strict=True))
         placed: set[tuple[tuple[int, ...], LoraAdapter | None]] = set()
         for seq in admitted:

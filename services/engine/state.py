@@ -81,6 +81,7 @@ class EngineState:
             decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
+            max_prefill_tokens=settings.max_prefill_tokens,
             context_length=self.context_length,
             weight_version=settings.weight_version,
             seed=settings.seed,

@@ -1,0 +1,136 @@
+"""The scheduler's prefill budget (``max_prefill_tokens``): what one step may prefill, and that the
+answers do not depend on it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from services.engine.model_runner import ModelRunner
+from services.engine.prefix_cache import BLOCK_TOKENS
+from services.engine.sampling import SamplingConfig
+from services.engine.scheduler import Scheduler, Sequence
+
+NEW_TOKENS = 3
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    config = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+class Engine:
+    """A scheduler on its own thread, recording the prompt tokens each step prefilled."""
+
+    def __init__(self, model: torch.nn.Module, max_prefill_tokens: int) -> None:
+        self.runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+        self.prefilled_per_step: list[int] = []
+        self.scheduler = Scheduler(
+            runner=self.runner,
+            decode_text=lambda ids: "",
+            eos_token_ids=set(),
+            max_running_requests=64,
+            max_prefill_tokens=max_prefill_tokens,
+            context_length=256,
+            weight_version="0",
+            seed=0,
+            on_step=self._on_step,
+        )
+        self._counted = 0
+
+    def _on_step(self, scheduler: Scheduler) -> None:
+        total = scheduler.runner.counts.prefill_tokens
+        if total > self._counted:
+            self.prefilled_per_step.append(total - self._counted)
+        self._counted = total
+
+    async def generate(self, prompts: list[list[int]], n: int = 1) -> list[list[int]]:
+        """Greedy answers of ``n`` samples of each prompt, every request waiting before the first step."""
+        loop = asyncio.get_running_loop()
+        sequences = [
+            Sequence(
+                rid=f"r{i}-{j}",
+                parent_rid=f"r{i}",
+                prompt_ids=list(prompt),
+                config=SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                return_logprob=False,
+                loop=loop,
+                future=loop.create_future(),
+            )
+            for i, prompt in enumerate(prompts)
+            for j in range(n)
+        ]
+        self.scheduler.submit(sequences)
+        self.scheduler.start()
+        try:
+            bodies = await asyncio.wait_for(asyncio.gather(*(s.future for s in sequences)), timeout=60)
+        finally:
+            self.scheduler.stop()
+        return [body["output_ids"] for body in bodies]
+
+
+def prompts_of(lengths: list[int]) -> list[list[int]]:
+    return [[(7 * i + t) % 97 for t in range(length)] for i, length in enumerate(lengths)]
+
+
+async def test_a_step_prefills_at_most_the_budget_and_the_answers_do_not_change(model: torch.nn.Module) -> None:
+    prompts = prompts_of([10, 12, 9, 11, 10, 8])
+    unlimited = Engine(model, max_prefill_tokens=10_000)
+    limited = Engine(model, max_prefill_tokens=24)
+
+    expected = await unlimited.generate(prompts)
+    got = await limited.generate(prompts)
+
+    assert got == expected
+    assert unlimited.prefilled_per_step == [60], "without a binding budget every prompt joins the first step"
+    assert limited.prefilled_per_step == [22, 20, 18]
+    assert all(tokens <= 24 for tokens in limited.prefilled_per_step)
+
+
+async def test_a_prompt_longer_than_the_budget_is_prefilled_alone(model: torch.nn.Module) -> None:
+    engine = Engine(model, max_prefill_tokens=8)
+
+    got = await engine.generate(prompts_of([30, 5, 6]))
+
+    assert [len(ids) for ids in got] == [NEW_TOKENS] * 3
+    assert engine.prefilled_per_step == [30, 5, 6]
+
+
+async def test_the_samples_of_one_prompt_cost_its_tokens_once(model: torch.nn.Module) -> None:
+    engine = Engine(model, max_prefill_tokens=20)
+
+    got = await engine.generate(prompts_of([20, 20]), n=8)
+
+    assert len(got) == 16
+    assert engine.prefilled_per_step == [20, 20], "eight samples of a 20-token prompt fit a budget of 20"
+
+
+async def test_a_continued_conversation_costs_only_the_tokens_the_prefix_cache_does_not_give(
+    model: torch.nn.Module,
+) -> None:
+    first_turns = prompts_of([2 * BLOCK_TOKENS] * 4)
+    warm = Engine(model, max_prefill_tokens=10_000)
+    answers = await warm.generate(first_turns)
+    # Each next turn: the conversation so far and 4 new tokens. The cache holds what each first turn
+    # fed the model (its prompt and all but its last answer token), so 1 + 4 tokens are new.
+    next_turns = [turn + answer + [1, 2, 3, 4] for turn, answer in zip(first_turns, answers, strict=True)]
+    engine = Engine(model, max_prefill_tokens=20)
+    engine.runner.prefixes = warm.runner.prefixes
+
+    got = await engine.generate(next_turns)
+
+    assert len(got) == 4
+    assert engine.prefilled_per_step == [4 * (1 + 4)], "four continuations of 5 new tokens fit a budget of 20"
