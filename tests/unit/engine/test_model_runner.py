@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from services.engine.model_runner import ModelRunner, Slot
+from tests.unit.engine.models import random_causal_lm
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def model(request: pytest.FixtureRequest) -> torch.nn.Module:
-    config_class = Qwen2Config if request.param == "qwen2" else LlamaConfig
-    config = config_class(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return random_causal_lm(request.param)
 
 
 @torch.inference_mode()

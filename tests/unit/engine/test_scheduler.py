@@ -7,29 +7,19 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
 from services.engine.model_runner import ModelRunner
 from services.engine.prefix_cache import BLOCK_TOKENS
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Scheduler, Sequence
+from tests.unit.engine.models import random_causal_lm
 
 NEW_TOKENS = 3
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    config = Qwen2Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return random_causal_lm()
 
 
 class Engine:
