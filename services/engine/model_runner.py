@@ -204,11 +204,6 @@ class ModelRunner:
         self.kv = KVSlots(int(config.num_hidden_layers), kv_heads, int(head_dim), dtype, chunk)
         self.prefixes = PrefixCache(prefix_cache_bytes)
 
-    def match(self, prompt: Sequence[int], adapter: LoraAdapter | None = None) -> tuple[CachedPrefix, int] | None:
-        """The cached entry :meth:`prefill` would start ``prompt`` from and how many of its tokens
-        that entry gives (those need no forward pass); None when nothing cached continues it."""
-        return self.prefixes.lookup(prompt, adapter)
-
     @torch.inference_mode()
     def prefill(
         self,
@@ -222,14 +217,14 @@ class ModelRunner:
         keys and values and feeds only the rest. Prompts are fed in batched passes over their new
         rows, each pass grouping prompts of similar remaining length (:data:`PAD_LIMIT`), so a
         short continuation does not pay for a long prompt's padding. ``adapters`` names each
-        prompt's LoRA adapter (None: the base model); ``matches``, each prompt's :meth:`match`
-        where the caller looked it up already.
+        prompt's LoRA adapter (None: the base model); ``matches``, each prompt's
+        :meth:`PrefixCache.lookup` where the caller looked it up already.
         """
         chosen = list(adapters) if adapters is not None else [None] * len(prompts)
         hits = (
             list(matches)
             if matches is not None
-            else [self.match(prompt, adapter) for prompt, adapter in zip(prompts, chosen, strict=True)]
+            else [self.prefixes.lookup(prompt, adapter) for prompt, adapter in zip(prompts, chosen, strict=True)]
         )
         cached = [hit[1] if hit else 0 for hit in hits]
         longest_first = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) - cached[i], reverse=True)

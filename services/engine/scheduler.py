@@ -209,7 +209,7 @@ class Scheduler:
                 continue
             key = (tuple(seq.all_ids), seq.adapter)
             if key not in matches:
-                match = self.runner.match(key[0], seq.adapter)
+                match = self.runner.prefixes.lookup(key[0], seq.adapter)
                 cost = len(key[0]) - (match[1] if match else 0)
                 if matches and tokens + cost > self.max_prefill_tokens:
                     break  # the next step admits it; one step always admits at least one prompt
