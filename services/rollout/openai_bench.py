@@ -19,6 +19,11 @@ Each path's clients are built once, before the timed rounds, as an agent keeps i
 The two alternate for ``rounds`` rounds and each figure is the median, so load from other
 processes hits both alike. ``ratio = openai_tokens_per_s / native_tokens_per_s``; the issue's
 target is a cost of at most 10 %, a ratio of 0.9 or more.
+
+Each path's ``*_prefill_passes`` and ``*_decode_passes`` are the engine's forward passes over its
+timed rounds (its ``/get_model_info`` counters). They show where the path's engine time went: the
+same tokens taken in more passes, as when a wave of turns comes back to the engine one by one
+instead of together and each turn is prefilled in a pass of its own.
 """
 
 from __future__ import annotations
@@ -61,9 +66,32 @@ class OpenAIBenchResult:
     rounds: int
     openai_tokens: int
     native_tokens: int
+    native_prefill_passes: int
+    native_decode_passes: int
+    openai_prefill_passes: int
+    openai_decode_passes: int
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Passes:
+    """The engine's forward passes so far (or over a span), prefill and decode."""
+
+    prefill: int = 0
+    decode: int = 0
+
+    def __add__(self, other: _Passes) -> _Passes:
+        return _Passes(self.prefill + other.prefill, self.decode + other.decode)
+
+    def __sub__(self, other: _Passes) -> _Passes:
+        return _Passes(self.prefill - other.prefill, self.decode - other.decode)
+
+
+async def _passes(engine: EngineClient) -> _Passes:
+    info = await engine.model_info()
+    return _Passes(int(info["num_prefill_forward_passes"]), int(info["num_decode_forward_passes"]))
 
 
 async def _native(
@@ -205,6 +233,7 @@ async def _measure(
     native_rates: list[float] = []
     openai_rates: list[float] = []
     native_tokens = openai_tokens = 0
+    native_passes, openai_passes = _Passes(), _Passes()
     queue = await start_queue_server(QueueSettings(redis_url=redis_url, run_id=f"bench-{uuid.uuid4().hex[:8]}"))
     rollout = await start_rollout(
         RolloutSettings(engine_url=engine_url, queue_address=queue.grpc_address, engine_check_interval_s=0.1)
@@ -219,14 +248,18 @@ async def _measure(
                 await _native(engine, tokenizer, concurrency, 1, 4, concurrency)  # warm-up
                 await agent.run(concurrency, 1, 4)
                 for _ in range(rounds):
+                    before = await _passes(engine)
                     started = time.perf_counter()
                     tokens = await _native(engine, tokenizer, episodes, turns, max_tokens, concurrency)
                     native_rates.append(tokens / (time.perf_counter() - started))
                     native_tokens += tokens
+                    between = await _passes(engine)
+                    native_passes += between - before
                     started = time.perf_counter()
                     tokens = await agent.run(episodes, turns, max_tokens)
                     openai_rates.append(tokens / (time.perf_counter() - started))
                     openai_tokens += tokens
+                    openai_passes += await _passes(engine) - between
         finally:
             agent.close()
     finally:
@@ -245,6 +278,10 @@ async def _measure(
         rounds=rounds,
         openai_tokens=openai_tokens,
         native_tokens=native_tokens,
+        native_prefill_passes=native_passes.prefill,
+        native_decode_passes=native_passes.decode,
+        openai_prefill_passes=openai_passes.prefill,
+        openai_decode_passes=openai_passes.decode,
     )
 
 
