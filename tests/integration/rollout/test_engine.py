@@ -243,7 +243,8 @@ async def test_a_sequence_generated_across_a_weight_update_is_not_cached(
     engine: EngineProcess, tiny_model_dir: Path
 ) -> None:
     prompt = list(range(70, 100))
-    async with httpx.AsyncClient(base_url=engine.url) as http, EngineClient(engine.url) as client:
+    # 1000 tokens take ~2 s alone, longer on a loaded machine than httpx's default 5 s read timeout.
+    async with httpx.AsyncClient(base_url=engine.url, timeout=60) as http, EngineClient(engine.url) as client:
         params = {"max_new_tokens": 1000, "temperature": 1.0, "ignore_eos": True}
         running = asyncio.create_task(http.post("/generate", json={"input_ids": prompt, "sampling_params": params}))
         await wait_until_async(lambda: _generated(engine), 10, "the generation to start")
