@@ -49,6 +49,9 @@ CLOSING_MESSAGE = "aborted: the engine is shutting down"
 
 PauseMode = Literal["abort", "retract", "in_place"]
 
+# A prompt as the prefill sees it: its token ids and the LoRA adapter it runs with.
+PromptKey = tuple[tuple[int, ...], LoraAdapter | None]
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -192,10 +195,11 @@ class Scheduler:
                 loop.call_soon_threadsafe(_set_result, future, result)
 
     def _admit(self) -> None:
-        admitted: list[Sequence] = []
+        # Each admitted sequence with its prompt key: its ids and adapter, built once per step.
+        admitted: list[tuple[Sequence, PromptKey]] = []
         # Samples of one prompt (and adapter) are prefilled once, the others fork that row; each
         # distinct prompt costs the step its tokens the prefix cache does not give.
-        matches: dict[tuple[tuple[int, ...], LoraAdapter | None], tuple[CachedPrefix, int] | None] = {}
+        matches: dict[PromptKey, tuple[CachedPrefix, int] | None] = {}
         tokens = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_running:
             seq = self.waiting[0]
@@ -215,7 +219,7 @@ class Scheduler:
                     break  # the next step admits it; one step always admits at least one prompt
                 matches[key] = match
                 tokens += cost
-            admitted.append(self.waiting.popleft())
+            admitted.append((self.waiting.popleft(), key))
         if not admitted:
             return
         distinct = list(matches)
@@ -223,9 +227,8 @@ class Scheduler:
             [ids for ids, _ in distinct], [adapter for _, adapter in distinct], [matches[key] for key in distinct]
         )
         prefilled = dict(zip(distinct, outputs, strict=True))
-        placed: set[tuple[tuple[int, ...], LoraAdapter | None]] = set()
-        for seq in admitted:
-            key = (tuple(seq.all_ids), seq.adapter)
+        placed: set[PromptKey] = set()
+        for seq, key in admitted:
             first = prefilled[key]
             seq.slot = self.runner.kv.fork(first.slot) if key in placed else first.slot
             placed.add(key)
