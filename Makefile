@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 
-.PHONY: setup system-deps helm test test-unit test-integration test-e2e lint proto bench demo clean
+.PHONY: setup system-deps helm test test-unit test-integration test-e2e test-gpu lint proto bench demo clean
 
 setup: system-deps $(STAMP) helm
 
@@ -39,6 +39,10 @@ test-integration: setup
 
 test-e2e: setup
 	$(BIN)/pytest $(XDIST) -m e2e $(PYTEST_ARGS)
+
+# Tests that need a CUDA device; elsewhere each is skipped with the reason.
+test-gpu: setup
+	$(BIN)/pytest -m gpu -p no:xdist $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

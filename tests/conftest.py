@@ -29,8 +29,22 @@ _AREAS = {
 }
 
 
+def _no_cuda_reason() -> str | None:
+    """Why `gpu` tests cannot run here, or None where they can."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"needs a CUDA device; torch {torch.__version__} sees none (run `make test-gpu` on a GPU host)"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # One hook at the root: a conftest's hook sees every collected item, not only its directory's.
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    reason = _no_cuda_reason() if gpu_items else None
+    for item in gpu_items:
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     for item in items:
         parts = Path(str(item.fspath)).relative_to(TESTS).parts
         if parts[0] in _SLICES:

@@ -39,3 +39,7 @@ def serve_command(
         from services.engine.server import serve
 
     asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    app()

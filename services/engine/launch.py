@@ -17,7 +17,7 @@ def launch_engine(
     """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs)."""
     env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port)],
+        [sys.executable, "-m", "services.engine.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -180,7 +180,7 @@ def run_bench(
 
     grpc_port, http_port = free_port(), free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "paramsync", "serve"],
+        [sys.executable, "-m", "services.paramsync.cli", "serve"],
         env=_env(
             RELAYRL_PARAMSYNC_GRPC_PORT=str(grpc_port),
             RELAYRL_PARAMSYNC_HTTP_PORT=str(http_port),

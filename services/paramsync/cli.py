@@ -64,3 +64,7 @@ def bench(
     if not counts or counts[0] < 1:
         raise typer.BadParameter("--replicas needs at least one count >= 1")
     typer.echo(json.dumps(run_bench(size_mb, counts, checksum, rounds)))
+
+
+if __name__ == "__main__":
+    app()

@@ -178,7 +178,7 @@ async def _start_service(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
         "RELAYRL_QUEUE_HTTP_PORT": str(http_port),
         "RELAYRL_QUEUE_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "queue", "serve"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "services.queue.cli", "serve"], env=env)
     deadline = time.monotonic() + 30
     async with httpx.AsyncClient() as http:
         while True:

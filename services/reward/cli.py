@@ -64,3 +64,7 @@ def bench(
     )
     result = run_bench(spec)
     typer.echo(json.dumps(result) if json_output else "\n".join(f"{k}: {v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    app()

@@ -20,7 +20,7 @@ def launch_reward(
 ) -> subprocess.Popen[bytes]:
     """``relayrl reward serve`` on ``port``; ``env`` adds ``RELAYRL_REWARD_*`` settings."""
     return subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "reward", "serve", "--model", str(model_dir), "--port", str(port)],
+        [sys.executable, "-m", "services.reward.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,

@@ -8,7 +8,7 @@ Rank 0 connects to the bench on ``CONTROL_PORT`` (loopback), says hello with its
 reads its peak memory) and reads ``{"paramsync": "host:port"}``: the job loads the model while
 the bench starts the stack. Then for each line ``{"version": v}`` every rank perturbs its shard (so
 each version differs, as after an optimizer step), and the job publishes; rank 0 answers one
-:class:`~relayrl.stack.weights_figures.PublishedVersion` as a JSON line. ``{"stop": true}`` ends
+:class:`~commands.stack.weights_figures.PublishedVersion` as a JSON line. ``{"stop": true}`` ends
 the job. No optimizer and no data: the step is the perturbation alone, so the bench times the
 weight path and nothing else.
 """

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
-from relayrl.stack.config import StackConfig, StackSettings
-from relayrl.stack.launch import LocalStack, prepare_model
-from relayrl.stack.report import read_metrics
-from relayrl.stack.supervisor import supervised
+from commands.stack.config import StackConfig, StackSettings
+from commands.stack.launch import LocalStack, prepare_model
+from commands.stack.report import read_metrics
+from commands.stack.supervisor import supervised
 from services.queue.keys import Keys
 from tests.processes import process_alive
 from tests.waiting import wait_until

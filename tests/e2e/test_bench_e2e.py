@@ -34,7 +34,7 @@ KEYS = {
 
 def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "e2e", "--workload", "realistic", "--preset", "tiny"]
     # No --alone-steps: the workload's own default (4 for realistic) applies.
     # Every workload switches weights in place unless told otherwise: this run covers the other way.
     argv += ["--partial-rollout-mode", "abort_resume"]
@@ -69,7 +69,7 @@ AGENTIC_KEYS = {"tool_latency_ms", "engine_idle_ratio", "env_calls", "env_s", "e
 
 
 def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environment(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "agentic", "--tool-latency-ms", "100"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "e2e", "--workload", "agentic", "--tool-latency-ms", "100"]
     # Beyond η + 1 = 3 steps, so the async window holds generation too (the first 3 steps are released
     # at once): steps 4 and 5 are released after steps 1 and 2, and the window opens at step 1's row.
     # With 4 steps a bench process starved by other load opened it after the last groups were done.
@@ -102,7 +102,7 @@ def test_an_unknown_preset_workload_or_dtype_is_a_clear_error() -> None:
         ("--dtype", "fp16", "fp32, bf16"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "relayrl.cli", "bench", "e2e", flag, value],
+            [sys.executable, "-m", "commands.cli", "bench", "e2e", flag, value],
             capture_output=True,
             text=True,
             timeout=60,
@@ -114,7 +114,7 @@ def test_an_unknown_preset_workload_or_dtype_is_a_clear_error() -> None:
 
 
 def test_a_tool_latency_for_a_single_turn_workload_is_a_clear_error() -> None:
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "e2e", "--workload", "toy", "--tool-latency-ms", "50"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "e2e", "--workload", "toy", "--tool-latency-ms", "50"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     message = " ".join(done.stderr.replace("│", " ").split())

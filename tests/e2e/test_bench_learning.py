@@ -17,7 +17,7 @@ DEMO = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs" / "
 
 def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "learning", "--config", str(DEMO)]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "learning", "--config", str(DEMO)]
     argv += ["--seeds", "2", "--first-seed", "3", "--steps", "4", "--timeout-s", "240", "--out", str(out), "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -42,7 +42,7 @@ def _positive_stages(figures: dict, replica: str, engine: str) -> None:
 
 
 def test_the_tiny_bench_times_each_stage_of_every_version() -> None:
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
     done = subprocess.run([*argv, "--versions", "2", "--json"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -77,7 +77,7 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
     from services.trainer.config import ALL_LINEAR
     from services.trainer.gather import published_items, weight_specs
 
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "weights", "--preset", "tiny", "--replicas", "1"]
     # Pinned as a training stack is (`--cpus auto`): the placement the run reports is the one it had.
     done = subprocess.run(
         [*argv, "--versions", "2", "--lora-rank", "4", "--cpus", "auto", "--json"],
@@ -109,7 +109,7 @@ def test_the_lora_bench_publishes_and_applies_the_adapter_alone(tiny_model_dir) 
 
 
 def test_an_unknown_cpu_placement_is_a_clear_error() -> None:
-    argv = [sys.executable, "-m", "relayrl.cli", "bench", "weights", "--cpus", "sometimes"]
+    argv = [sys.executable, "-m", "commands.cli", "bench", "weights", "--cpus", "sometimes"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     message = " ".join(done.stderr.replace("│", " ").split())

@@ -8,9 +8,9 @@ import random
 import subprocess
 import sys
 
-from relayrl.stack.chaos.faults import FaultTracker
-from relayrl.stack.chaos.ledger import VersionWatch, verdict
-from relayrl.stack.launch import prepare_model
+from commands.stack.chaos.faults import FaultTracker
+from commands.stack.chaos.ledger import VersionWatch, verdict
+from commands.stack.launch import prepare_model
 from tests.e2e.conftest import running_stack, small_run, stall_report
 from tests.waiting import WaitTimeout, wait_until
 
@@ -68,7 +68,7 @@ def test_killing_each_kind_of_component_keeps_the_four_zeros(runs_dir, tiny_mode
             raise AssertionError(f"still down: {tracker.open_faults()}") from exc
         result = verdict(stack.run_dir, stack.endpoints.queue_grpc, ETA, watch)
         ctl = subprocess.run(
-            [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
+            [sys.executable, "-m", "commands.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Each recipe config in relayrl/stack/configs/ trains a few steps on the whole local stack."""
+"""Each recipe config in commands/stack/configs/ trains a few steps on the whole local stack."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.stack.config import StackConfig
+from commands.stack.config import StackConfig
 from tests.e2e.conftest import running_stack, small_run, training_rows, wait_for_trainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs"

@@ -47,7 +47,7 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         # While generation is paused the trainer cannot finish its steps, so every component still runs.
         assert stack.ctl_env_file.stat().st_mode & 0o777 == 0o600, "ctl.env holds the token"
         ctl = subprocess.run(
-            [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
+            [sys.executable, "-m", "commands.cli", "ctl", "--env-file", str(stack.ctl_env_file), "status", "--all"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert ctl.returncode == 0, ctl.stdout + ctl.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from relayrl.net import free_port
-from relayrl.stack.progress import REWARD_KEY
+from commands.stack.progress import REWARD_KEY
 from tests.integration.rollout.conftest import EngineProcess
 from tests.waiting import wait_until
 
@@ -53,7 +53,7 @@ def test_up_trains_on_a_users_files_quietly_writes_a_report_and_exports(tmp_path
     # The model from the command line (as after `relayrl sft`), not from the config.
     argv = ["up", "--config", "project/stack.yaml", "--model-dir", str(tiny_model_dir)]
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", *argv],
+        [sys.executable, "-m", "commands.cli", *argv],
         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=280,
     )  # fmt: skip
     output = done.stdout + done.stderr
@@ -83,7 +83,7 @@ def _exported_policy_generates_what_the_engine_did(tmp_path: Path, run_dir: Path
 
     out = tmp_path / "exported"
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "export", str(run_dir), str(out), "--step", "4"],
+        [sys.executable, "-m", "commands.cli", "export", str(run_dir), str(out), "--step", "4"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -139,7 +139,7 @@ def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run_dir = runs / "long"
     first = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(config)],
+        [sys.executable, "-m", "commands.cli", "up", "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip
 
@@ -162,7 +162,7 @@ def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
     assert checkpoint_step < 8
 
     resumed = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "up", "--resume", str(run_dir)],
+        [sys.executable, "-m", "commands.cli", "up", "--resume", str(run_dir)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=280,
     )  # fmt: skip
     output = resumed.stdout + resumed.stderr

@@ -111,7 +111,7 @@ def test_cli_help_lists_commands_without_loading_torch():
         "import runpy, sys\n"
         "sys.argv = ['relayrl', '--help']\n"
         "try:\n"
-        "    runpy.run_module('relayrl.cli', run_name='__main__')\n"
+        "    runpy.run_module('commands.cli', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
         "print('loaded:', 'torch' in sys.modules, 'transformers' in sys.modules)\n"

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from relayrl.fuzz.grpc_fuzz import HUGE_ELEMENTS, build_request
-from relayrl.fuzz.grpc_targets import queue_methods
-from relayrl.fuzz.messages import huge
+from commands.fuzz.grpc_fuzz import HUGE_ELEMENTS, build_request
+from commands.fuzz.grpc_targets import queue_methods
+from commands.fuzz.messages import huge
 from relayrl.v1 import trajectory_pb2 as tpb
 
 pytestmark = pytest.mark.fuzz

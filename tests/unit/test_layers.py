@@ -1,13 +1,15 @@
-"""The import graph keeps its layers: core → services → stack/ctl/fuzz/cli, and no cycles.
+"""The import graph keeps its layers: core (``relayrl``) → ``services`` → ``commands``, and no cycles.
 
-The shared core (``relayrl`` without the CLI, ctl, stack and fuzz) is what every service builds
-on, so it imports none of them; a service never reaches up into the tools that run services;
-and no two services import each other. Imports inside functions count: they are edges too.
+The shared core is what every service builds on, so it imports no service and no command; a
+service never reaches up into the commands that compose services (not even by starting one as
+``python -m``); and no two services import each other. Imports inside functions count: they
+are edges too.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,8 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("relayrl", "services")
-ABOVE_SERVICES = ("relayrl.cli", "relayrl.ctl", "relayrl.stack", "relayrl.fuzz")
+PACKAGES = ("relayrl", "services", "commands")
+ABOVE_SERVICES = ("commands",)
 GENERATED = ("relayrl.v1",)
 
 
@@ -140,6 +142,17 @@ def test_no_layer_imports_a_higher_one(graph: dict[str, set[str]]) -> None:
     assert upward_imports(graph) == []
 
 
+def test_the_core_imports_no_service_and_no_command(graph: dict[str, set[str]]) -> None:
+    core = {a: {b for b in targets if layer(b) > 0} for a, targets in graph.items() if layer(a) == 0}
+    assert {a: b for a, b in core.items() if b} == {}
+
+
+def test_no_service_starts_a_command_as_a_module() -> None:
+    starts = re.compile(r"""["']-m["']\s*,\s*["']commands[.'"]""")
+    found = [str(p.relative_to(ROOT)) for p in (ROOT / "services").rglob("*.py") if starts.search(p.read_text())]
+    assert found == []
+
+
 def test_no_two_services_import_each_other(graph: dict[str, set[str]]) -> None:
     assert service_cycles(graph) == []
 
@@ -152,12 +165,12 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
     sources = {
         "relayrl/__init__.py": "",
         "relayrl/core.py": "def f():\n    from services.a import thing\n",
-        "relayrl/stack/__init__.py": "",
+        "commands/stack/__init__.py": "",
         "services/a/__init__.py": "",
-        "services/a/thing.py": "from services.b import other\nfrom relayrl.stack import run\n",
+        "services/a/thing.py": "from services.b import other\nfrom commands.stack import run\n",
         "services/b/__init__.py": "",
         "services/b/other.py": "import services.a.thing\n",
-        "relayrl/stack/run.py": "",
+        "commands/stack/run.py": "",
     }
     for name, text in sources.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +178,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
     g = import_graph(tmp_path)
     assert upward_imports(g) == [
         "relayrl.core -> services.a.thing",
-        "services.a.thing -> relayrl.stack.run",
+        "services.a.thing -> commands.stack.run",
     ]
     assert service_cycles(g) == ["services.a <-> services.b"]
     assert module_cycles(g) == [["services.a.thing", "services.b.other"]]

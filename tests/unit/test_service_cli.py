@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from relayrl.cli import app
+from commands.cli import app
 
 CASES = [
     (["queue", "serve"], "RELAYRL_QUEUE_HTTP_PORT"),

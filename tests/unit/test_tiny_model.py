@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from relayrl.cli import app
+from commands.cli import app
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -117,7 +117,7 @@ def test_unknown_preset_is_rejected_naming_the_choices(tmp_path):
 def test_stack_settings_reject_an_unknown_preset():
     from pydantic import ValidationError
 
-    from relayrl.stack.config import StackSettings
+    from commands.stack.config import StackSettings
 
     assert StackSettings().model_preset == "tiny"
     with pytest.raises(ValidationError, match="model_preset"):
@@ -126,8 +126,8 @@ def test_stack_settings_reject_an_unknown_preset():
 
 def test_the_local_stack_builds_its_model_of_the_configured_preset(tmp_path):
     from relayrl.models.tiny import count_parameters
-    from relayrl.stack.config import StackConfig, StackSettings
-    from relayrl.stack.launch import LocalStack, prepare_model
+    from commands.stack.config import StackConfig, StackSettings
+    from commands.stack.launch import LocalStack, prepare_model
 
     settings = StackSettings(run_id="r", runs_dir=tmp_path, model_preset="small", tiny_arch="llama")
     model_dir = prepare_model(LocalStack(StackConfig(stack=settings), supervisor=None))

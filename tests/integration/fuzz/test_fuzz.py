@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from relayrl.fuzz.run import fuzz
+from commands.fuzz.run import fuzz
 from relayrl.redis_process import RedisProcess
 from relayrl.serving import grpc_channel
 from services.queue.config import QueueSettings

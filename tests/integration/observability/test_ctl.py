@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import SecretStr
 
-from relayrl.ctl.config import CtlSettings, env_file_text
-from relayrl.ctl.deployment import act, gather_status
+from commands.ctl.config import CtlSettings, env_file_text
+from commands.ctl.deployment import act, gather_status
 from relayrl.http_app import create_http_app
 from relayrl.net import free_port
 from relayrl.redis_process import RedisProcess
@@ -136,7 +136,7 @@ def _metrics():
 
 def _ctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "ctl", *args],
+        [sys.executable, "-m", "commands.cli", "ctl", *args],
         cwd=REPO,
         env={**env, "COLUMNS": "200"},
         capture_output=True,

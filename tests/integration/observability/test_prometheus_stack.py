@@ -28,11 +28,11 @@ from observability.alerts.chart import RULES_FILE
 from observability.build import DASHBOARDS_DIR
 from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
 from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
-from relayrl.ctl.config import CtlSettings, env_file_text
-from relayrl.ctl.deployment import act, gather_status
-from relayrl.stack.config import StackConfig, StackSettings
-from relayrl.stack.launch import LocalStack, prepare_model
-from relayrl.stack.supervisor import supervised
+from commands.ctl.config import CtlSettings, env_file_text
+from commands.ctl.deployment import act, gather_status
+from commands.stack.config import StackConfig, StackSettings
+from commands.stack.launch import LocalStack, prepare_model
+from commands.stack.supervisor import supervised
 from tests.integration.observability.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, grafana_to_promql
 from tests.waiting import wait_until
 
@@ -163,7 +163,7 @@ def test_ctl_status_all_prints_every_component(observed: Observed, tmp_path: Pat
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")} | {"COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "ctl", "--env-file", str(env_file), "status", "--all"],
+        [sys.executable, "-m", "commands.cli", "ctl", "--env-file", str(env_file), "status", "--all"],
         cwd=REPO,
         env=env,
         capture_output=True,

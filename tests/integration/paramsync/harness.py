@@ -63,7 +63,7 @@ def serve_process(tmp_path: Path, **env: str) -> Iterator[tuple[str, int, subpro
     grpc_port, http_port = free_port(), free_port()
     log = open(tmp_path / f"paramsync-{grpc_port}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "paramsync", "serve"],
+        [sys.executable, "-m", "commands.cli", "paramsync", "serve"],
         env=python_env(RELAYRL_PARAMSYNC_GRPC_PORT=str(grpc_port), RELAYRL_PARAMSYNC_HTTP_PORT=str(http_port), **env),
         stdout=log,
         stderr=subprocess.STDOUT,

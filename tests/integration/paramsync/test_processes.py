@@ -191,7 +191,7 @@ def test_serve_command_serves_http_probes_and_restores_versions_from_its_volume(
         assert "relayrl_paramsync_versions_published_total 1.0" in metrics
         assert "relayrl_paramsync_sync_duration_seconds_count 1.0" in metrics
         listed = subprocess.run(
-            [sys.executable, "-m", "relayrl.cli", "paramsync", "replicas", "--address", address],
+            [sys.executable, "-m", "commands.cli", "paramsync", "replicas", "--address", address],
             env=python_env(),
             cwd=REPO,
             capture_output=True,
@@ -210,7 +210,7 @@ def test_serve_command_serves_http_probes_and_restores_versions_from_its_volume(
 
 def test_serve_command_refuses_bad_settings_naming_the_variable():
     result = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "paramsync", "serve"],
+        [sys.executable, "-m", "commands.cli", "paramsync", "serve"],
         env=python_env(RELAYRL_PARAMSYNC_KEEP_VERSIONS="0"),
         cwd=REPO,
         capture_output=True,

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
 from relayrl.net import free_port
-from relayrl.stack.chaos.proxy import FaultyProxy
+from commands.stack.chaos.proxy import FaultyProxy
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.core import ParamSyncCore
 from services.paramsync.errors import ParamSyncError, VersionUnavailable

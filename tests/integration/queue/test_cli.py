@@ -34,7 +34,7 @@ async def test_serve_from_env_answers_and_stops_on_sigterm(redis_server):
         "RELAYRL_QUEUE_GRPC_PORT": str(grpc_port),
         "RELAYRL_QUEUE_HTTP_PORT": str(http_port),
     }
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "queue", "serve"], env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "queue", "serve"], env=env, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: _ready(f"http://127.0.0.1:{http_port}/readyz", proc), 30, "the queue service to be ready")
         async with QueueClient(f"127.0.0.1:{grpc_port}") as client:
@@ -55,7 +55,7 @@ async def test_serve_from_env_answers_and_stops_on_sigterm(redis_server):
 def test_bad_setting_fails_at_start_naming_the_variable():
     env = {**os.environ, "RELAYRL_QUEUE_CAPACITY": "zero"}
     out = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "queue", "serve"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "commands.cli", "queue", "serve"], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2
     assert "RELAYRL_QUEUE_CAPACITY" in out.stderr

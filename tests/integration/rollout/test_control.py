@@ -52,7 +52,7 @@ async def rollout(engine: EngineProcess, redis_server: RedisProcess, run_id: str
         "RELAYRL_ROLLOUT_ENGINE_CHECK_INTERVAL_S": "0.1",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "rollout", "serve"], cwd=REPO, env=env, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "commands.cli", "rollout", "serve"], cwd=REPO, env=env, stderr=subprocess.DEVNULL
     )
     http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=10)
     try:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from relayrl.net import free_port
-from relayrl.stack.progress import read_samples
+from commands.stack.progress import read_samples
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
 from tests.mappings import mapped_files

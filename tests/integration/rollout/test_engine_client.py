@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp import web
 
-from relayrl.stack.chaos.proxy import FaultyProxy
+from commands.stack.chaos.proxy import FaultyProxy
 from services.engine.client import EngineClient, EngineLinkError, EngineUnavailableError, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess
 from tests.waiting import wait_until_async

@@ -12,7 +12,7 @@ from typing import Any
 
 from relayrl.redis_process import RedisProcess
 from relayrl.retry import RetryPolicy
-from relayrl.stack.chaos.proxy import FaultyProxy
+from commands.stack.chaos.proxy import FaultyProxy
 from services.engine.client import EngineClient, EngineLinkError, SamplingParams
 from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings

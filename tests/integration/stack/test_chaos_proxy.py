@@ -10,7 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from relayrl.stack.chaos.proxy import ProxyFleet
+from commands.stack.chaos.proxy import ProxyFleet
 from tests.waiting import wait_until
 
 

@@ -9,7 +9,7 @@ from relayrl.http_app import create_http_app
 from relayrl.metrics import ServiceMetrics
 from relayrl.net import free_port
 from relayrl.serving import start_http_server
-from relayrl.stack.progress import read_samples, scrape
+from commands.stack.progress import read_samples, scrape
 
 
 async def test_scrape_reads_counters_and_gauges_and_tolerates_absence():

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from relayrl.stack.process import ComponentError, ComponentSpec
-from relayrl.stack.restart import RestartPolicy, RestartRecord
-from relayrl.stack.supervisor import supervised
+from commands.stack.process import ComponentError, ComponentSpec
+from commands.stack.restart import RestartPolicy, RestartRecord
+from commands.stack.supervisor import supervised
 from tests.processes import process_alive
 from tests.waiting import wait_until
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from relayrl.net import free_port, wait_for_port
-from relayrl.stack.chaos.ledger import Lineage
+from commands.stack.chaos.ledger import Lineage
 from services.queue.client import QueueClient
 from tests.integration.trainer.harness import REPO, Stack, start_trainer, stop_group
 from tests.waiting import wait_until

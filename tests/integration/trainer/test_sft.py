@@ -35,7 +35,7 @@ def write_data(path) -> None:
 
 def run_sft(model_dir, data, out, nproc: int, steps: int) -> list[dict]:
     cmd = [
-        sys.executable, "-m", "relayrl.cli", "sft",
+        sys.executable, "-m", "commands.cli", "sft",
         "--model", str(model_dir), "--data", str(data), "--out", str(out), "--nproc", str(nproc),
         "--train-batch-size", "8", "--micro-batch-size-per-gpu", "2", "--lr", "3e-3",
         "--total-training-steps", str(steps), "--seed", "3",

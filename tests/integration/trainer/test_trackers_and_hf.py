@@ -116,7 +116,7 @@ def test_checkpoint_hf_dir_holds_the_exported_policy(run: Run, tmp_path: Path) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from relayrl.stack.export import export_policy
+    from commands.stack.export import export_policy
 
     checkpoint = export_policy(run.run_dir, tmp_path / "exported", step=STEPS)
     assert checkpoint.name == f"step_{STEPS:08d}"

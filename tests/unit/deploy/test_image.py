@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from relayrl.cli import app
+from commands.cli import app
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"

@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 
 from relayrl.config import SettingsError, load_settings
-from relayrl.ctl.components import ParamsyncReport, QueueReport, ReplicaReport, TrainerReport
-from relayrl.ctl.config import CtlSettings, env_file_text
-from relayrl.ctl.deployment import DeploymentStatus, Failure, Outcome
-from relayrl.ctl.render import print_outcomes, print_status, summary_line
+from commands.ctl.components import ParamsyncReport, QueueReport, ReplicaReport, TrainerReport
+from commands.ctl.config import CtlSettings, env_file_text
+from commands.ctl.deployment import DeploymentStatus, Failure, Outcome
+from commands.ctl.render import print_outcomes, print_status, summary_line
 from services.paramsync.manifest import ReplicaVersion
 
 

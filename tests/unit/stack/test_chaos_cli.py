@@ -1,8 +1,8 @@
 import pytest
 import typer
 
-from relayrl.stack.chaos.cli import parse_duration
-from relayrl.stack.chaos.run import RunResult, fault_free_figures, passed
+from commands.stack.chaos.cli import parse_duration
+from commands.stack.chaos.run import RunResult, fault_free_figures, passed
 
 
 def test_durations_read_as_users_write_them():

@@ -3,7 +3,7 @@ staleness violations and version regressions."""
 
 import json
 
-from relayrl.stack.chaos.ledger import Lineage, VersionWatch, lost_groups, step_gaps
+from commands.stack.chaos.ledger import Lineage, VersionWatch, lost_groups, step_gaps
 
 
 def _lineage(tmp_path, *rows) -> Lineage:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.stack.check import ConfigError, load_checked
+from commands.stack.check import ConfigError, load_checked
 
 REPO = Path(__file__).resolve().parents[3]
 REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
@@ -142,7 +142,7 @@ def test_up_with_a_bad_config_exits_2_fast_and_starts_nothing(tmp_path):
     path = tmp_path / "stack.yaml"
     path.write_text(f"stack:\n  runs_dir: {runs}\n  run_id: r\ntrainer:\n  batchsize: 8\n")
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(path)],
+        [sys.executable, "-m", "commands.cli", "up", "--config", str(path)],
         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -156,7 +156,7 @@ def test_up_with_a_model_dir_that_is_no_model_exits_2_on_one_line_and_starts_not
     path = tmp_path / "stack.yaml"
     path.write_text(f"stack:\n  runs_dir: {runs}\n  run_id: r\n")
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "up", "--config", str(path), "--model-dir", str(tmp_path)],
+        [sys.executable, "-m", "commands.cli", "up", "--config", str(path), "--model-dir", str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -172,7 +172,7 @@ def test_the_check_imports_no_torch(tmp_path):
     path = tmp_path / "stack.yaml"
     path.write_text("trainer:\n  total_steps: 3\n")
     code = (
-        "import sys, pathlib; from relayrl.stack.check import load_checked;"
+        "import sys, pathlib; from commands.stack.check import load_checked;"
         f" load_checked(pathlib.Path({str(path)!r})); print('torch' in sys.modules)"
     )
     done = subprocess.run(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relayrl.stack.compare import Band, band_by_time, within_spread
+from commands.stack.compare import Band, band_by_time, within_spread
 
 VAL = "val/test_score/relayrl/long_add"
 REWARD = "critic/score/mean"
@@ -27,7 +27,7 @@ def _write_run(folder: Path, seed: int, rewards: list[float], val: dict[int, flo
 
 
 def _compare(*args: str) -> dict:
-    from relayrl.cli import app
+    from commands.cli import app
 
     done = CliRunner().invoke(app, ["bench", "compare", *args])
     assert done.exit_code == 0, done.output
@@ -76,7 +76,7 @@ def test_no_shared_step_is_no_verdict() -> None:
 
 
 def test_a_group_without_runs_or_a_bad_spec_is_a_clear_error(tmp_path: Path) -> None:
-    from relayrl.cli import app
+    from commands.cli import app
 
     empty = tmp_path / "empty"
     empty.mkdir()

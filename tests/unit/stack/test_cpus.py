@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from relayrl.stack.config import StackConfig
-from relayrl.stack.cpus import CpuSets, plan_cpus
+from commands.stack.config import StackConfig
+from commands.stack.cpus import CpuSets, plan_cpus
 
 
 def test_auto_on_two_cores_gives_one_to_the_engine_and_one_to_the_trainer():

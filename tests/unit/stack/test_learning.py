@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relayrl.stack import learning
-from relayrl.stack.config import StackConfig, StackSettings
-from relayrl.stack.launch import LocalStack
-from relayrl.stack.learning import (
+from commands.stack import learning
+from commands.stack.config import StackConfig, StackSettings
+from commands.stack.launch import LocalStack
+from commands.stack.learning import (
     SeedRun,
     plot_seeds,
     render_table,
@@ -21,9 +21,9 @@ from relayrl.stack.learning import (
     seeded_config,
     summarize,
 )
-from relayrl.stack.report import RunReport
-from relayrl.stack.run import RunOutcome
-from relayrl.stack.supervisor import Supervisor
+from commands.stack.report import RunReport
+from commands.stack.run import RunOutcome
+from commands.stack.supervisor import Supervisor
 
 VAL = "val/test_score/relayrl/long_add"
 DEMO = Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs" / "demo.yaml"
@@ -189,7 +189,7 @@ def test_an_interrupted_run_stops_the_bench(tmp_path: Path) -> None:
 
 
 def test_the_command_fails_only_when_every_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from relayrl.cli import app
+    from commands.cli import app
 
     outcomes = {0: 0, 1: 1}
 
@@ -212,7 +212,7 @@ def test_the_command_fails_only_when_every_run_failed(tmp_path: Path, monkeypatc
 
 
 def test_an_out_folder_holding_a_seed_is_refused(tmp_path: Path) -> None:
-    from relayrl.cli import app
+    from commands.cli import app
 
     (tmp_path / "seed-1").mkdir()
     done = CliRunner().invoke(app, ["bench", "learning", "--seeds", "2", "--out", str(tmp_path)])
@@ -221,7 +221,7 @@ def test_an_out_folder_holding_a_seed_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from relayrl.cli import app
+    from commands.cli import app
 
     model_dir = tmp_path / "sft"
     model_dir.mkdir()
@@ -244,7 +244,7 @@ def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkey
 
 
 def test_max_staleness_overrides_the_configs_for_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from relayrl.cli import app
+    from commands.cli import app
 
     staleness = []
 

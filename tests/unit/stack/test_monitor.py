@@ -1,4 +1,4 @@
-from relayrl.stack.monitor import RULES_FILE, prometheus_config
+from commands.stack.monitor import RULES_FILE, prometheus_config
 
 
 def test_every_component_is_scraped_under_its_kind():

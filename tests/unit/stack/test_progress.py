@@ -1,4 +1,4 @@
-from relayrl.stack.progress import ProgressLine
+from commands.stack.progress import ProgressLine
 
 
 def test_a_resumed_run_counts_only_its_own_samples_per_second():

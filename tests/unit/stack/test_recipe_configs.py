@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from relayrl.stack.config import StackConfig
+from commands.stack.config import StackConfig
 from services.rollout.config import RolloutSettings
 from services.trainer.config import TrainerSettings
 

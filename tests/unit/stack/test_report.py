@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from relayrl.stack.report import build_report, plot_reward, read_metrics, validation_series
+from commands.stack.report import build_report, plot_reward, read_metrics, validation_series
 
 
 def _rows(rewards):

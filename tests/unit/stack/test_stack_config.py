@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from relayrl.stack.config import StackConfig
+from commands.stack.config import StackConfig
 
 
 def test_sections_become_service_env_vars(tmp_path):

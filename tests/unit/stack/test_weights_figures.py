@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.stack.weights_figures import (
+from commands.stack.weights_figures import (
     Histogram,
     VersionSample,
     bench_result,

@@ -14,8 +14,8 @@ import pytest
 
 from relayrl.models.loading import load_tokenizer
 from relayrl.models.tiny import init_tiny
-from relayrl.stack.environment import read_calls
-from relayrl.stack.workloads import (
+from commands.stack.environment import read_calls
+from commands.stack.workloads import (
     WORKLOADS,
     agentic_dataset,
     get_workload,
@@ -136,7 +136,7 @@ def _tokenizer(tmp_path: Path):
 
 
 def test_native_bf16_is_read_from_the_cpu_flags(tmp_path: Path) -> None:
-    from relayrl.stack.workloads import native_bf16
+    from commands.stack.workloads import native_bf16
 
     with_bf16, without = tmp_path / "with", tmp_path / "without"
     with_bf16.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")

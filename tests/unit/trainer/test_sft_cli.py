@@ -1,7 +1,7 @@
 import pytest
 from typer.testing import CliRunner
 
-from relayrl.cli import app
+from commands.cli import app
 from relayrl.config import load_settings
 from services.trainer.sft.config import SftSettings
 

@@ -1,0 +1,598 @@
+"""``relayrl bench e2e``: the whole stack on one workload, measured against its own limit.
+
+One invocation runs, one after another on the same workload, preset and CPU split:
+
+1. **engine alone**: engines and rollouts generate a backlog of released prompts with no trainer;
+2. **trainer alone**: the rollouts are paused and the trainer trains on that backlog, never
+   waiting for generation (η is lifted so the backlog stays fresh);
+3. **sync**: the full pipeline at η = 0;
+4. **async**: the full pipeline at η = ``--async-staleness``.
+
+``pipeline_efficiency`` is async samples/s over the slower of the two stages alone: 1.0 means
+the pipeline runs at the speed of its bottleneck. Throughput is measured between the first and
+the last training step (start-up excluded); the engine's between its first and last pushed group.
+
+A multi-turn workload (``agentic``) also reports, per mode, ``engine_idle_ratio`` (the share of
+the window with no request at the engine: episodes waiting on the environment hold none) and the
+environment's calls and seconds in the window from its own call log, and ``episodes``: model
+turns per episode, measured on the backlog generated alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from commands.stack.config import StackConfig, StackSettings
+from commands.stack.environment import Calls, read_calls
+from commands.stack.launch import LocalStack
+from commands.stack.progress import read_samples
+from commands.stack.report import read_metrics
+from commands.stack.supervisor import Supervisor, supervised
+from commands.stack.workloads import DEFAULT_TOOL_LATENCY_MS, DTYPES, Workload, get_workload, native_bf16
+
+PRESETS = ("tiny", "small", "base")
+# η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
+UNBOUNDED_STALENESS = 1_000_000
+
+
+class CpuMeter:
+    """Busy share of the whole machine between ``start`` and ``stop``, from /proc/stat."""
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def start(self) -> None:
+        self._busy, self._total = self._read()
+
+    def stop(self) -> float:
+        busy, total = self._read()
+        return (busy - self._busy) / max(total - self._total, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeResult:
+    samples_per_s: float
+    trainer_idle_ratio: float
+    rollout_idle_ratio: float
+    cpu_busy_ratio: float
+    weight_version_s: float
+    paused_per_version_s: float
+    engine_paused_per_version_s: float
+    queue_share_of_step: float
+    padding_ratio: float
+    max_step_wait_s: float
+    reward_at_end: float
+    staleness_violations: int
+    lost_groups: int
+    steps: int
+    # The environment's calls that ended in the window (multi-turn workloads; zero otherwise).
+    env_calls: Calls
+    window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AloneResult:
+    engine_samples_per_s: float
+    trainer_samples_per_s: float
+    generated_lengths: dict[str, float]
+    # Multi-turn workloads: episodes in the backlog and their model turns; empty otherwise.
+    episodes: dict[str, float]
+
+
+# Every workload switches weights in place unless --partial-rollout-mode says otherwise. On this
+# CPU stack an abort_resume switch under load (every sample in flight aborted and resubmitted)
+# paused generation 0.24 s per version instead of 0.03 s and cut the toy's asynchronous
+# throughput threefold (README); an agentic turn is two tokens, and resubmitting it would
+# re-prefill the whole episode for at most one more.
+BENCH_PARTIAL_ROLLOUT_MODE = "in_place"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRun:
+    """What every phase of one invocation shares."""
+
+    work: Path
+    model_dir: Path
+    dataset: Path
+    workload: Workload
+    seed: int
+    timeout_s: float
+    tool_latency_ms: float = 0.0
+    # fp32 or bf16: the trainer's FSDP2 param_dtype and the engine's weights.
+    dtype: str = "fp32"
+    # The rollout's partial_rollout_mode; None: BENCH_PARTIAL_ROLLOUT_MODE.
+    partial_rollout_mode: str | None = None
+
+    @property
+    def rollout_mode(self) -> str:
+        return self.partial_rollout_mode or BENCH_PARTIAL_ROLLOUT_MODE
+
+    def config(self, name: str, eta: int, steps: int) -> StackConfig:
+        environment = self.workload.environment
+        return StackConfig(
+            stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
+            trainer={**self.workload.trainer_settings(self.dataset, steps, self.seed), "param_dtype": self.dtype},
+            rollout={
+                "max_inflight_prompts": 32,
+                "max_new_tokens": self.workload.max_new_tokens,
+                **self.workload.rollout,
+                "partial_rollout_mode": self.rollout_mode,
+                **(environment(self.env_dir(name), self.tool_latency_ms) if environment else {}),
+            },
+            engine={**self.workload.engine, "dtype": "bfloat16" if self.dtype == "bf16" else "float32"},
+        )
+
+    def env_dir(self, name: str) -> Path:
+        """Where the environment of run ``name`` keeps its configs and call log."""
+        return self.work / "env" / name
+
+
+def _queue_stats(address: str, prompts: bool = False) -> Any:
+    from services.queue.client import QueueClient
+
+    async def fetch() -> Any:
+        async with QueueClient(address) as client:
+            return await (client.prompt_stats() if prompts else client.stats())
+
+    return asyncio.run(fetch())
+
+
+def _lost_groups(queue_address: str) -> int:
+    s = _queue_stats(queue_address)
+    return s.total_produced - s.total_consumed - sum(s.dropped_by_reason.values()) - s.queue_size - s.pending
+
+
+# The rollout side's figures of a measurement window: their samples on a rollout's /metrics.
+ROLLOUT_FIGURES = {
+    "busy": "relayrl_rollout_generation_busy_seconds_total",
+    "update_sum": "relayrl_rollout_weight_update_duration_seconds_sum",
+    "update_count": "relayrl_rollout_weight_update_duration_seconds_count",
+    "paused_sum": "relayrl_rollout_generation_paused_seconds_sum",
+    "paused_count": "relayrl_rollout_generation_paused_seconds_count",
+}
+
+
+# The engines' own: how long their schedulers took no step for weight updates (a pause to its
+# continue, or an update run between two steps). The rollout's ``paused`` also holds the calls'
+# round trips and the wait for the engine's running step, while the engine still generates.
+ENGINE_FIGURES = {"engine_paused_sum": "relayrl_engine_generation_paused_seconds_sum"}
+
+
+class Counters:
+    """Counters summed over services of one kind, read at the start and end of a measurement window."""
+
+    def __init__(self, urls: list[str], figures: dict[str, str]) -> None:
+        self.urls, self.figures = urls, figures
+
+    def read(self) -> dict[str, float]:
+        # A service that does not answer fails the bench: counted as zero it would read as idle.
+        out = dict.fromkeys(self.figures, 0.0)
+        for url in self.urls:
+            samples = read_samples(url)
+            if missing := [name for name in self.figures.values() if name not in samples]:
+                raise RuntimeError(f"{url}/metrics has no {', '.join(missing)}")
+            for key, sample in self.figures.items():
+                out[key] += samples[sample]
+        return out
+
+
+PROGRESS_EVERY_S = 15.0
+
+
+def _wait_trainer(
+    stack: LocalStack, supervisor: Supervisor, deadline: float, what: str, on_first_row: Callable[[], None]
+) -> None:
+    """Waits for the trainer to finish, calling ``on_first_row`` once its first step is recorded."""
+    metrics_path = stack.run_dir / "metrics.jsonl"
+    seen_first = False
+    shown = time.monotonic()
+    while stack.trainer_exit_code() is None:
+        supervisor.check_alive(exited_ok=["trainer"])
+        if not seen_first and metrics_path.exists() and metrics_path.stat().st_size:
+            seen_first = True
+            on_first_row()
+        if seen_first and time.monotonic() - shown > PROGRESS_EVERY_S:
+            shown = time.monotonic()
+            rows = _trainer_rows(stack)
+            _phase(f"{what}: step {rows[-1]['trainer/global_steps']}, reward {rows[-1]['critic/score/mean']:.3f}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: the trainer did not finish in time; see {stack.run_dir}/logs")
+        time.sleep(0.2)
+    if stack.trainer_exit_code() != 0:
+        raise RuntimeError(f"{what}: trainer exited with {stack.trainer_exit_code()}; see {stack.run_dir}/logs")
+
+
+def _trainer_rows(stack: LocalStack) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(stack.run_dir / "metrics.jsonl") if "trainer/global_steps" in r]
+
+
+def _samples_per_s(rows: list[dict[str, Any]]) -> float:
+    first, last = rows[0], rows[-1]
+    return (last["trainer/processed_samples"] - first["trainer/processed_samples"]) / (last["time"] - first["time"])
+
+
+def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
+    """The full pipeline at η = ``eta`` for ``steps`` steps."""
+    cpu = CpuMeter()
+    with supervised(None) as supervisor:
+        stack = LocalStack(run.config(f"eta{eta}", eta, steps), supervisor)
+        stack.start(run.model_dir)
+        rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
+        engines = Counters(stack.endpoints.engines, ENGINE_FIGURES)
+        window: dict[str, Any] = {}
+
+        def open_window() -> None:
+            cpu.start()
+            window.update(rollouts.read(), **engines.read(), at=time.monotonic(), unix=time.time())
+
+        _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
+        cpu_busy = cpu.stop()
+        end = rollouts.read() | engines.read()
+        elapsed = time.monotonic() - window["at"]
+        lost = _lost_groups(stack.endpoints.queue_grpc)
+        rows = _trainer_rows(stack)
+    env_calls = read_calls(run.env_dir(f"eta{eta}") / "calls.log", window["unix"], window["unix"] + elapsed)
+    updates = max(end["update_count"] - window["update_count"], 1.0)
+    publish_s = statistics.fmean(r.get("timing/publish_s", 0.0) for r in rows)
+    return ModeResult(
+        samples_per_s=_samples_per_s(rows),
+        trainer_idle_ratio=statistics.fmean(r["trainer/idle_ratio"] for r in rows[1:]),
+        rollout_idle_ratio=max(0.0, 1.0 - (end["busy"] - window["busy"]) / (elapsed * len(rollouts.urls))),
+        cpu_busy_ratio=cpu_busy,
+        weight_version_s=publish_s + (end["update_sum"] - window["update_sum"]) / updates,
+        paused_per_version_s=(end["paused_sum"] - window["paused_sum"]) / updates,
+        engine_paused_per_version_s=(end["engine_paused_sum"] - window["engine_paused_sum"]) / updates,
+        queue_share_of_step=statistics.fmean(r.get("timing/queue_s", 0.0) / r["timing/step_s"] for r in rows[1:]),
+        padding_ratio=statistics.fmean(r.get("perf/padding_ratio", 0.0) for r in rows),
+        max_step_wait_s=max(r["timing/wait_s"] for r in rows[1:]),
+        reward_at_end=statistics.fmean(r["critic/score/mean"] for r in rows[-5:]),
+        staleness_violations=sum(1 for r in rows if r["staleness/max_sample_age"] > eta),
+        lost_groups=lost,
+        steps=len(rows),
+        env_calls=env_calls,
+        window_s=elapsed,
+    )
+
+
+def _prompt_specs(dataset: Path, model_dir: Path, workload: Workload, count: int, seed: int) -> list[Any]:
+    """The workload's first ``count`` prompts as the trainer would release them (at version 0)."""
+    from relayrl.models.loading import load_tokenizer
+    from services.trainer.data import read_rows, response_budget, to_spec, tokenize_rows
+
+    rows = tokenize_rows(read_rows(str(dataset), 0, 1, seed, "train")[:count], load_tokenizer(model_dir), "bench", 512)
+    now = time.time()
+    return [
+        to_spec(row, workload.n_samples, 0, 0, now, max_new_tokens=response_budget(row, workload.max_new_tokens))
+        for row in rows
+    ]
+
+
+def _backlog(redis_url: str, run_id: str) -> list[Any]:
+    """Every trajectory of the groups waiting in the stream."""
+    import redis
+
+    from relayrl.v1 import trajectory_pb2
+    from services.queue.keys import Keys
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrange(Keys(run_id).trajectories)
+    finally:
+        client.close()
+    return [
+        sample
+        for _, fields in entries
+        for sample in trajectory_pb2.TrajectoryGroup.FromString(fields[b"payload"]).trajectories
+    ]
+
+
+def _generated_lengths(samples: list[Any]) -> dict[str, float]:
+    """Median, p90, p99 and max of the response lengths."""
+    import numpy as np
+
+    lengths = [len(sample.response_token_ids) for sample in samples]
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {"samples": len(lengths), "median": p50, "p90": p90, "p99": p99, "max": float(max(lengths))}
+
+
+def _pause_rollouts(stack: LocalStack) -> None:
+    from pydantic import SecretStr
+
+    from commands.ctl.components import RolloutControl
+
+    for url in stack.endpoints.rollouts_http:
+        RolloutControl(url, SecretStr(stack.api_token), timeout_s=30).pause("abort")
+
+
+def measure_alone(run: BenchRun, steps: int) -> AloneResult:
+    """Each stage at full speed on its own: generation of a backlog, then training on it."""
+    workload = run.workload
+    needed = steps * workload.batch_size
+    deadline = time.monotonic() + run.timeout_s
+    with supervised(None) as supervisor:
+        stack = LocalStack(run.config("alone", UNBOUNDED_STALENESS, steps), supervisor)
+        stack.start(run.model_dir, training=False)
+        queue = stack.endpoints.queue_grpc
+        # Twice the backlog training needs, so the engine runs full until the window closes.
+        specs = _prompt_specs(run.dataset, run.model_dir, workload, 2 * needed, run.seed)
+
+        async def release() -> None:
+            from services.queue.client import QueueClient
+
+            async with QueueClient(queue) as client:
+                await client.release(specs)
+
+        asyncio.run(release())
+        first: tuple[float, int] | None = None
+        while (produced := _queue_stats(queue).total_produced) < needed:
+            supervisor.check_alive()
+            if first is None and produced:
+                first = (time.monotonic(), produced)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine alone: {produced} of {needed} groups generated in {run.timeout_s:.0f}s")
+            time.sleep(0.1)
+        assert first is not None
+        engine_sps = (produced - first[1]) * workload.n_samples / max(time.monotonic() - first[0], 1e-9)
+        _pause_rollouts(stack)
+        backlog = _backlog(stack.endpoints.redis_url, stack.run_id)
+        stack.start_training(run.model_dir)
+        _wait_trainer(stack, supervisor, deadline, "trainer alone", lambda: None)
+        rows = _trainer_rows(stack)
+    episodes = _episodes(backlog) if workload.environment else {}
+    return AloneResult(engine_sps, _samples_per_s(rows), _generated_lengths(backlog), episodes)
+
+
+def _episodes(samples: list[Any]) -> dict[str, float]:
+    """Model turns per episode of the backlog (each answered by one environment call but a last cut-off one)."""
+    turns = [len(sample.turn_ends) for sample in samples]
+    return {"episodes": len(turns), "turns_per_episode": statistics.fmean(turns), "min_turns": float(min(turns))}
+
+
+def _init_model(work: Path, preset: str) -> Path:
+    import subprocess
+
+    model_dir = work / f"model-{preset}"
+    subprocess.run(
+        [sys.executable, "-m", "commands.cli", "model", "init-tiny", str(model_dir), "--preset", preset],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return model_dir
+
+
+def _by_mode(sync: ModeResult, asynchronous: ModeResult, name: str, digits: int = 3) -> dict[str, float]:
+    return {"sync": round(getattr(sync, name), digits), "async": round(getattr(asynchronous, name), digits)}
+
+
+def result_json(
+    workload: Workload,
+    preset: str,
+    steps: int,
+    eta: int,
+    alone: AloneResult,
+    sync: ModeResult,
+    asynchronous: ModeResult,
+    cpu_split: dict[str, object],
+    tool_latency_ms: float = 0.0,
+    dtype: str = "fp32",
+    partial_rollout_mode: str = BENCH_PARTIAL_ROLLOUT_MODE,
+) -> dict[str, Any]:
+    bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
+    result = {
+        "benchmark": "e2e",
+        "workload": workload.name,
+        "preset": preset,
+        "dtype": dtype,
+        "partial_rollout_mode": partial_rollout_mode,
+        "steps": steps,
+        "async_max_staleness": eta,
+        "cpu_split": cpu_split,
+        "engine_alone_samples_per_s": round(alone.engine_samples_per_s, 2),
+        "trainer_alone_samples_per_s": round(alone.trainer_samples_per_s, 2),
+        "sync_samples_per_s": round(sync.samples_per_s, 2),
+        "async_samples_per_s": round(asynchronous.samples_per_s, 2),
+        "pipeline_efficiency": round(asynchronous.samples_per_s / bottleneck, 3),
+        "speedup": round(asynchronous.samples_per_s / sync.samples_per_s, 3),
+        "trainer_idle_ratio": _by_mode(sync, asynchronous, "trainer_idle_ratio"),
+        "rollout_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
+        "cpu_busy_ratio": _by_mode(sync, asynchronous, "cpu_busy_ratio"),
+        "weight_version_s": _by_mode(sync, asynchronous, "weight_version_s"),
+        "paused_per_version_s": _by_mode(sync, asynchronous, "paused_per_version_s"),
+        "engine_paused_per_version_s": _by_mode(sync, asynchronous, "engine_paused_per_version_s"),
+        "queue_share_of_step": _by_mode(sync, asynchronous, "queue_share_of_step"),
+        "padding_ratio": _by_mode(sync, asynchronous, "padding_ratio"),
+        "max_step_wait_s": _by_mode(sync, asynchronous, "max_step_wait_s", 2),
+        "reward_at_end": _by_mode(sync, asynchronous, "reward_at_end"),
+        "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
+        "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
+        "lost_groups": sync.lost_groups + asynchronous.lost_groups,
+    }
+    if workload.environment is not None:
+        result |= _agentic_json(alone, sync, asynchronous, tool_latency_ms)
+    return result
+
+
+def _agentic_json(
+    alone: AloneResult, sync: ModeResult, asynchronous: ModeResult, tool_latency_ms: float
+) -> dict[str, Any]:
+    def per_mode(figure: Callable[[ModeResult], float], digits: int = 3) -> dict[str, float]:
+        return {"sync": round(figure(sync), digits), "async": round(figure(asynchronous), digits)}
+
+    return {
+        "tool_latency_ms": tool_latency_ms,
+        # One engine serves the one replica: no request in flight from it means an idle engine.
+        "engine_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
+        "env_calls": per_mode(lambda m: m.env_calls.count, 0),
+        "env_s": per_mode(lambda m: m.env_calls.seconds, 1),
+        "env_s_per_call": per_mode(lambda m: m.env_calls.seconds / max(m.env_calls.count, 1)),
+        # Environment calls waiting at once, on average over the window.
+        "env_concurrency": per_mode(lambda m: m.env_calls.seconds / m.window_s, 1),
+        "episodes": {k: round(v, 3) for k, v in alone.episodes.items()},
+    }
+
+
+def render_table(result: dict[str, Any]) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench e2e: {result['workload']} workload, {result['preset']} preset")
+    table.add_column("figure")
+    table.add_column("sync (η = 0)", justify="right")
+    table.add_column(f"async (η = {result['async_max_staleness']})", justify="right")
+    table.add_row("samples/s", str(result["sync_samples_per_s"]), str(result["async_samples_per_s"]))
+    for key in (
+        "trainer_idle_ratio",
+        "rollout_idle_ratio",
+        "cpu_busy_ratio",
+        "weight_version_s",
+        "paused_per_version_s",
+        "engine_paused_per_version_s",
+        "queue_share_of_step",
+        "padding_ratio",
+        "max_step_wait_s",
+        "reward_at_end",
+    ):
+        table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
+    for key in ("engine_idle_ratio", "env_calls", "env_s", "env_s_per_call", "env_concurrency"):
+        if key in result:
+            table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
+    out = StringIO()
+    console = Console(file=out, width=100)
+    console.print(table)
+    for key in (
+        "engine_alone_samples_per_s",
+        "trainer_alone_samples_per_s",
+        "pipeline_efficiency",
+        "speedup",
+        "staleness_violations",
+        "lost_groups",
+        "generated_lengths",
+        "cpu_split",
+        "tool_latency_ms",
+        "episodes",
+    ):
+        if key in result:
+            console.print(f"{key}: {result[key]}")
+    return out.getvalue()
+
+
+def _phase(message: str) -> None:
+    typer.echo(f"[bench e2e {time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
+    workload: Annotated[
+        str,
+        typer.Option(help="toy, realistic (long-tailed, to 512 tokens) or agentic (multi-turn, slow environment)."),
+    ] = "toy",
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base.")] = "tiny",
+    steps: Annotated[
+        int | None,
+        typer.Option(min=3, help="Trainer steps of the sync and async runs (toy 100, realistic 10, agentic 20)."),
+    ] = None,
+    alone_steps: Annotated[
+        int | None, typer.Option(min=3, help="Trainer steps of the stage-alone run (toy 10, realistic 4, agentic 6).")
+    ] = None,
+    async_staleness: Annotated[int, typer.Option(min=1, help="η of the asynchronous run.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the dataset and the trainer.")] = 0,
+    timeout_s: Annotated[float, typer.Option(help="Longest run per phase, seconds.")] = 1800,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the JSON object to this file.")] = None,
+    tool_latency_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help=f"agentic only: the environment's latency per call, ms (default {DEFAULT_TOOL_LATENCY_MS:g})."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Compute dtype of the trainer (FSDP2 param_dtype) and the engine's weights: fp32 or bf16 (fast "
+            "on CPUs with AVX512-BF16 or AMX)."
+        ),
+    ] = "fp32",
+    partial_rollout_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="What a weight update does to generations in flight: in_place (every workload's default), "
+            "abort_resume or restart (the rollout's partial_rollout_mode)."
+        ),
+    ] = None,
+) -> None:
+    """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
+    try:
+        chosen = get_workload(workload)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--workload") from None
+    if preset not in PRESETS:
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}", param_hint="--preset"
+        )
+    if tool_latency_ms is not None and chosen.environment is None:
+        raise typer.BadParameter(
+            f"the {chosen.name} workload is single-turn: it has no environment to slow down",
+            param_hint="--tool-latency-ms",
+        )
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}", param_hint="--dtype")
+    from services.rollout.config import PARTIAL_ROLLOUT_MODES
+
+    if partial_rollout_mode not in (None, *PARTIAL_ROLLOUT_MODES):
+        raise typer.BadParameter(
+            f"unknown mode {partial_rollout_mode!r}; choose one of {', '.join(PARTIAL_ROLLOUT_MODES)}",
+            param_hint="--partial-rollout-mode",
+        )
+    latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
+    steps = steps or chosen.bench_steps
+    alone_steps = alone_steps or chosen.bench_alone_steps
+    from commands.stack.cpus import plan_cpus
+
+    cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
+        work = Path(tmp)
+        _phase(f"{chosen.name} workload, {preset} preset, {dtype}, CPUs {cpu_split}")
+        if dtype == "bf16" and not native_bf16():
+            _phase("this CPU has no native bf16 (AVX512-BF16 or AMX): torch emulates it, slower than fp32")
+        model_dir = _init_model(work, preset)
+        dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
+        tool_latency = latency_ms if chosen.environment else 0.0
+        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype, partial_rollout_mode)
+        _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
+        alone = measure_alone(run, alone_steps)
+        _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
+        _phase(f"sync pipeline (η = 0, {steps} steps)")
+        sync = run_mode(run, 0, steps)
+        _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
+        asynchronous = run_mode(run, async_staleness, steps)
+    result = result_json(
+        chosen,
+        preset,
+        steps,
+        async_staleness,
+        alone,
+        sync,
+        asynchronous,
+        cpu_split,
+        run.tool_latency_ms,
+        run.dtype,
+        run.rollout_mode,
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(result) + "\n")
+    typer.echo(json.dumps(result) if json_output else render_table(result))

@@ -1,0 +1,147 @@
+"""Running the local stack until the trainer finishes, with a live progress line and a report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from commands.stack.config import StackConfig
+from commands.stack.launch import LocalStack, prepare_model
+from commands.stack.process import ComponentError
+from commands.stack.progress import REWARD_KEY, MetricsTail, ProgressLine, queue_depth
+from commands.stack.report import RunReport, build_report, plot_reward, read_metrics, write_report
+from commands.stack.supervisor import supervised
+
+# Steps averaged into reward_first and reward_last.
+REPORT_WINDOW = 30
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    run_dir: Path
+    report: RunReport | None = None
+    # Why the stack stopped when a component failed (the ComponentError's message).
+    error: str = ""
+
+
+def run_stack(
+    config: StackConfig,
+    quiet: bool,
+    keep_alive: bool,
+    report: bool = False,
+    title: str = "RelayRL",
+    monitor: bool = False,
+) -> RunOutcome:
+    # soft_wrap: without a terminal rich would wrap at 80 columns and split printed commands.
+    console = Console(stderr=True, soft_wrap=True)
+    with supervised(None if quiet else sys.stderr, config.stack.restart_policy()) as supervisor:
+        stack = LocalStack(config, supervisor)
+        _save_config(config, stack.run_id, stack.run_dir)
+        try:
+            if not console.is_terminal:
+                _no_progress_bars()
+            model_dir = prepare_model(stack)
+            started_at = time.time()
+            console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
+            stack.start(model_dir)
+            _print_endpoints(console, stack)
+            if monitor:
+                from commands.stack.monitor import start_prometheus
+
+                console.print(f"  prometheus {start_prometheus(stack)}  (Grafana: add it as a data source)")
+            code = _follow_trainer(console, stack, started_at)
+            outcome = RunOutcome(code, stack.run_dir)
+            if code == 0 and report:
+                outcome.report = _write_report(stack, started_at, title)
+            if code == 0 and keep_alive:
+                console.print("trainer finished; services stay up until Ctrl-C")
+                while True:
+                    supervisor.check_alive(exited_ok=["trainer"])
+                    time.sleep(1.0)
+        except ComponentError as err:
+            console.print(f"[red]stack stopped:[/] {err}")
+            return RunOutcome(1, stack.run_dir, error=str(err))
+        except KeyboardInterrupt:
+            console.print("interrupted; stopping every component")
+            return RunOutcome(130, stack.run_dir)
+    if code != 0:
+        console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
+    return outcome
+
+
+def _save_config(config: StackConfig, run_id: str, run_dir: Path) -> None:
+    """The checked config the run started with: ``relayrl export`` finds the base model in it."""
+    import yaml
+
+    from commands.stack.export import RUN_CONFIG
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["stack"]["run_id"] = run_id
+    if config.stack.model_dir is not None:
+        data["stack"]["model_dir"] = str(config.stack.model_dir.resolve())
+    data["stack"].pop("api_token", None)  # the token stays in ctl.env (owner-readable only)
+    (run_dir / RUN_CONFIG).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _no_progress_bars() -> None:
+    # tqdm bars written to a file or a pipe are noise: one line per refresh.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _print_endpoints(console: Console, stack: LocalStack) -> None:
+    for name, url in stack.endpoints.http_services().items():
+        console.print(f"  {name:<10} {url}")
+    console.print(f"  steer it:  relayrl ctl --env-file {stack.ctl_env_file} status --all")
+
+
+def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> int:
+    """Shows progress until the trainer exits; any other component dying stops the run."""
+    tail = MetricsTail(stack.run_dir / "metrics.jsonl")
+    # A resumed run's earlier rows were written before started_at: they are history, not progress.
+    seen = tail.poll()
+    earlier = [row for row in seen if float(row.get("time", 0.0)) < started_at]
+    tail.rows = [row for row in seen if float(row.get("time", 0.0)) >= started_at]
+    total = int(stack.config.trainer.get("total_steps", 100))
+    baseline = max((float(r.get("trainer/processed_samples", 0.0)) for r in earlier), default=0.0)
+    line = ProgressLine(total_steps=total, started_at=started_at, baseline_samples=baseline)
+    last_printed = 0.0
+    # A spinner only on a terminal; elsewhere the line is printed now and then instead.
+    spinner = console.status(line.render(None, None)) if console.is_terminal else nullcontext()
+    with spinner as status:
+        while True:
+            stack.supervisor.check_alive(exited_ok=["trainer"])
+            tail.poll()
+            latest = tail.rows[-1] if tail.rows else None
+            text = line.render(latest, queue_depth(stack.endpoints.queue_http))
+            if status is not None:
+                status.update(text)
+            elif time.monotonic() - last_printed > 10:
+                console.print(text)
+                last_printed = time.monotonic()
+            code = stack.trainer_exit_code()
+            if code is not None:
+                tail.poll()
+                if tail.rows:
+                    console.print(line.render(tail.rows[-1], None))
+                return code
+            time.sleep(1.0)
+
+
+def _write_report(stack: LocalStack, started_at: float, title: str) -> RunReport:
+    rows = read_metrics(stack.run_dir / "metrics.jsonl")
+    report = build_report(
+        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
+        rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
+    )  # fmt: skip
+    write_report(report, stack.run_dir)
+    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"{title} ({stack.run_id})")
+    return report

@@ -1,0 +1,40 @@
+"""Where a component computes: ``cpu`` or ``cuda``, one setting with one check.
+
+A device is a setting, not a fork: the trainer and the engine take the same value and run the same
+code on it. The check belongs to settings validation so that ``device: cuda`` on a machine without
+a usable GPU stops the command at start with one line naming the setting, before any process group,
+model or server exists.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
+
+DeviceName = Literal["cpu", "cuda"]
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why torch cannot compute on CUDA here, or None where it can."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return f"torch {torch.__version__} sees no CUDA device{where}"
+    return None
+
+
+def available_device(value: DeviceName) -> DeviceName:
+    """``value`` if this machine can compute on it; raises ValueError (a settings error) otherwise."""
+    if value == "cuda" and (reason := cuda_unavailable_reason()) is not None:
+        raise ValueError(f"cuda requested but {reason}")
+    return value
+
+
+# The type of every ``device`` setting: validated where it is read, so a bad one never starts work.
+Device = Annotated[DeviceName, AfterValidator(available_device)]
