@@ -42,7 +42,7 @@ test-e2e: setup
 
 # Tests that need a CUDA device; elsewhere each is skipped with the reason.
 test-gpu: setup
-	$(BIN)/pytest -m gpu -p no:xdist $(PYTEST_ARGS)
+	$(BIN)/pytest -m gpu -n 0 $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ import yaml
 
 from tests.e2e.conftest import log_tails
 
-DEMO = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "commands" / "stack" / "configs" / "demo.yaml"
 
 
 def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from commands.stack.config import StackConfig
 from tests.e2e.conftest import running_stack, small_run, training_rows, wait_for_trainer
 
-CONFIGS = Path(__file__).resolve().parents[2] / "relayrl" / "stack" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "commands" / "stack" / "configs"
 STEPS = 3
 
 # The metric each recipe must put in every training row (its own evidence that it ran).

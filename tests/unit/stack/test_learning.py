@@ -26,7 +26,7 @@ from commands.stack.run import RunOutcome
 from commands.stack.supervisor import Supervisor
 
 VAL = "val/test_score/relayrl/long_add"
-DEMO = Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[3] / "commands" / "stack" / "configs" / "demo.yaml"
 
 
 def _report(

@@ -11,7 +11,7 @@ from commands.stack.config import StackConfig
 from services.rollout.config import RolloutSettings
 from services.trainer.config import TrainerSettings
 
-CONFIGS = sorted((Path(__file__).resolve().parents[3] / "relayrl" / "stack" / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "commands" / "stack" / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
