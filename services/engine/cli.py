@@ -9,6 +9,11 @@ import typer
 app = typer.Typer(help="The built-in CPU inference engine (SGLang's native HTTP API).", no_args_is_help=True)
 
 
+@app.callback()
+def main() -> None:
+    """A group even with one command, so ``python -m services.engine.cli serve`` names it as ``relayrl engine serve`` does."""
+
+
 @app.command("serve")
 def serve_command(
     model: Annotated[str | None, typer.Option(help="Hugging Face model directory (RELAYRL_ENGINE_MODEL_PATH).")] = None,
