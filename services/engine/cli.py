@@ -11,7 +11,7 @@ app = typer.Typer(help="The built-in CPU inference engine (SGLang's native HTTP 
 
 @app.callback()
 def main() -> None:
-    """A group even with one command, so ``python -m services.engine.cli serve`` names it as ``relayrl engine serve`` does."""
+    """The built-in engine: a group even with one command, as ``relayrl engine serve`` names it."""
 
 
 @app.command("serve")
