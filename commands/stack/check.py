@@ -3,19 +3,29 @@
 Each section is validated by its service's own settings model (``extra="forbid"``), so an
 unknown key or a value out of range is reported by YAML key and file, with the closest valid
 name; dataset files must exist and parse, the reward function must import with verl's
-signature, and fixed ports must be free. Relative dataset and reward paths resolve against
-the config file's folder. Only light imports here (no torch): the check answers in well
+signature, tool and interaction configs must load (their files read, their classes imported and
+built, as the rollout does at start), and fixed ports must be free.
+
+One path rule: every input path in the file (``stack.model_dir``, datasets, the reward file,
+the reward model, tool and interaction configs, ``rollout.tokenizer_path``) is relative to the
+config file's folder, and modules the config names (tool and interaction classes,
+``module:function`` rewards) import from that folder first, then from the working directory; the
+services get the same folders on their ``PYTHONPATH`` (``stack.import_dirs``). Each problem is one
+line naming the YAML key as written. Only light imports here (no torch): the check answers in well
 under two seconds.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import difflib
 import importlib
 import inspect
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,9 @@ REWARD_SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra
 
 # Keys the stack sets itself for every service (its wiring); a value in the file is overridden.
 WIRED_KEYS = ("host", "grpc_port", "http_port")
+
+# Input paths of the rollout section, resolved against the config file's folder like every other.
+ROLLOUT_PATHS = ("multi_turn_tool_config_path", "multi_turn_interaction_config_path", "tokenizer_path")
 
 
 class ConfigError(ValueError):
@@ -79,11 +92,20 @@ def load_checked(path: Path) -> StackConfig:
 def check_config(config: StackConfig, base: Path, source: str = "config") -> StackConfig:
     """Resolves paths against ``base`` and checks every section; returns the resolved config."""
     problems: list[str] = []
-    _resolve_reward_file(config, base, problems)
+    reward_key = _resolve_reward_file(config, base, problems)
     for name in ("dataset", "val_dataset"):
         value = config.trainer.get(name)
         if isinstance(value, str) and value and not value.startswith("builtin:"):
             config.trainer[name] = str(_resolve(value, base))
+    for name in ROLLOUT_PATHS:
+        value = config.rollout.get(name)
+        if isinstance(value, str) and value:
+            config.rollout[name] = str(_resolve(value, base))
+    if config.stack.model_dir is not None:
+        config.stack.model_dir = _resolve(str(config.stack.model_dir), base)
+    config.stack.import_dirs = list(
+        dict.fromkeys([str(base), *(str(_resolve(d, base)) for d in config.stack.import_dirs)])
+    )
     if config.uses_reward_model():
         config.reward["model_path"] = str(_resolve(str(config.reward["model_path"]), base))
     for section in SERVICE_SECTIONS:
@@ -96,7 +118,9 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
         problems.append(f"reward.model_path: {config.reward['model_path']} is not a Hugging Face model directory")
     if not problems:
         problems += _dataset_problems(config)
-        problems += _reward_problems(config)
+        with importable_from(config.stack.import_dirs):
+            problems += _reward_problems(config, reward_key)
+            problems += _agent_problems(config)
         problems += _port_problems(config)
         problems += _lora_problems(config)
     if config.stack.model_dir is not None and not (config.stack.model_dir / "config.json").is_file():
@@ -163,20 +187,35 @@ def _given(err: Any) -> str:
     return "" if isinstance(given, dict) else f" (got {given!r})"
 
 
-def _resolve_reward_file(config: StackConfig, base: Path, problems: list[str]) -> None:
+def _resolve_reward_file(config: StackConfig, base: Path, problems: list[str]) -> str:
+    """Resolves the reward file against ``base``; returns the YAML key the user wrote it under."""
     custom = config.custom_reward_function
     if custom is not None:
         if config.rollout.get("reward_function", "auto") not in ("", "auto"):
             problems.append("custom_reward_function and rollout.reward_function are both set; keep one")
-            return
+            return "custom_reward_function"
         config.rollout["reward_function"] = f"{_resolve(custom.path, base)}:{custom.name}"
         config.custom_reward_function = None
-        return
+        return "custom_reward_function"
     spec = config.rollout.get("reward_function")
     if isinstance(spec, str):
         file, sep, name = spec.rpartition(":")
         if sep and file.endswith(".py"):
             config.rollout["reward_function"] = f"{_resolve(file, base)}:{name}"
+    return "rollout.reward_function"
+
+
+@contextlib.contextmanager
+def importable_from(dirs: list[str]) -> Iterator[None]:
+    """Modules import from ``dirs`` first, then from the working directory, as in the services
+    the stack starts (their ``PYTHONPATH``) and from where it starts them."""
+    added = [*dirs, os.getcwd()]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for entry in added:
+            sys.path.remove(entry)
 
 
 def _lora_problems(config: StackConfig) -> list[str]:
@@ -220,30 +259,76 @@ def _dataset_problems(config: StackConfig) -> list[str]:
     return problems
 
 
-def _reward_problems(config: StackConfig) -> list[str]:
+def _reward_problems(config: StackConfig, key: str) -> list[str]:
     from services.rollout.rewards.registry import resolve_reward
 
     spec = str(config.rollout.get("reward_function", "auto"))
-    sys.path.insert(0, os.getcwd())  # the rollout runs from this folder, so its modules import from here
+    file, sep, name = spec.rpartition(":")
+    if sep and file.endswith(".py") and (problem := _reward_file_problem(Path(file), name, key)):
+        return [problem]
     try:
         fn = resolve_reward(spec)
     except Exception as exc:  # a user module may raise anything at import
         hint = ""
-        if isinstance(exc.__cause__, ModuleNotFoundError) and not spec.split(":")[0].endswith(".py"):
+        if isinstance(exc.__cause__, ModuleNotFoundError) and not file.endswith(".py"):
             hint = (
-                f"; not importable from {os.getcwd()}: use verl's form"
+                f"; not importable from {', '.join(config.stack.import_dirs)} or {os.getcwd()}: use verl's form"
                 " custom_reward_function: {path: my_reward.py, name: compute_score} (relative to this file)"
             )
-        return [f"rollout.reward_function: {_short(exc)}{hint}"]
-    finally:
-        sys.path.remove(os.getcwd())
+        return [f"{key}: {_short(exc)}{hint}"]
     try:
         inspect.signature(fn).bind("data_source", "solution", "truth", extra_info=None)
     except TypeError:
-        return [f"rollout.reward_function: {spec} must accept {REWARD_SIGNATURE}"]
+        return [f"{key}: {spec} must accept {REWARD_SIGNATURE}"]
     except ValueError:
         pass  # a builtin without an inspectable signature
     return []
+
+
+def _reward_file_problem(file: Path, name: str, key: str) -> str:
+    """A reward file that is missing or lacks the function, under the keys the user wrote."""
+    path_key, name_key = (f"{key}.path", f"{key}.name") if key == "custom_reward_function" else (key, key)
+    if not file.is_file():
+        return f"{path_key}: no such file {file}"
+    try:
+        tree = ast.parse(file.read_text(), str(file))
+    except SyntaxError as exc:
+        return f"{path_key}: {file} line {exc.lineno}: {exc.msg}"
+    defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    if name in defined or name in assigned or name in imported:
+        return ""
+    close = _did_you_mean(name, defined)
+    return f"{name_key}: {file.name} defines no function {name!r}{close}; it defines: {', '.join(defined) or 'none'}"
+
+
+def _agent_problems(config: StackConfig) -> list[str]:
+    """The tool and interaction configs loaded as the rollout loads them at start: files read,
+    classes imported and built, verl's methods present."""
+    from services.rollout.agent.interactions import load_interactions
+    from services.rollout.agent.tools import load_tools
+
+    problems = []
+    for name, load in (
+        ("multi_turn_tool_config_path", load_tools),
+        ("multi_turn_interaction_config_path", load_interactions),
+    ):
+        value = config.rollout.get(name)
+        if not value:
+            continue
+        if not Path(value).is_file():
+            problems.append(f"rollout.{name}: no such file {value}")
+            continue
+        try:
+            load(value)
+        except Exception as exc:  # a user class may raise anything when built
+            problems.append(f"rollout.{name}: {_short(exc)}")
+    if config.rollout.get("multi_turn_tool_config_path") and not config.rollout.get("multi_turn_enable"):
+        problems.append(
+            "rollout.multi_turn_tool_config_path: set, but rollout.multi_turn_enable is false (tools unused)"
+        )
+    return problems
 
 
 def _port_problems(config: StackConfig) -> list[str]:

@@ -30,7 +30,15 @@ class StackSettings(BaseModel):
     run_id: str = Field("", description="Run name; empty generates a timestamped one.")
     runs_dir: Path = Field(Path("runs"), description="Each run writes runs/<run_id>/ (metrics, logs, checkpoints).")
     model_dir: Path | None = Field(
-        None, description="Hugging Face model directory; empty creates the built-in tiny model in the run directory."
+        None,
+        description="Hugging Face model directory (relative to the config file); empty creates the built-in tiny"
+        " model in the run directory.",
+    )
+    import_dirs: list[str] = Field(
+        default_factory=list,
+        description="Folders (relative to the config file) on every service's PYTHONPATH, for the modules the"
+        " config names: tool and interaction classes, 'module:function' rewards. The config file's own folder is"
+        " always added first.",
     )
     model_preset: Literal["tiny", "small", "base"] = Field(
         "tiny",

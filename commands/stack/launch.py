@@ -13,6 +13,7 @@ token, η, Redis URL) from the same variables, so they cannot disagree.
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -20,12 +21,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from relayrl.net import free_port, port_open
-from relayrl.redis_process import INSTALL_HINT, RedisProcess
 from commands.stack.config import StackConfig
 from commands.stack.cpus import plan_cpus
 from commands.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from commands.stack.supervisor import Supervisor
+from relayrl.net import free_port, port_open
+from relayrl.redis_process import INSTALL_HINT, RedisProcess
 
 HOST = "127.0.0.1"
 RELAYRL = [sys.executable, "-m", "commands.cli"]
@@ -82,7 +83,10 @@ class LocalStack:
         return f"{scheme}://{auth + '@' if auth else ''}{routed}{slash}{path}"
 
     def _shared_env(self) -> dict[str, str]:
+        # The modules the config names import from its folder (see commands/stack/check.py).
+        pythonpath = os.pathsep.join([*self.settings.import_dirs, *filter(None, [os.environ.get("PYTHONPATH")])])
         return {
+            **({"PYTHONPATH": pythonpath} if pythonpath else {}),
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_API_TOKEN": self.api_token,
             "RELAYRL_MAX_STALENESS": str(self.settings.max_staleness),

@@ -92,7 +92,7 @@ def test_a_missing_or_unparsable_dataset_is_reported(tmp_path):
 def test_reward_files_that_do_not_import_or_do_not_fit_are_reported(tmp_path):
     (tmp_path / "broken.py").write_text("def compute_score(\n")
     message = _problems(tmp_path, "custom_reward_function: {path: broken.py}\n")
-    assert "rollout.reward_function: cannot import reward function" in message and "broken.py" in message
+    assert f"custom_reward_function.path: {tmp_path / 'broken.py'} line 1: '(' was never closed" in message
     (tmp_path / "narrow.py").write_text("def score(text):\n    return 0.0\n")
     message = _problems(tmp_path, "custom_reward_function: {path: narrow.py, name: score}\n")
     assert "must accept compute_score(data_source, solution_str, ground_truth, extra_info=None)" in message
@@ -199,3 +199,87 @@ def test_a_logger_list_passes_the_check_and_reaches_the_trainer_through_its_env(
 
     message = _problems(tmp_path, "trainer:\n  logger: [console, tensorbord]\n")
     assert "trainer.logger: Input should be 'console', 'tensorboard' or 'wandb' (got 'tensorbord')" in message
+
+
+TOOL = """
+from services.rollout.agent.tools import BaseTool
+
+
+class Multiply(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        return str(int(parameters["a"]) * int(parameters["b"])), 0.0, {}
+"""
+TOOL_CONFIG = """
+tools:
+  - class_name: {class_name}
+    config: {{}}
+    tool_schema:
+      type: function
+      function:
+        name: multiply
+        description: Multiplies a and b.
+        parameters: {{type: object, properties: {{a: {{type: integer}}, b: {{type: integer}}}}, required: [a, b]}}
+"""
+AGENT = "rollout:\n  multi_turn_enable: true\n  multi_turn_tool_config_path: {path}\n"
+
+
+def test_a_missing_tool_config_file_is_named_by_its_key_relative_to_the_config_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # a tools/ folder in the working directory must not be what counts
+    message = _problems(tmp_path, AGENT.format(path="tools/calc.yaml"))
+    assert f"rollout.multi_turn_tool_config_path: no such file {tmp_path / 'tools' / 'calc.yaml'}" in message
+    assert len(message.splitlines()) == 2, "one line per problem, no traceback"
+
+
+def test_an_unknown_tool_class_is_named_before_anything_starts(tmp_path):
+    (tmp_path / "my_tools.py").write_text(TOOL)
+    (tmp_path / "calc.yaml").write_text(TOOL_CONFIG.format(class_name="my_tools.Divide"))
+    message = _problems(tmp_path, AGENT.format(path="calc.yaml"))
+    assert "rollout.multi_turn_tool_config_path:" in message and "my_tools.Divide" in message
+    assert "has no attribute 'Divide'" in message and len(message.splitlines()) == 2
+
+
+def test_a_tool_class_beside_the_config_loads_and_the_services_import_it_from_there(tmp_path, monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "my_tools.py").write_text(TOOL)
+    (folder / "calc.yaml").write_text(TOOL_CONFIG.format(class_name="my_tools.Multiply"))
+    (folder / "stack.yaml").write_text(AGENT.format(path="calc.yaml"))
+    monkeypatch.chdir(tmp_path)
+    config = load_checked(Path("project/stack.yaml"))
+    assert config.rollout["multi_turn_tool_config_path"] == str(folder / "calc.yaml")
+    assert config.stack.import_dirs[0] == str(folder), "the rollout's PYTHONPATH starts with the config's folder"
+
+
+def test_a_bad_interaction_config_is_named_by_its_key(tmp_path):
+    (tmp_path / "talk.yaml").write_text("interaction:\n  - name: game\n    class_name: nowhere.Game\n")
+    message = _problems(
+        tmp_path, "rollout:\n  multi_turn_enable: true\n  multi_turn_interaction_config_path: talk.yaml\n"
+    )
+    assert "rollout.multi_turn_interaction_config_path: cannot import 'nowhere.Game'" in message
+
+
+def test_a_wrong_reward_function_name_is_named_under_the_key_the_user_wrote(tmp_path):
+    (tmp_path / "my_reward.py").write_text(REWARD)
+    message = _problems(tmp_path, "custom_reward_function: {path: my_reward.py, name: compute_scor}\n")
+    assert (
+        "custom_reward_function.name: my_reward.py defines no function 'compute_scor'; did you mean compute_score?"
+        in message
+    )
+    assert "relayrl_user_reward" not in message and "rollout.reward_function" not in message
+    message = _problems(tmp_path, "custom_reward_function: {path: nope.py}\n")
+    assert f"custom_reward_function.path: no such file {tmp_path / 'nope.py'}" in message
+
+
+def test_checking_tools_imports_no_torch(tmp_path):
+    # The agent part of the check loads the user's classes, not the services: it stays fast.
+    (tmp_path / "my_tools.py").write_text(TOOL)
+    (tmp_path / "calc.yaml").write_text(TOOL_CONFIG.format(class_name="my_tools.Multiply"))
+    path = tmp_path / "stack.yaml"
+    path.write_text(AGENT.format(path="calc.yaml"))
+    code = (
+        "import sys, pathlib; from commands.stack.check import load_checked;"
+        f" load_checked(pathlib.Path({str(path)!r})); print('torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
