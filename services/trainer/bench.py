@@ -85,6 +85,7 @@ def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
 def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
     """Runs warm-up + ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
     from services.trainer.gather import BucketGather
+    from services.trainer.staging import host_staging
     from services.trainer.trainer import build_models, stream_weights
 
     ctx = D.init_distributed(cfg.device) if fsdp else D.local_context(cfg.device)
@@ -95,7 +96,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         recompute_old_log_prob=cfg.recompute_old_log_prob,
     )
     models = build_models(settings, ctx, fsdp=fsdp)
-    gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024)
+    gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024, staging=host_staging(ctx.device))
     vocab = min(models.actor.config.vocab_size, 50000)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
     totals = {

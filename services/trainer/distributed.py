@@ -73,11 +73,23 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def collective_device() -> torch.device:
+    """Where the default group's collectives take their tensors: this rank's GPU under NCCL (which
+    moves GPU memory only), the CPU under gloo."""
+    if active() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def broadcast_tensor(t: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Rank ``src``'s CPU tensor (every rank passes one of the same shape and dtype): one
-    collective, where ``broadcast_object`` takes two and a pickle."""
-    if active() and dist.get_world_size() > 1:
-        dist.broadcast(t, src=src)
+    """Rank ``src``'s tensor (every rank passes one of the same shape and dtype), on ``t``'s device:
+    one collective, where ``broadcast_object`` takes two and a pickle."""
+    if not active() or dist.get_world_size() == 1:
+        return t
+    buf = t.to(collective_device())
+    dist.broadcast(buf, src=src)
+    if buf is not t:
+        t.copy_(buf)
     return t
 
 
@@ -94,8 +106,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if not active() or dist.get_world_size() == 1:
         return t
     # NCCL reduces only GPU tensors; the trainer's bookkeeping tensors live on the CPU.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
-    buf = t.to(device, copy=True)
+    buf = t.to(collective_device(), copy=True)
     dist.all_reduce(buf, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return buf.to(t.device)
 

@@ -3,8 +3,10 @@
 verl's FSDP weight sync gathers one bucket of parameters at a time (its
 ``update_weights_bucket_megabytes``) instead of the whole state dict, so no rank ever holds a
 second full copy of the model. Here every rank walks the sharded state dict in the same order and
-all-gathers each tensor (``DTensor.full_tensor``); rank 0 keeps the full tensors of the current
-bucket as private CPU copies and hands the bucket on; the other ranks drop theirs at once.
+all-gathers each tensor (``DTensor.full_tensor``) where the weights live, with the process group's
+own device (NCCL: the GPU; gloo: the CPU). Rank 0 copies each bucket once to host memory
+(:mod:`services.trainer.staging`: pinned and overlapped with the next bucket's gather on CUDA) and
+hands it on as private CPU tensors; the other ranks drop theirs at once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.trainer import distributed as D
 from services.trainer import lora
 from services.trainer.host_gather import HostGather, buffer_bytes
 from services.trainer.rows import Rows
+from services.trainer.staging import Gathered, HostStaging, Staged, SyncStaging
 
 Items = list[tuple[str, torch.Tensor]]
 
@@ -56,14 +59,16 @@ class BucketGather:
 
     With ``share_host_memory`` (a CPU trainer), row-sharded tensors are gathered through memory
     the ranks share when they all run on one host (:class:`~services.trainer.host_gather.HostGather`,
-    found at the first gather), else by an all-gather.
+    found at the first gather), else by an all-gather. ``staging`` copies each of rank 0's buckets to
+    the host (default: at once, for weights on the CPU).
     """
 
-    def __init__(self, bucket_bytes: int, share_host_memory: bool = False) -> None:
+    def __init__(self, bucket_bytes: int, share_host_memory: bool = False, staging: HostStaging | None = None) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
         self.share_host_memory = share_host_memory
+        self.staging = staging if staging is not None else SyncStaging()
         self._host: HostGather | None = None
         self._lock = threading.Lock()
         self.live_bytes = 0
@@ -93,7 +98,9 @@ class BucketGather:
         they live, because training goes on while the upload reads them: they are private copies,
         or views of a shared buffer that is not reused before the last of them is gone. A bucket's
         FSDP2 shards travel in one gather: one per tensor (``DTensor.full_tensor``) cost a
-        collective's fixed latency each, most of a small model's publish.
+        collective's fixed latency each, most of a small model's publish. With a staging of depth
+        1 (CUDA) a bucket is yielded once the next one's gather is queued, so its copy to the host
+        overlaps that gather; rank 0 then holds up to three buckets on the host, not two.
         """
         if self.share_host_memory and self._host is None:
             self.share_host_memory = False  # one try: the answer holds for the job's life
@@ -117,11 +124,20 @@ class BucketGather:
                 size += piece.nbytes
         # Every bucket's shared buffer the size of the largest: one set of buffers serves them all.
         capacity = max(buffer_bytes([r for r, rows in part if rows]) for part in parts) if self._host is not None else 0
-        for part in parts:
-            if part:
-                yield self._gather(part, capacity)
+        # Buckets whose host copy is under way while the next is gathered (none where staging is at once).
+        in_flight: list[Staged] = []
+        for part in [p for p in parts if p]:
+            gathered = self._gather(part, capacity)
+            staged = self.staging.stage(gathered) if D.get_rank() == 0 else Staged([])
+            for tensor in staged.tensors:
+                self._track(tensor)
+            in_flight.append(staged)
+            if len(in_flight) > self.staging.depth:
+                yield in_flight.pop(0).wait()
+        while in_flight:
+            yield in_flight.pop(0).wait()
 
-    def _gather(self, bucket: list[tuple[Rows, bool]], capacity: int) -> list[torch.Tensor]:
+    def _gather(self, bucket: list[tuple[Rows, bool]], capacity: int) -> list[Gathered]:
         is_main = D.get_rank() == 0
         sharded = [r for r, rows in bucket if rows]
         shared = self._host.gather(sharded, capacity) if sharded and self._host is not None else None
@@ -131,7 +147,7 @@ class BucketGather:
             rows = iter(shared)
         else:
             rows = iter(_all_gather_rows(sharded))
-        kept: list[torch.Tensor] = []
+        kept: list[Gathered] = []
         for part, row_sharded in bucket:
             tensor = part.tensor
             if row_sharded:
@@ -145,10 +161,7 @@ class BucketGather:
             if is_main:
                 # Gathered bytes are new memory already; a plain tensor (or its rows) is the live parameter.
                 gathered = row_sharded or hasattr(tensor, "full_tensor")
-                fresh = gathered and full is not tensor and full.device.type == "cpu"
-                copy = full.detach().contiguous() if fresh else full.detach().to("cpu", copy=True).contiguous()
-                self._track(copy)
-                kept.append(copy)
+                kept.append(Gathered(full, gathered and full is not tensor))
         return kept
 
 
@@ -179,10 +192,13 @@ def _all_gather_rows(parts: list[Rows]) -> list[torch.Tensor]:
         padded = min(part.rows_per_rank(world), part.stop - part.start) * part.row_bytes
         layout.append((offset, padded))
         offset += padded
-    send = torch.zeros(offset, dtype=torch.uint8)
+    # The group's own device: NCCL moves GPU memory only, gloo host memory.
+    nccl = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    send = torch.zeros(offset, dtype=torch.uint8, device=device)
     for part, (start, _) in zip(parts, layout, strict=True):
         local, _, count = part.own(rank, world)
-        shard = part.tensor.to_local().detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
+        shard = part.tensor.to_local().detach().to(device).contiguous().view(torch.uint8).reshape(-1)
         mine = shard[local * part.row_bytes : (local + count) * part.row_bytes]
         send[start : start + mine.numel()] = mine
     received = [torch.empty_like(send) for _ in range(world)]

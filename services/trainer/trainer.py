@@ -29,6 +29,7 @@ from services.trainer.gather import BucketGather, Items, published_items, state_
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
+from services.trainer.staging import host_staging
 from services.trainer.state import TrainerState
 from services.trainer.status import TrainerStatus
 from services.trainer.step import Models, train_step
@@ -188,7 +189,9 @@ class Trainer:
             handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
             self.publisher = Publisher(io, sink, handoff_s)
         self.gather = BucketGather(
-            settings.update_weights_bucket_megabytes * 1024 * 1024, share_host_memory=ctx.device.type == "cpu"
+            settings.update_weights_bucket_megabytes * 1024 * 1024,
+            share_host_memory=ctx.device.type == "cpu",
+            staging=host_staging(ctx.device),
         )
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
