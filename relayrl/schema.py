@@ -128,6 +128,8 @@ class Group:
     lease_id: str = ""
     created_at_unix_s: float = 0.0
     is_eval: bool = False
+    # The η its prompt was admitted under (PromptSpec.max_staleness); None: the consumer's bound.
+    max_staleness: int | None = None
 
     @classmethod
     def answering(cls, prompt: PromptSpec, samples: list[Sample], lease_id: str) -> Group:
@@ -143,6 +145,7 @@ class Group:
             lease_id=lease_id,
             created_at_unix_s=time.time(),
             is_eval=prompt.is_eval,
+            max_staleness=prompt.max_staleness,
         )
 
     @property
@@ -168,6 +171,7 @@ class Group:
             lease_id=self.lease_id,
             created_at_unix_s=self.created_at_unix_s,
             is_eval=self.is_eval,
+            max_staleness=self.max_staleness,
         )
 
     @classmethod
@@ -182,6 +186,7 @@ class Group:
             lease_id=msg.lease_id,
             created_at_unix_s=msg.created_at_unix_s,
             is_eval=msg.is_eval,
+            max_staleness=msg.max_staleness if msg.HasField("max_staleness") else None,
         )
 
 
@@ -203,6 +208,8 @@ class PromptSpec:
     top_k: int | None = None
     max_new_tokens: int | None = None
     is_eval: bool = False
+    # η in force when the trainer admitted the prompt; the group answering it is judged by it.
+    max_staleness: int | None = None
 
     def to_proto(self) -> pb.PromptGroup:
         sampling = pb.SamplingOverrides()
@@ -222,6 +229,7 @@ class PromptSpec:
             released_at_unix_s=self.released_at_unix_s,
             sampling=sampling,
             is_eval=self.is_eval,
+            max_staleness=self.max_staleness,
         )
 
     @classmethod
@@ -246,6 +254,7 @@ class PromptSpec:
             top_k=opt("top_k"),
             max_new_tokens=opt("max_new_tokens"),
             is_eval=msg.is_eval,
+            max_staleness=msg.max_staleness if msg.HasField("max_staleness") else None,
         )
 
 
@@ -259,6 +268,8 @@ def validate_group(msg: pb.TrajectoryGroup) -> list[str]:
         problems.append("group_id is empty")
     if not msg.trajectories:
         problems.append("group has no trajectories")
+    if msg.HasField("max_staleness") and msg.max_staleness < 0:
+        problems.append(f"max_staleness must be >= 0, got {msg.max_staleness}")
     if msg.extra_info_json:
         try:
             if not isinstance(json.loads(msg.extra_info_json), dict):

@@ -10,6 +10,15 @@ How the names users know map onto η:
 - AReaL ``max_head_offpolicyness``: η directly.
 - ROLL ``async_generation_ratio``: generation may run that many *steps* ahead; with one
   weight sync per step (``sync_every = 1``) it equals η, otherwise η = ratio × sync_every.
+
+η may change during a run (``max_staleness: auto``, :mod:`services.trainer.staleness_control`).
+The bound is then the one in force when the work was *admitted*: the trainer stamps each released
+prompt with its η (``PromptGroup.max_staleness``), the group answering it carries that η, and the
+queue and the trainer judge the group by it (:func:`admitted_bound`). So a group consumed at
+version ``v`` was started by a policy of version at least ``v − η_admitted``; a group admitted
+legally is never dropped because η fell afterwards, and a rise of η widens only what is admitted
+from then on. A group that carries no η (a producer that predates the field) is judged by the
+consumer's current bound, as before.
 """
 
 from __future__ import annotations
@@ -65,6 +74,11 @@ def check_staleness(min_policy_version: int | None, consumer_version: int, max_s
     if min_policy_version < floor:
         return StalenessCheck(Verdict.STALE, age)
     return StalenessCheck(Verdict.FRESH, age)
+
+
+def admitted_bound(admitted: int | None, current: int) -> int:
+    """The η a group is judged by: the one its prompt was admitted under, else the consumer's ``current``."""
+    return current if admitted is None else admitted
 
 
 def min_start_version(train_version: int, max_staleness: int) -> int:

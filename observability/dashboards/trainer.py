@@ -87,6 +87,18 @@ def build() -> Board:
             min_value=0,
         ),
         verl_panel(
+            "Staleness bound η",
+            "η new prompts are admitted under: fixed, or chosen by max_staleness auto from the trainer's idle"
+            " share, the prompts left to lease and the off-policy drift (mean |log ratio|); docs/auto-staleness.md.",
+            {
+                "staleness/eta": "η",
+                "trainer/idle_ratio": "idle share",
+                "staleness/admission_starved": "waits with nothing to lease",
+                "training/rollout_logprob_abs_diff_mean": "mean |log ratio|",
+            },
+            min_value=0,
+        ),
+        verl_panel(
             "Dropped and skipped",
             "Groups the trainer dropped as stale, and steps skipped for an empty batch, since the start.",
             ["trainer/dropped_stale_groups", "trainer/skipped_empty_batches"],

@@ -70,7 +70,7 @@ class Trajectory(_message.Message):
     def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., token_rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., replica_id: _Optional[str] = ..., timings: _Optional[_Union[SampleTimings, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_extra: _Optional[_Mapping[str, float]] = ..., reward_error: _Optional[bool] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turn_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("group_id", "prompt_id", "trajectories", "data_source", "ground_truth", "extra_info_json", "min_policy_version", "max_policy_version", "lease_id", "created_at_unix_s", "is_eval")
+    __slots__ = ("group_id", "prompt_id", "trajectories", "data_source", "ground_truth", "extra_info_json", "min_policy_version", "max_policy_version", "lease_id", "created_at_unix_s", "is_eval", "max_staleness")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class TrajectoryGroup(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     IS_EVAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt_id: str
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
@@ -93,7 +94,8 @@ class TrajectoryGroup(_message.Message):
     lease_id: str
     created_at_unix_s: float
     is_eval: bool
-    def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_policy_version: _Optional[int] = ..., max_policy_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., is_eval: _Optional[bool] = ...) -> None: ...
+    max_staleness: int
+    def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_policy_version: _Optional[int] = ..., max_policy_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., is_eval: _Optional[bool] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class SamplingOverrides(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens")
@@ -108,7 +110,7 @@ class SamplingOverrides(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class PromptGroup(_message.Message):
-    __slots__ = ("prompt_id", "prompt_token_ids", "n_samples", "data_source", "ground_truth", "extra_info_json", "min_start_version", "released_at_version", "released_at_unix_s", "sampling", "is_eval")
+    __slots__ = ("prompt_id", "prompt_token_ids", "n_samples", "data_source", "ground_truth", "extra_info_json", "min_start_version", "released_at_version", "released_at_unix_s", "sampling", "is_eval", "max_staleness")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     N_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +122,7 @@ class PromptGroup(_message.Message):
     RELEASED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     IS_EVAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     n_samples: int
@@ -131,4 +134,5 @@ class PromptGroup(_message.Message):
     released_at_unix_s: float
     sampling: SamplingOverrides
     is_eval: bool
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., n_samples: _Optional[int] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_start_version: _Optional[int] = ..., released_at_version: _Optional[int] = ..., released_at_unix_s: _Optional[float] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., is_eval: _Optional[bool] = ...) -> None: ...
+    max_staleness: int
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., n_samples: _Optional[int] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., min_start_version: _Optional[int] = ..., released_at_version: _Optional[int] = ..., released_at_unix_s: _Optional[float] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., is_eval: _Optional[bool] = ..., max_staleness: _Optional[int] = ...) -> None: ...

@@ -55,6 +55,8 @@ class GroupHeader:
     is_eval: bool
     # Each sample's response length, in the group's order.
     response_lengths: tuple[int, ...]
+    # The η its prompt was admitted under; None: judged by the pull's bound.
+    max_staleness: int | None = None
 
     @property
     def response_tokens(self) -> int:
@@ -114,6 +116,7 @@ def _slow_inspection(payload: bytes) -> Inspection:
         created_at_unix_s=msg.created_at_unix_s,
         is_eval=msg.is_eval,
         response_lengths=tuple(len(t.response_token_ids) for t in msg.trajectories),
+        max_staleness=msg.max_staleness if msg.HasField("max_staleness") else None,
     )
     return Inspection(header, [])
 
@@ -188,6 +191,8 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
     versions_range = _version_range(version_parts, lengths, model)
     if versions_range is None or (view.min_policy_version, view.max_policy_version) != versions_range:
         return None
+    if view.HasField("max_staleness") and view.max_staleness < 0:
+        return None
     all_logprobs = np.frombuffer(b"".join(logprob_parts), dtype="<f4")
     if not (np.isfinite(all_logprobs).all() and (all_logprobs <= 0).all()):
         return None
@@ -199,6 +204,7 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         created_at_unix_s=view.created_at_unix_s,
         is_eval=view.is_eval,
         response_lengths=tuple(per_sample),
+        max_staleness=view.max_staleness if view.HasField("max_staleness") else None,
     )
 
 

@@ -4,7 +4,8 @@ Redis layout (keys in :mod:`services.queue.keys`):
 
 - ``trajectories`` stream. Each entry is one group: header fields ``v_min``, ``v_max``
   (policy versions), ``gid``, ``n`` (samples), ``tokens`` (response tokens), ``t`` (push
-  time, unix s), ``eval``, ``digest`` and the serialized ``TrajectoryGroup`` as ``payload``,
+  time, unix s), ``eval``, ``eta`` (the η the group's prompt was admitted under, when it carries
+  one: the bound it is judged by), ``digest`` and the serialized ``TrajectoryGroup`` as ``payload``,
   so the staleness check reads the header without decoding the payload. Eval groups share it.
   ``digest`` (XXH3-64, ~6× cheaper than zlib's CRC-32 here) covers the payload and ``v_min``
   as validated at push: a pull re-runs the (per-token, costly) validation only for entries
@@ -57,7 +58,7 @@ import xxhash
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from relayrl.staleness import Verdict, check_staleness
+from relayrl.staleness import Verdict, admitted_bound, check_staleness
 from services.queue.ages import AgeSummary, AgeWindow
 from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
@@ -187,8 +188,11 @@ def payload_digest(payload: bytes, v_min: int) -> int:
 
 
 def entry_fields(header: GroupHeader, payload: bytes, now: float) -> dict[str, Any]:
-    """The header fields and payload of one stream entry."""
+    """The header fields and payload of one stream entry (``eta`` only for a group that carries the η
+    its prompt was admitted under)."""
+    admitted = {} if header.max_staleness is None else {"eta": header.max_staleness}
     return {
+        **admitted,
         "v_min": header.min_policy_version,
         "v_max": header.max_policy_version,
         "gid": header.group_id,
@@ -509,9 +513,10 @@ class TrajectoryQueue:
             v_min = int(raw.fields[b"v_min"])
         except (KeyError, ValueError):
             return await self._drop(consumer, raw, "malformed", "missing or non-integer v_min header", None)
-        verdict = check_staleness(v_min, current_version, max_staleness)
+        bound = admitted_bound(_admitted_eta(raw.fields), max_staleness)
+        verdict = check_staleness(v_min, current_version, bound)
         if verdict.verdict is not Verdict.FRESH:
-            detail = f"min_policy_version {v_min} at consumer version {current_version}, max_staleness {max_staleness}"
+            detail = f"min_policy_version {v_min} at consumer version {current_version}, max_staleness {bound}"
             return await self._drop(consumer, raw, verdict.verdict.value, detail, self._keys.stale)
         payload = raw.fields.get(b"payload", b"")
         # Entries that came through Push intact were validated there; anything else is checked now.
@@ -617,6 +622,15 @@ def _problem_with(payload: bytes, v_min: int) -> str:
 
 def _stream_gone(err: ResponseError) -> bool:
     return "NOGROUP" in str(err) or "no such key" in str(err)
+
+
+def _admitted_eta(fields: dict[bytes, Any]) -> int | None:
+    """The η an entry's prompt was admitted under (its ``eta`` header), None when it has none."""
+    raw = fields.get(b"eta")
+    try:
+        return None if raw is None else max(int(raw), 0)
+    except ValueError:
+        return None
 
 
 def _id_order(entry_id: str) -> tuple[int, int]:

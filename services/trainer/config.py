@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from relayrl.config import ServiceSettings, shared_field
+from relayrl.config import ServiceSettings
 
 AdvEstimator = Literal["grpo", "rloo", "reinforce_plus_plus", "gae"]
 PgVariant = Literal["vanilla", "decoupled", "tis", "cispo", "topr", "kimi15"]
@@ -59,11 +59,65 @@ class TrainerSettings(ServiceSettings):
     consumer: str = Field(
         "trainer-0", description="Consumer name in the queue; a restarted trainer gets its own un-acked entries back."
     )
-    max_staleness: int = shared_field(
-        "max_staleness",
+    # RELAYRL_TRAINER_MAX_STALENESS first: with auto, the trainer alone takes "auto" while every other
+    # service reads the shared RELAYRL_MAX_STALENESS, set to max_staleness_limit (their loosest bound).
+    max_staleness: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         1,
-        "η: a group trained at version v was started by a policy of version >= v − η (0 = on-policy).",
+        description="η: a group trained at version v was started by a policy of version >= v − η (0 = on-policy);"
+        " auto: the trainer picks η in [0, max_staleness_limit] as it goes (docs/auto-staleness.md). verl's"
+        " staleness_threshold, AReaL's max_head_offpolicyness. Read from RELAYRL_TRAINER_MAX_STALENESS, else"
+        " RELAYRL_MAX_STALENESS.",
+        validation_alias=AliasChoices("RELAYRL_TRAINER_MAX_STALENESS", "RELAYRL_MAX_STALENESS", "max_staleness"),
+    )
+    max_staleness_limit: int = Field(
+        4, ge=0, description="max_staleness auto: the highest η the controller may pick (also the rollout's bound)."
+    )
+    staleness_initial: int = Field(1, ge=0, description="max_staleness auto: η of the first steps.")
+    staleness_adjust_every: int = Field(
+        5, ge=1, description="max_staleness auto: steps measured between two decisions (raise, hold or lower η)."
+    )
+    staleness_idle_threshold: float = Field(
+        0.05,
         ge=0,
+        le=1,
+        description="max_staleness auto: raise η while the trainer's mean idle share (trainer/idle_ratio) is above"
+        " this and the rollout could take more work than was admitted.",
+    )
+    staleness_starved_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="max_staleness auto: the rollout counts as able to take more work when, in at least this share"
+        " of the steps the trainer waited, the prompt queue had nothing left to lease.",
+    )
+    staleness_max_abs_log_ratio: float = Field(
+        0.2,
+        gt=0,
+        description="max_staleness auto: lower η when the mean |log π_prox − log π_behav| over the window is above"
+        " this (0.2: the mean token's ratio leaves verl's default clip range of ±0.2).",
+    )
+    staleness_max_clipfrac: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="max_staleness auto: lower η when the window's mean clipped share (actor/pg_clipfrac) is above"
+        " this.",
+    )
+    trajectory_log: bool = Field(
+        True,
+        description="Write trajectories/ in the run directory: every group trained on, in order, with its versions,"
+        " so `relayrl replay` can re-run the training without engine or queue (docs/replay.md).",
+    )
+    trajectory_log_keep: Literal["checkpoints", "all"] = Field(
+        "checkpoints",
+        description="checkpoints: keep the log from the oldest checkpoint kept on (bounded like keep_checkpoints);"
+        " all: from step 1, so the whole run replays from the model directory.",
+    )
+    trajectory_log_fsync: Literal["checkpoint", "step"] = Field(
+        "checkpoint",
+        description="Each step's record reaches the OS at once (a killed trainer loses none); checkpoint: fsynced"
+        " before each checkpoint becomes durable (no checkpoint outlives the log after a power loss); step: every"
+        " record fsynced.",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL).")
     param_dtype: Literal["auto", "fp32", "bf16"] = Field(
@@ -313,6 +367,11 @@ class TrainerSettings(ServiceSettings):
             raise ValueError(
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})"
             )
+        if self.auto_staleness and self.staleness_initial > self.max_staleness_limit:
+            raise ValueError(
+                f"staleness_initial ({self.staleness_initial}) must be <= max_staleness_limit"
+                f" ({self.max_staleness_limit})"
+            )
         if self.rollout_is and self.rollout_is_threshold is None:
             raise ValueError("rollout_is needs rollout_is_threshold (RELAYRL_TRAINER_ROLLOUT_IS_THRESHOLD)")
         if self.rollout_is and self.pg_variant not in ("vanilla", "decoupled"):
@@ -333,6 +392,15 @@ class TrainerSettings(ServiceSettings):
     def bf16_compute(self) -> bool:
         """Whether FSDP2 gathers and computes in bf16: ``param_dtype``, ``auto`` resolved by the device."""
         return self.param_dtype == "bf16" or (self.param_dtype == "auto" and self.device == "cuda")
+
+    @property
+    def auto_staleness(self) -> bool:
+        return self.max_staleness == "auto"
+
+    @property
+    def initial_staleness(self) -> int:
+        """η of the first step: the fixed bound, or auto's starting point."""
+        return self.staleness_initial if self.max_staleness == "auto" else self.max_staleness
 
     @property
     def needs_reference(self) -> bool:

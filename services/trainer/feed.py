@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from relayrl.retry import RetryPolicy, retrying_sync
 from relayrl.schema import Group
-from relayrl.staleness import check_staleness, min_start_version
+from relayrl.staleness import admitted_bound, check_staleness, min_start_version
 from relayrl.stalls import StallWatch
 from services.queue.errors import is_transient
 from services.trainer.config import TrainerSettings
@@ -107,6 +107,11 @@ class Feed:
         # The queue's long-answer threshold and generated share, from its last stats.
         self._generated_long = (0.0, 0.0)
         self.length_bias = LengthBias()
+        # η in force for admission: what new prompts are released under (and stamped with). The
+        # training loop changes it under max_staleness auto; each group is judged by the η it carries.
+        self.max_staleness = settings.initial_staleness
+        self._prompts_waiting: int | None = None  # at the last prompt stats
+        self._starved: list[bool] = []  # per wait round of this batch: nothing left to lease
         self._rpc_s = 0.0  # seconds in queue calls since the last batch
         self._filtered_now: dict[str, int] = defaultdict(int)  # reason -> groups, this batch
 
@@ -115,6 +120,7 @@ class Feed:
     def checkpoint_state(self) -> dict[str, Any]:
         """The counters and dataset position a checkpoint keeps (keys of the checkpoint's JSON)."""
         self.state.data = self.dataset.state_dict()
+        self.state.max_staleness = self.max_staleness
         return self.state.to_json()
 
     def restore(self, raw: dict[str, Any]) -> None:
@@ -122,6 +128,8 @@ class Feed:
         self.state = FeedState.from_json(raw)
         if self.state.data:
             self.dataset.load_state_dict(self.state.data)
+        if self.settings.auto_staleness and self.state.max_staleness is not None:
+            self.max_staleness = min(self.state.max_staleness, self.settings.max_staleness_limit)
 
     def buffered_count(self) -> int:
         """Groups delivered and held for the next batches."""
@@ -155,10 +163,11 @@ class Feed:
     def _release_ahead(self, step: int, version: int) -> int:
         """Releases the training prompts :func:`plan_release` asks for; returns how many."""
         s = self.settings
+        eta = self.max_staleness
         versions = plan_release(
             step,
             version,
-            s.max_staleness,
+            eta,
             s.sync_every,
             s.batch_size,
             s.total_steps,
@@ -172,12 +181,13 @@ class Feed:
             to_spec(
                 row,
                 s.n_samples,
-                min_start_version(train_version, s.max_staleness),
+                min_start_version(train_version, eta),
                 version,
                 now,
                 temperature=s.temperature,
                 top_p=s.top_p,
                 max_new_tokens=response_budget(row, s.max_new_tokens),
+                max_staleness=eta,
             )
             for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
         ]
@@ -188,7 +198,9 @@ class Feed:
     def _refresh_dropped(self) -> None:
         """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
         stats = self._rpc("stats", self.queue.stats)
-        prompts = self._rpc("prompt stats", self.queue.prompt_stats).dropped_by_reason
+        prompt_stats = self._rpc("prompt stats", self.queue.prompt_stats)
+        prompts = prompt_stats.dropped_by_reason
+        self._prompts_waiting = int(prompt_stats.waiting)
         self._queue_dropped = int(sum(stats.dropped_by_reason.values()) + sum(prompts.values()))
         self._generated_long = (stats.generated_long_threshold_tokens, stats.generated_long_token_share)
 
@@ -199,7 +211,7 @@ class Feed:
         s = self.settings
         rpc_s = self._rpc_s
         got = self._rpc(
-            "pull", lambda: self.queue.pull(s.consumer, version, s.max_staleness, max_groups, s.pull_timeout_s)
+            "pull", lambda: self.queue.pull(s.consumer, version, self.max_staleness, max_groups, s.pull_timeout_s)
         )
         if not got:
             self._rpc_s = rpc_s  # an empty pull only blocked, waiting for groups
@@ -236,13 +248,17 @@ class Feed:
     def _drop_stale(self, version: int) -> None:
         fresh = []
         for d in self._buffer:
-            if check_staleness(d.group.min_policy_version, version, self.settings.max_staleness).ok:
+            if check_staleness(d.group.min_policy_version, version, self._bound(d.group)).ok:
                 fresh.append(d)
             else:
                 self.state.dropped_stale += 1
                 self._dropped("stale", [d.group.group_id])
                 self._ack_now([d.entry_id])
         self._buffer = fresh
+
+    def _bound(self, group: Group) -> int:
+        """The η ``group`` is judged by: the one its prompt was admitted under (relayrl.staleness)."""
+        return admitted_bound(group.max_staleness, self.max_staleness)
 
     def _dropped(self, reason: str, group_ids: list[str]) -> None:
         if self.on_drop is not None:
@@ -269,6 +285,7 @@ class Feed:
                     time.sleep(0.1)
                     continue
                 self._refresh_dropped()
+                self._starved.append(self._prompts_waiting == 0)
                 self._release_ahead(step, version)
                 came = self._pull(version, size - len(self._buffer))
                 self._drop_stale(version)
@@ -278,7 +295,7 @@ class Feed:
                     wait.tick()
         taken, self._buffer = self._buffer[:size], self._buffer[size:]
         for d in taken:
-            verdict = check_staleness(d.group.min_policy_version, version, self.settings.max_staleness)
+            verdict = check_staleness(d.group.min_policy_version, version, self._bound(d.group))
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {version}"
         self._unacked.extend((step + 1, d.entry_id) for d in taken)
         self.state.note_trained([d.group.group_id for d in taken])
@@ -287,8 +304,18 @@ class Feed:
             [d.entry_id for d in taken],
             time.perf_counter() - started,
             self._rpc_s,
-            {**self._filter_metrics(), **self._length_bias_metrics([d.group for d in taken])},
+            {
+                **self._filter_metrics(),
+                **self._length_bias_metrics([d.group for d in taken]),
+                **self._admission_metrics(),
+            },
         )
+
+    def _admission_metrics(self) -> dict[str, float]:
+        """``staleness/admission_starved``: the share of this batch's wait rounds in which the prompt queue had
+        nothing left to lease (absent when the batch was in hand without waiting)."""
+        rounds, self._starved = self._starved, []
+        return {"staleness/admission_starved": sum(rounds) / len(rounds)} if rounds else {}
 
     def _check_generation_budget(self) -> None:
         limit = self.settings.max_num_gen_batches

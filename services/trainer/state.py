@@ -46,6 +46,8 @@ class FeedState(_Saved):
     data: dict[str, int] = field(default_factory=dict)  # PromptDataset.state_dict()
     duplicate_groups: int = 0  # delivered again after being trained on (and acknowledged) and skipped
     trained_group_ids: list[str] = field(default_factory=list)  # the newest TRAINED_IDS_KEPT, oldest first
+    # η prompts were admitted under at the checkpoint (max_staleness auto resumes from it); None: not recorded.
+    max_staleness: int | None = None
 
     def note_trained(self, group_ids: list[str]) -> None:
         self.trained_group_ids.extend(group_ids)

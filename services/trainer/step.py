@@ -405,6 +405,8 @@ def _summarise(
     behav, prox = full.behav_logp_BT, extras["prox"]
     out["training/rollout_probs_diff_mean"] = float(adv_lib.masked_mean((behav.exp() - prox.exp()).abs(), mask))
     out["training/rollout_logprob_diff_mean"] = float(adv_lib.masked_mean(prox - behav, mask))
+    # Off-policy drift as max_staleness auto reads it (services/trainer/staleness_control.py).
+    out["training/rollout_logprob_abs_diff_mean"] = float(adv_lib.masked_mean((prox - behav).abs(), mask))
     out["critic/score/mean"] = sum(x.reward for x in samples) / len(samples)
     out["critic/rewards/mean"] = float((rewards * mask).sum(-1).mean())
     out["critic/advantages/mean"] = float(adv_lib.masked_mean(adv, mask))

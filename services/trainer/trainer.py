@@ -30,10 +30,12 @@ from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightS
 from services.trainer.loggers import build_loggers
 from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
 from services.trainer.staging import host_staging
+from services.trainer.staleness_control import StalenessController, StalenessRule, StepMeasure
 from services.trainer.state import TrainerState
 from services.trainer.status import TrainerStatus
 from services.trainer.step import Models, train_step
 from services.trainer.telemetry import Telemetry
+from services.trainer.trajectory_log import LOG_DIR, TrajectoryLog
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +163,8 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.ckpt_dir = settings.resolved_run_dir() / "checkpoints"
         self.feed: Feed | None = None
+        self.staleness: StalenessController | None = None  # rank 0 under max_staleness auto
+        self.trajectory_log: TrajectoryLog | None = None  # rank 0
         self.val_rows: list[PromptRow] = []
         if ctx.is_main:
             assert queue is not None and io is not None
@@ -183,6 +187,12 @@ class Trainer:
             stalls = StallWatch(self.telemetry.stalled, settings.stall_warn_s, log)
             dataset = PromptDataset(rows, settings.seed)
             self.feed = Feed(settings, queue, io, dataset, control, stalls, on_drop=self.telemetry.record_dropped)
+            if settings.auto_staleness:
+                self.staleness = StalenessController(staleness_rule(settings), settings.staleness_initial)
+            if settings.trajectory_log:
+                self.trajectory_log = TrajectoryLog(
+                    run_dir / LOG_DIR, settings.trajectory_log_fsync == "step", settings.trajectory_log_keep == "all"
+                )
             self.val_rows = self._val_rows(tokenizer)
             # A bucket hand-off may wait as long as the upload may take to send the bucket before
             # it: every attempt running to sync_timeout, plus the backoff between them.
@@ -230,6 +240,7 @@ class Trainer:
             if self.s.test_freq and self.state.step % self.s.test_freq == 0:
                 metrics.update(self.validate())
             self.record(plan, metrics, time.perf_counter() - started)
+            self.adjust_staleness(metrics)
         self.finish()
         return self.state
 
@@ -244,6 +255,8 @@ class Trainer:
                 plan.stop = True
             else:
                 plan.group_ids = [g.group_id for g in batch.groups]
+                if self.trajectory_log is not None:
+                    self.trajectory_log.append(self.state.step + 1, self.state.version, batch.groups)
                 plan.samples = samples_from_groups(batch.groups)
                 plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
                 plan.version = self.state.version
@@ -292,6 +305,8 @@ class Trainer:
         saved = self.state.to_json()
         if self.feed is not None:
             saved.update(self.feed.checkpoint_state())
+        if self.trajectory_log is not None:
+            self.trajectory_log.sync()  # no durable checkpoint without the log that leads to it
         ckpt.save(
             self.ckpt_dir,
             self.state.step,
@@ -303,6 +318,9 @@ class Trainer:
         if self.feed is not None:
             self.feed.acknowledge_through(self.state.step)
             self.control.checkpoint_requested.clear()
+        if self.trajectory_log is not None:
+            kept = sorted(self.ckpt_dir.glob("step_*"))
+            self.trajectory_log.checkpointed(int(kept[0].name.removeprefix("step_")) if kept else None)
         if self.ctx.is_main:
             log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
 
@@ -323,6 +341,11 @@ class Trainer:
             self.state = TrainerState.from_json(raw)
             if self.feed is not None:
                 self.feed.restore(raw)
+        if self.staleness is not None and self.feed is not None:
+            self.staleness.eta = self.feed.max_staleness
+        if self.trajectory_log is not None:
+            self.trajectory_log.resume_at(self.state.step)
+            self.trajectory_log.write_config(replay_config(self.s, self.ctx))
         latest = self.publisher.latest_version() if self.ctx.is_main else 0
         latest = D.broadcast_object(latest)
         if latest > self.state.version:
@@ -359,10 +382,33 @@ class Trainer:
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "staleness/avg_sample_age": sum(plan.ages) / max(len(plan.ages), 1),
                 "staleness/max_sample_age": max(plan.ages, default=0),
+                "staleness/eta": self.feed.max_staleness,
                 **plan.feed_metrics,
             }
         )
         self.telemetry.record(self.state.step, metrics)
+
+    def adjust_staleness(self, metrics: dict[str, float]) -> None:
+        """max_staleness auto: feeds the step's measurements to the controller; a new η governs admission at once."""
+        if self.staleness is None:
+            return
+        assert self.feed is not None
+        measure = StepMeasure(
+            idle_ratio=metrics["trainer/idle_ratio"],
+            admission_starved=metrics.get("staleness/admission_starved"),
+            abs_log_ratio=metrics.get("training/rollout_logprob_abs_diff_mean", 0.0),
+            clipfrac=metrics.get("actor/pg_clipfrac", 0.0),
+        )
+        before = self.staleness.eta
+        decision = self.staleness.observe(measure)
+        if decision is None:
+            return
+        if decision.eta != before:
+            step, reason = self.state.step, decision.reason
+            log.info("max_staleness auto: η %d → %d after step %d (%s)", before, decision.eta, step, reason)
+        else:
+            log.debug("max_staleness auto: η stays %d after step %d (%s)", before, self.state.step, decision.reason)
+        self.feed.max_staleness = decision.eta
 
     def record_trained(self, plan: StepPlan) -> None:
         """Which groups this step trained on, at which version: `relayrl chaos` checks from it that
@@ -386,6 +432,8 @@ class Trainer:
         """Flushes and closes the experiment trackers (finishes the wandb run), however ``run`` ended."""
         if self.ctx.is_main:
             self.telemetry.close()
+        if self.trajectory_log is not None:
+            self.trajectory_log.close()
 
     def status(self) -> TrainerStatus:
         feed = self.feed
@@ -401,6 +449,30 @@ class Trainer:
             param_sync_count=self.state.param_sync_count,
             world_size=self.ctx.world_size,
         )
+
+
+def staleness_rule(s: TrainerSettings) -> StalenessRule:
+    return StalenessRule(
+        limit=s.max_staleness_limit,
+        adjust_every=s.staleness_adjust_every,
+        idle_threshold=s.staleness_idle_threshold,
+        starved_share=s.staleness_starved_share,
+        max_abs_log_ratio=s.staleness_max_abs_log_ratio,
+        max_clipfrac=s.staleness_max_clipfrac,
+    )
+
+
+def replay_config(s: TrainerSettings, ctx: D.DistContext) -> dict[str, Any]:
+    """What ``relayrl replay`` needs to re-run this trainer exactly: its settings (the model directory
+    made absolute) and the parallelism its arithmetic depended on."""
+    settings = s.model_dump(mode="json", exclude={"api_token"})
+    settings["model_dir"] = str(s.model_dir.resolve())
+    return {
+        "settings": settings,
+        "world_size": ctx.world_size,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
 
 
 def install_stop_handlers(control: Control) -> None:
