@@ -99,18 +99,27 @@ def demo(
 
 
 def _resumed_config(resume: str, config: Path | None, debug: bool):
-    from commands.stack.export import RUN_CONFIG
+    from commands.stack.resume import ResumeError, find_run, finished_step, resume_line
 
     if config is not None:
         raise typer.BadParameter("a resumed run uses its saved config; leave out --config", param_hint="--resume")
-    run_dir = Path(resume)
-    if not (run_dir / RUN_CONFIG).is_file() and (Path("runs") / resume / RUN_CONFIG).is_file():
-        run_dir = Path("runs") / resume
-    if not (run_dir / RUN_CONFIG).is_file():
-        raise typer.BadParameter(f"{run_dir / RUN_CONFIG} does not exist: not a run directory", param_hint="--resume")
+    try:
+        run_dir = find_run(resume)
+    except ResumeError as err:
+        raise typer.BadParameter(str(err), param_hint="--resume") from None
+    from commands.stack.export import RUN_CONFIG
+
     stack_config = _load_config(run_dir / RUN_CONFIG, debug)
     stack_config.stack.runs_dir = run_dir.resolve().parent
     stack_config.stack.run_id = run_dir.resolve().name
+    total = int(stack_config.trainer.get("total_steps", 100))
+    done = finished_step(run_dir, total)
+    if done is not None:
+        # Nothing starts and nothing is rewritten: the run's report stays the one it finished with.
+        typer.echo(f"{run_dir.name} already finished ({done} of {total} steps); nothing to resume")
+        typer.echo(f"report: {run_dir / 'report.json'}")
+        raise typer.Exit(0)
+    typer.echo(resume_line(run_dir))
     return stack_config
 
 
@@ -122,8 +131,15 @@ def _run(stack_config, verbose: bool, keep_alive: bool, title: str, monitor: boo
     )
     if outcome.report is not None:
         r = outcome.report
+        span = (
+            f"{r.span_steps} steps"
+            if not r.resumed_from_step
+            else (
+                f"{r.span_steps} steps ({r.resumed_from_step + 1}-{r.steps}, resumed from step {r.resumed_from_step})"
+            )
+        )
         typer.echo(
-            f"\nreward {r.reward_first:.3f} -> {r.reward_last:.3f} (rise {r.reward_rise:+.3f}) over {r.steps} steps"
+            f"\nreward {r.reward_first:.3f} -> {r.reward_last:.3f} (rise {r.reward_rise:+.3f}) over {span}"
             f" in {r.wall_s:.0f}s; max sample age {r.max_sample_age:.0f} (η = {r.max_staleness})"
         )
         typer.echo(f"report: {outcome.run_dir / 'report.json'}\nplot:   {outcome.run_dir / 'reward.png'}")

@@ -34,6 +34,10 @@ class RunReport:
     val_first: dict[str, float]
     val_last: dict[str, float]
     extra: dict[str, Any]
+    # A resumed run's span: the checkpoint step it resumed from (0: from the start) and the steps
+    # trained since; wall_s and samples_per_s cover that span only.
+    resumed_from_step: int = 0
+    span_steps: int = 0
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -63,6 +67,7 @@ def build_report(
     window: int,
     max_staleness: int,
     started_at: float,
+    resumed_from_step: int = 0,
     **extra: Any,
 ) -> RunReport:
     steps = training_rows(rows, reward_key)
@@ -72,7 +77,10 @@ def build_report(
     rewards = [float(r[reward_key]) for r in steps]
     first, last = fmean(rewards[:window]), fmean(rewards[-window:])
     wall = elapsed_s(steps[-1], started_at)
-    samples = float(steps[-1].get("trainer/processed_samples", 0.0))
+    # The samples of the resumed-from step (its last line before this span) are history.
+    before = [r for r in steps if int(r["trainer/global_steps"]) == resumed_from_step and float(r["time"]) < started_at]
+    baseline = float(before[-1].get("trainer/processed_samples", 0.0)) if before else 0.0
+    samples = float(steps[-1].get("trainer/processed_samples", 0.0)) - baseline
     validation = validation_series(rows, started_at)
     ages = [float(r.get("staleness/max_sample_age", 0.0)) for r in steps]
     return RunReport(
@@ -90,6 +98,8 @@ def build_report(
         val_first={key: points[0][2] for key, points in validation.items()},
         val_last={key: points[-1][2] for key, points in validation.items()},
         extra=extra,
+        resumed_from_step=resumed_from_step,
+        span_steps=int(steps[-1]["trainer/global_steps"]) - resumed_from_step,
     )
 
 

@@ -15,6 +15,7 @@ from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.process import ComponentError
 from commands.stack.progress import REWARD_KEY, MetricsTail, ProgressLine, queue_depth
 from commands.stack.report import RunReport, build_report, plot_reward, read_metrics, write_report
+from commands.stack.resume import latest_checkpoint, stop_line
 from commands.stack.supervisor import supervised
 
 # Steps averaged into reward_first and reward_last.
@@ -40,8 +41,10 @@ def run_stack(
 ) -> RunOutcome:
     # soft_wrap: without a terminal rich would wrap at 80 columns and split printed commands.
     console = Console(stderr=True, soft_wrap=True)
+    outcome: RunOutcome | None = None
     with supervised(None if quiet else sys.stderr, config.stack.restart_policy()) as supervisor:
         stack = LocalStack(config, supervisor)
+        resumed = latest_checkpoint(stack.run_dir)
         _save_config(config, stack.run_id, stack.run_dir)
         try:
             if not console.is_terminal:
@@ -58,20 +61,31 @@ def run_stack(
             code = _follow_trainer(console, stack, started_at)
             outcome = RunOutcome(code, stack.run_dir)
             if code == 0 and report:
-                outcome.report = _write_report(stack, started_at, title)
+                outcome.report = _write_report(stack, started_at, title, resumed.step if resumed else 0)
+            if code == 0:
+                _print_untrained(console, stack)
             if code == 0 and keep_alive:
-                console.print("trainer finished; services stay up until Ctrl-C")
+                console.print(
+                    "trainer finished; services stay up until Ctrl-C. Groups pushed from now on (agents through"
+                    " the OpenAI endpoint) are queued and never trained."
+                )
                 while True:
                     supervisor.check_alive(exited_ok=["trainer"])
                     time.sleep(1.0)
         except ComponentError as err:
             console.print(f"[red]stack stopped:[/] {err}")
-            return RunOutcome(1, stack.run_dir, error=str(err))
+            outcome = RunOutcome(1, stack.run_dir, error=str(err))
         except KeyboardInterrupt:
             console.print("interrupted; stopping every component")
-            return RunOutcome(130, stack.run_dir)
-    if code != 0:
-        console.print(f"[red]trainer exited with code {code}[/]; logs in {stack.run_dir / 'logs'}")
+            if outcome is not None and outcome.exit_code == 0:
+                _print_untrained(console, stack)  # --keep-alive: the trainer had finished
+            else:
+                outcome = RunOutcome(130, stack.run_dir)
+    # Every component has stopped here: the trainer wrote its last checkpoint on the way out.
+    if outcome.exit_code != 0:
+        if not outcome.error and outcome.exit_code != 130:
+            console.print(f"[red]trainer exited with code {outcome.exit_code}[/]; logs in {stack.run_dir / 'logs'}")
+        console.print(stop_line(stack.run_dir, stack.run_id))
     return outcome
 
 
@@ -136,10 +150,20 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
             time.sleep(1.0)
 
 
-def _write_report(stack: LocalStack, started_at: float, title: str) -> RunReport:
+def _print_untrained(console: Console, stack: LocalStack) -> None:
+    """Groups still in the queue once the trainer is done are never trained: say so, with their number."""
+    depth = queue_depth(stack.endpoints.queue_http)
+    if depth:
+        console.print(
+            f"[yellow]{depth:.0f} trajectory group(s) left in the queue were not trained[/] (the trainer reached"
+            f" total_steps={stack.config.trainer.get('total_steps', 100)})"
+        )
+
+
+def _write_report(stack: LocalStack, started_at: float, title: str, resumed_from_step: int) -> RunReport:
     rows = read_metrics(stack.run_dir / "metrics.jsonl")
     report = build_report(
-        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at,
+        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at, resumed_from_step,
         rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
     )  # fmt: skip
     write_report(report, stack.run_dir)

@@ -60,3 +60,15 @@ def test_held_out_scores_are_reported_and_plotted_beside_the_training_reward(tmp
     plain = [{k: v for k, v in r.items() if not k.startswith("val/")} for r in rows]
     without = plot_reward(plain, "critic/score/mean", 1000.0, tmp_path / "without.png").read_bytes()
     assert with_val != without
+
+
+def test_a_resumed_runs_report_covers_its_own_span():
+    # Steps 1-6 ran before (times 1002-1012); the resume from step 4 redid 5-6 and went on to 8.
+    earlier = _rows([0.1] * 6)
+    resumed = [{**row, "time": 2000.0 + 2.0 * (row["trainer/global_steps"] - 4)} for row in _rows([0.5] * 8)[4:]]
+    report = build_report(
+        "r", earlier + resumed, "critic/score/mean", window=1, max_staleness=1, started_at=2000.0, resumed_from_step=4
+    )
+    assert (report.steps, report.resumed_from_step, report.span_steps) == (8, 4, 4)
+    assert report.wall_s == pytest.approx(8.0)
+    assert report.samples_per_s == pytest.approx(4 * 8 / 8.0), "only the span's samples, over the span's time"
