@@ -1,0 +1,1 @@
+"""The documentation site's sources (MkDocs); ``python -m docs.gen`` regenerates its generated parts."""
