@@ -25,7 +25,7 @@ helm: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
 	@touch $(STAMP)
 
 test: setup
@@ -56,6 +56,12 @@ proto: setup
 .PHONY: dashboards
 dashboards: setup
 	$(BIN)/python -m observability.build
+
+# Regenerates the generated docs (references, figure tables and plots) and builds the site into build/site.
+.PHONY: docs
+docs: setup
+	$(BIN)/python -m docs.gen
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup
 	$(BIN)/relayrl bench queue --json
