@@ -1,13 +1,16 @@
-"""Settings of the built-in CPU engine (``relayrl engine serve``), read from ``RELAYRL_ENGINE_*``."""
+"""Settings of the built-in engine (``relayrl engine serve``), read from ``RELAYRL_ENGINE_*``."""
 
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from relayrl.config import ServiceSettings
+from relayrl.devices import Device
+
+AttentionBackend = Literal["auto", "torch_native", "flex_attention"]
 
 
 class EngineSettings(ServiceSettings):
@@ -16,7 +19,49 @@ class EngineSettings(ServiceSettings):
     service_name: ClassVar[str] = "engine"
 
     model_path: str = Field("", description="Hugging Face causal LM directory to serve (config.json, safetensors).")
-    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="Torch dtype of the weights.")
+    device: Device = Field(
+        "cpu", description="Where the engine computes: cpu, or cuda (the current CUDA device; refused without one)."
+    )
+    dtype: str = Field(
+        "auto",
+        pattern="^(auto|float32|bfloat16|float16)$",
+        description="Torch dtype of the weights and the KV cache; auto: float32 on cpu, bfloat16 on cuda.",
+    )
+    page_size: int = Field(
+        0,
+        ge=0,
+        description="Tokens per block of the paged KV cache (SGLang's page_size); the prefix cache shares whole"
+        " blocks and copies the last, partial one. 0: 16 on cpu, 128 on cuda (flex_attention's KV block).",
+    )
+    mem_fraction_static: float = Field(
+        0.88,
+        gt=0,
+        lt=1,
+        description="cuda only: the fraction of the GPU's memory for the weights and the KV cache (SGLang's name);"
+        " the KV cache gets what is left of it after the weights, so a trainer can share the GPU with what remains."
+        " A fraction that leaves no room for one context_length of cache stops the engine at start.",
+    )
+    max_total_tokens: int = Field(
+        0,
+        ge=0,
+        description="Tokens the KV cache holds (SGLang's name). 0: on cpu, max_running_requests x context_length"
+        " plus the prefix cache's budget, claimed as it is needed; on cuda, what mem_fraction_static leaves.",
+    )
+    attention_backend: AttentionBackend = Field(
+        "auto",
+        description="Attention over the paged KV cache (SGLang's name): torch_native (SDPA over each sequence's"
+        " gathered blocks) or flex_attention (torch's flex_attention with a block mask over the pages);"
+        " auto: torch_native on cpu, flex_attention on cuda.",
+    )
+    disable_cuda_graph: bool = Field(
+        False, description="cuda only: decode eagerly instead of replaying CUDA graphs (SGLang's name)."
+    )
+    cuda_graph_max_bs: int = Field(
+        256,
+        ge=1,
+        description="cuda only: the largest decode batch replayed from a CUDA graph (SGLang's name); graphs are"
+        " captured at 1, 2, 4, 8 and every multiple of 8 up to it, and larger batches decode eagerly.",
+    )
     max_running_requests: int = Field(
         64, ge=1, description="Sequences decoded together in one batched forward pass (SGLang's name)."
     )
@@ -64,6 +109,22 @@ class EngineSettings(ServiceSettings):
     health_generate_timeout_s: float = Field(
         20.0, gt=0, description="Longest time /health_generate waits for its one-token generation."
     )
+
+    def resolved_dtype(self) -> str:
+        """``dtype``, with auto resolved for the device."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device == "cuda" else "float32"
+
+    def resolved_page_size(self) -> int:
+        """``page_size``, with 0 resolved for the device."""
+        return self.page_size or (128 if self.device == "cuda" else 16)
+
+    def resolved_attention_backend(self) -> Literal["torch_native", "flex_attention"]:
+        """``attention_backend``, with auto resolved for the device."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "flex_attention" if self.device == "cuda" else "torch_native"
 
     def resolved_torch_threads(self) -> int:
         """``torch_threads``, with 0 resolved to the CPUs in this process's affinity set."""

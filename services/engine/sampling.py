@@ -52,10 +52,19 @@ def scaled_logprobs(logits_V: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def sample(logits_V: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> tuple[int, float]:
     """The next token id and its log-prob (see the module docstring for which log-prob)."""
+    token, logprob = sample_on_device(logits_V, config, generator)
+    return int(token), float(logprob)
+
+
+def sample_on_device(
+    logits_V: torch.Tensor, config: SamplingConfig, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample`'s token and log-prob as 0-d tensors on the logits' device (``generator``'s too),
+    so a step reads every sequence's choice back with one copy instead of one per sequence."""
     logprobs_V = scaled_logprobs(logits_V, config.temperature)
     if config.greedy:
-        token = int(torch.argmax(logprobs_V))
-        return token, float(logprobs_V[token])
+        token = torch.argmax(logprobs_V)
+        return token, logprobs_V[token]
     probs_V = logprobs_V.exp()
     if config.top_k > 0 and config.top_k < probs_V.numel():
         kth = torch.topk(probs_V, config.top_k).values[-1]
@@ -66,5 +75,5 @@ def sample(logits_V: torch.Tensor, config: SamplingConfig, generator: torch.Gene
         outside = (torch.cumsum(sorted_V, dim=-1) - sorted_V) > config.top_p * sorted_V.sum()
         sorted_V = sorted_V.masked_fill(outside, 0.0)
         probs_V = torch.zeros_like(probs_V).scatter(0, order_V, sorted_V)
-    token = int(torch.multinomial(probs_V, 1, generator=generator))
-    return token, float(logprobs_V[token])
+    token = torch.multinomial(probs_V, 1, generator=generator)[0]
+    return token, logprobs_V[token]

@@ -39,9 +39,9 @@ from typing import Any, Literal
 import torch
 
 from services.engine.lora import LoraAdapter
-from services.engine.model_runner import ModelRunner, Slot
+from services.engine.model_runner import ModelRunner, OutOfBlocks, Slot
 from services.engine.prefix_cache import CachedPrefix
-from services.engine.sampling import SamplingConfig, sample
+from services.engine.sampling import SamplingConfig, sample_on_device
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
         self.weight_version = weight_version
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=runner.device).manual_seed(seed)
         self.on_step = on_step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -201,6 +201,9 @@ class Scheduler:
         # distinct prompt costs the step its tokens the prefix cache does not give.
         matches: dict[PromptKey, tuple[CachedPrefix, int] | None] = {}
         tokens = 0
+        # KV blocks this step's prompts may take: the free ones and those only the prefix cache holds.
+        pool = self.runner.pool
+        blocks, room = 0, pool.available() + self.runner.prefixes.nbytes // pool.block_bytes
         while self.waiting and len(self.running) + len(admitted) < self.max_running:
             seq = self.waiting[0]
             if seq.future.cancelled():
@@ -215,17 +218,23 @@ class Scheduler:
             if key not in matches:
                 match = self.runner.prefixes.lookup(key[0], seq.adapter)
                 cost = len(key[0]) - (match[1] if match else 0)
-                if matches and tokens + cost > self.max_prefill_tokens:
+                needed = -(-cost // pool.block_size) + 1
+                if matches and (tokens + cost > self.max_prefill_tokens or blocks + needed > room):
                     break  # the next step admits it; one step always admits at least one prompt
                 matches[key] = match
                 tokens += cost
+                blocks += needed
             admitted.append((self.waiting.popleft(), key))
         if not admitted:
             return
         distinct = list(matches)
-        outputs = self.runner.prefill(
-            [ids for ids, _ in distinct], [adapter for _, adapter in distinct], [matches[key] for key in distinct]
-        )
+        try:
+            outputs = self.runner.prefill(
+                [ids for ids, _ in distinct], [adapter for _, adapter in distinct], [matches[key] for key in distinct]
+            )
+        except OutOfBlocks as exc:
+            self._requeue([seq for seq, _ in admitted], exc)
+            return
         prefilled = dict(zip(distinct, outputs, strict=True))
         placed: set[PromptKey] = set()
         for seq, key in admitted:
@@ -237,10 +246,31 @@ class Scheduler:
             seq.logits_version = self.weight_version
             self.running.append(seq)
 
+    def _requeue(self, admitted: list[Sequence], exc: OutOfBlocks) -> None:
+        """Admitted sequences the KV cache had no room for wait at the front for running ones to
+        finish; with none running they never fit, and the first is refused."""
+        self.waiting.extendleft(reversed(admitted))
+        if not self.running:
+            seq = self.waiting.popleft()
+            self._finish(seq, {"type": "abort", "message": f"the prompt does not fit the KV cache: {exc}"})
+
+    def _retract(self, seq: Sequence) -> None:
+        """Sends a running sequence back to the front of the queue (its KV blocks freed), as SGLang
+        retracts when its KV cache is full; it is prefilled again when there is room."""
+        self._drop_cache(seq)
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
     def _sample_step(self) -> None:
-        for seq in list(self.running):
+        chosen = []
+        for seq in self.running:
             assert seq.next_logits is not None
-            token, logprob = sample(seq.next_logits, seq.config, self.generator)
+            token, logprob = sample_on_device(seq.next_logits, seq.config, self.generator)
+            chosen.append(torch.stack([token.double(), logprob.double()]))
+        # One copy from the device for the whole batch; token ids survive the float64 round trip.
+        picks = torch.stack(chosen).tolist()
+        for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):
+            token = int(token_f)
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             seq.token_versions.append(seq.logits_version)
@@ -263,9 +293,16 @@ class Scheduler:
         for seq in self.running:
             if seq.future.cancelled():
                 self._finish(seq, {"type": "abort", "message": "client disconnected"})
-        if not live:
+        while live:
+            try:
+                logits = self.runner.decode(
+                    [s.slot for s in live], [s.output_ids[-1] for s in live], [s.adapter for s in live]
+                )
+                break
+            except OutOfBlocks:
+                self._retract(live.pop())  # the most recently admitted goes back first
+        else:
             return
-        logits = self.runner.decode([s.slot for s in live], [s.output_ids[-1] for s in live], [s.adapter for s in live])
         for row, seq in enumerate(live):
             seq.next_logits, seq.logits_version = logits[row], self.weight_version
 

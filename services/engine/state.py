@@ -14,6 +14,8 @@ import torch
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from services.engine.config import EngineSettings
+from services.engine.device import CudaGraphDecode, decode_runner, kv_pool_for
+from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
 from services.engine.scheduler import PauseMode, Scheduler
@@ -65,7 +67,8 @@ class EngineState:
     def __init__(self, settings: EngineSettings) -> None:
         torch.set_num_threads(settings.resolved_torch_threads())
         self.settings = settings
-        self.model = load_causal_lm(settings.model_path, dtype=settings.dtype)
+        self.device = torch.device(settings.device)
+        self.model = load_causal_lm(settings.model_path, dtype=settings.resolved_dtype(), device=settings.device)
         self.tokenizer = load_tokenizer(settings.model_path)
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
@@ -76,8 +79,9 @@ class EngineState:
         self._seen = _Seen()
         self.receiver = TorchDistReceiver()
         self.lora = LoraSet(self.model)
+        self.runner = self._runner(settings)
         self.scheduler = Scheduler(
-            runner=ModelRunner(self.model, lora=self.lora, prefix_cache_bytes=settings.prefix_cache_mb << 20),
+            runner=self.runner,
             decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
@@ -90,6 +94,35 @@ class EngineState:
         self._set_version_gauge(settings.weight_version)
         # When the scheduler was paused by pause_generation (None while it runs).
         self._paused_at: float | None = None
+
+    def _runner(self, settings: EngineSettings) -> ModelRunner:
+        """The model runner on the settings' device: its KV pool, attention backend and decode runner."""
+        page = settings.resolved_page_size()
+        cache_bytes = settings.prefix_cache_mb << 20
+        cache_tokens = cache_bytes // KVLayout.of(self.model).bytes_per_token
+        pool = kv_pool_for(
+            self.model,
+            block_size=page,
+            context_length=self.context_length,
+            max_total_tokens=settings.max_total_tokens,
+            # Today's CPU limits: every running sequence at full context, and the prefix cache's budget.
+            cpu_tokens=settings.max_running_requests * self.context_length + cache_tokens,
+            mem_fraction_static=settings.mem_fraction_static,
+        )
+        decoder = decode_runner(
+            self.device, settings.disable_cuda_graph, settings.cuda_graph_max_bs, -(-self.context_length // page)
+        )
+        runner = ModelRunner(
+            self.model,
+            pool=pool,
+            lora=self.lora,
+            prefix_cache_bytes=cache_bytes,
+            attention=settings.resolved_attention_backend(),
+            decoder=decoder,
+        )
+        if isinstance(decoder, CudaGraphDecode):
+            decoder.capture_all(runner)
+        return runner
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

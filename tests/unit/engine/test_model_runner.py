@@ -1,10 +1,12 @@
-"""The batched KV layout gives every row the logits of a lone forward pass, whatever joins or leaves."""
+"""The paged KV cache gives every row the logits of a lone forward pass, whatever joins or leaves,
+with either attention backend, and gives every block back."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from services.engine.kv_pool import BlockPool, KVLayout
 from services.engine.model_runner import ModelRunner, Slot
 from tests.unit.engine.models import random_causal_lm
 
@@ -12,6 +14,19 @@ from tests.unit.engine.models import random_causal_lm
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def model(request: pytest.FixtureRequest) -> torch.nn.Module:
     return random_causal_lm(request.param)
+
+
+@pytest.fixture(params=["torch_native", "flex_attention"])
+def attention(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def runner_of(
+    model: torch.nn.Module, attention: str = "torch_native", cache_bytes: int = 0, **pool: int
+) -> ModelRunner:
+    """A runner over a pool of 4-token blocks (small, so sequences cross block boundaries often)."""
+    blocks = BlockPool(KVLayout.of(model), pool.get("block_size", 4), pool.get("max_blocks", 512), initial_blocks=4)
+    return ModelRunner(model, pool=blocks, prefix_cache_bytes=cache_bytes, attention=attention)
 
 
 @torch.inference_mode()
@@ -52,6 +67,7 @@ class Running:
         return ids
 
     def leave(self, index: int) -> None:
+        assert index < len(self.slots)
         self.runner.kv.release(self.slots.pop(index))
         self.ids.pop(index)
         self.logits.pop(index)
@@ -67,8 +83,8 @@ class Running:
             torch.testing.assert_close(logits, lone_logits(model, ids), atol=1e-4, rtol=1e-4)
 
 
-def test_rows_of_different_lengths_match_lone_passes(model: torch.nn.Module) -> None:
-    running = Running(ModelRunner(model))
+def test_rows_of_different_lengths_match_lone_passes(model: torch.nn.Module, attention: str) -> None:
+    running = Running(runner_of(model, attention))
     running.join([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19]])
     running.assert_lone(model)
     for _ in range(6):
@@ -77,17 +93,17 @@ def test_rows_of_different_lengths_match_lone_passes(model: torch.nn.Module) -> 
 
 
 def test_sequences_joining_and_leaving_mid_decode_keep_their_logits(model: torch.nn.Module) -> None:
-    running = Running(ModelRunner(model))
+    running = Running(runner_of(model))
     running.join([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]])
     for _ in range(3):
         running.step()
     running.join([[20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]])  # one shorter, one longer
     running.step()
     running.assert_lone(model)
-    running.leave(0)  # the last row moves into the freed one
+    running.leave(0)  # its blocks go back to the pool; nobody else's move
     running.step()
     running.assert_lone(model)
-    running.leave(2)  # the last row leaves: nothing moves
+    running.leave(2)
     running.leave(0)
     running.step()
     running.step()
@@ -95,43 +111,43 @@ def test_sequences_joining_and_leaving_mid_decode_keep_their_logits(model: torch
     assert len(running.runner.kv) == 1
 
 
-def test_growing_past_capacity_chunks_reallocates_once_per_chunk(model: torch.nn.Module) -> None:
-    runner = ModelRunner(model, chunk=8)
+def test_sequences_take_blocks_as_they_grow_and_give_every_one_back(model: torch.nn.Module) -> None:
+    runner = runner_of(model, block_size=4)
     running = Running(runner)
     running.join([[3, 4, 5], [6]])
-    joined = runner.kv.reallocations
-    for _ in range(20):
+    assert runner.pool.used_blocks == 2
+    for _ in range(6):
         running.step()
     running.assert_lone(model)
-    assert runner.kv.capacity == 24  # 23 tokens in the longest row, rounded up to the chunk
-    # Capacity 8 -> 16 -> 24 over 20 steps: two reallocations, not one per step.
-    assert runner.kv.reallocations - joined == 2
-    running.leave(0)  # rows move inside buffers that decode grew
+    # 9 and 7 tokens held: three and two blocks of 4 tokens.
+    assert [len(slot.blocks) for slot in running.slots] == [3, 2]
+    assert runner.pool.used_blocks == 5
+    assert runner.pool.growths >= 1  # the CPU pool started at 4 blocks and claimed more as needed
+    running.leave(0)
     running.join([[7, 8, 9, 10]])
     running.step()
     running.assert_lone(model)
-
-
-def test_decode_refuses_a_subset_of_the_running_rows(model: torch.nn.Module) -> None:
-    running = Running(ModelRunner(model))
-    running.join([[1, 2], [3, 4]])
-    with pytest.raises(ValueError, match="every running row"):
-        running.runner.decode(running.slots[:1], [5])
-
-
-def test_an_idle_runner_releases_its_cache_memory(model: torch.nn.Module) -> None:
-    running = Running(ModelRunner(model))
-    running.join([[1, 2, 3]])
-    running.step()
     running.leave(0)
-    assert running.runner.kv.capacity == 0
-    running.join([[4, 5]])
+    running.leave(0)
+    assert len(runner.kv) == 0 and runner.pool.used_blocks == 0
+
+
+def test_a_full_pool_refuses_a_block_and_takes_none(model: torch.nn.Module) -> None:
+    from services.engine.kv_pool import OutOfBlocks
+
+    runner = runner_of(model, block_size=4, max_blocks=4)  # three usable blocks: 12 tokens
+    running = Running(runner)
+    running.join([list(range(1, 11))])
+    with pytest.raises(OutOfBlocks):
+        runner.prefill([[20, 21, 22, 23, 24, 25]])  # needs two blocks, one is free
+    assert runner.pool.used_blocks == 3 and len(runner.kv) == 1
+    running.step()
     running.step()
     running.assert_lone(model)
 
 
 def test_a_prompt_continuing_a_finished_sequence_feeds_only_its_new_tokens(model: torch.nn.Module) -> None:
-    runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+    runner = runner_of(model, cache_bytes=1 << 20)
     running = Running(runner)
     earlier = running.first_turn(list(range(1, 40)), steps=5)  # 39 prompt tokens and 5 generated
     fed = runner.counts.prefill_tokens
@@ -146,10 +162,19 @@ def test_a_prompt_continuing_a_finished_sequence_feeds_only_its_new_tokens(model
     for _ in range(3):
         running.step()
         running.assert_lone(model)
+    # Whole blocks are shared, one reference per holder: the cache entry and the three prompts
+    # starting with its first block (the continuation, the diverging one and the shorter one).
+    shared = running.slots[0].blocks[0]
+    assert [running.slots[i].blocks[0] for i in (2, 3)] == [shared, shared]
+    assert runner.pool.refs[shared] == 4
+    for index in reversed(range(len(running.slots))):
+        running.leave(index)
+    runner.prefixes.clear()
+    assert runner.pool.used_blocks == 0
 
 
 def test_nothing_is_reused_after_a_clear_or_under_another_adapter(model: torch.nn.Module) -> None:
-    runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+    runner = runner_of(model, cache_bytes=1 << 20)
     running = Running(runner)
     earlier = running.first_turn(list(range(1, 30)), steps=1)
     assert runner.prefixes.lookup([*earlier, 5], object()) is None  # keys and values of the base, not an adapter's
@@ -159,15 +184,15 @@ def test_nothing_is_reused_after_a_clear_or_under_another_adapter(model: torch.n
 
 
 def test_a_runner_without_a_cache_budget_keeps_nothing(model: torch.nn.Module) -> None:
-    runner = ModelRunner(model)
+    runner = runner_of(model)
     running = Running(runner)
     earlier = running.first_turn(list(range(1, 30)), steps=0)
     assert running.join([[*earlier, 5]]) == [0]
     assert len(runner.prefixes) == 0
 
 
-def test_a_forked_row_continues_as_its_original(model: torch.nn.Module) -> None:
-    running = Running(ModelRunner(model))
+def test_a_forked_row_continues_as_its_original(model: torch.nn.Module, attention: str) -> None:
+    running = Running(runner_of(model, attention))
     running.join([[3, 1, 4, 1, 5, 9, 2, 6]])
     running.slots.append(running.runner.kv.fork(running.slots[0]))  # a second sample of the prompt
     running.ids.append(list(running.ids[0]))
@@ -176,3 +201,6 @@ def test_a_forked_row_continues_as_its_original(model: torch.nn.Module) -> None:
         running.step()
         running.assert_lone(model)
     torch.testing.assert_close(running.logits[0], running.logits[1])
+    # Eight prompt tokens are two whole 4-token blocks, which the fork shares rather than copies.
+    first, second = (slot.blocks for slot in running.slots)
+    assert first[:2] == second[:2] and first[2:] != second[2:]

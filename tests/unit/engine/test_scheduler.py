@@ -25,8 +25,8 @@ def model() -> torch.nn.Module:
 class Engine:
     """A scheduler on its own thread, recording the prompt tokens each step prefilled."""
 
-    def __init__(self, model: torch.nn.Module, max_prefill_tokens: int) -> None:
-        self.runner = ModelRunner(model, prefix_cache_bytes=1 << 20)
+    def __init__(self, model: torch.nn.Module, max_prefill_tokens: int, runner: ModelRunner | None = None) -> None:
+        self.runner = runner or ModelRunner(model, prefix_cache_bytes=1 << 20)
         self.prefilled_per_step: list[int] = []
         self.scheduler = Scheduler(
             runner=self.runner,
@@ -117,8 +117,7 @@ async def test_a_continued_conversation_costs_only_the_tokens_the_prefix_cache_d
     # Each next turn: the conversation so far and 4 new tokens. The cache holds what each first turn
     # fed the model (its prompt and all but its last answer token), so 1 + 4 tokens are new.
     next_turns = [turn + answer + [1, 2, 3, 4] for turn, answer in zip(first_turns, answers, strict=True)]
-    engine = Engine(model, max_prefill_tokens=20)
-    engine.runner.prefixes = warm.runner.prefixes
+    engine = Engine(model, max_prefill_tokens=20, runner=warm.runner)  # its prefix cache holds the first turns
 
     got = await engine.generate(next_turns)
 

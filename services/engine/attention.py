@@ -1,0 +1,208 @@
+"""Attention over the paged KV cache: two candidates behind one small interface.
+
+The model stays the Hugging Face model: its attention layers call the function registered here
+(``attn_implementation = "relayrl_paged"``) with each layer's queries and the new tokens' keys and
+values after RoPE. The function stores those keys and values in the :class:`BlockPool` and hands
+the queries to the pass's :class:`AttentionBackend`, which reads every sequence's keys and values
+through its block table. A backend prepares a *plan* once per forward pass (shared by every
+layer) and attends with it per layer:
+
+- ``torch_native``: each sequence's blocks are gathered into a dense ``[B, kv_heads, W, head_dim]``
+  (W the longest sequence of the pass) and fed to ``scaled_dot_product_attention`` with a mask
+  that hides each shorter row's tail: the simplest correct path, and the CPU default.
+- ``flex_attention``: torch's ``flex_attention`` reads the pool in place through a block mask
+  whose KV blocks are the sequence's pages (the design of ``torch.nn.attention.experimental.
+  _paged_attention``): no gather, and its plan's tensors keep fixed shapes, so a decode step can
+  be replayed from a CUDA graph. Compiled on CUDA; on CPU it runs eagerly (slow, for tests).
+
+A token at position ``p`` of a row sees the row's tokens ``[0, p]``; padding tokens of a batched
+pass sit at position 0 and write to the pool's scratch block.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool
+
+ATTN_IMPLEMENTATION = "relayrl_paged"
+
+
+@dataclass(frozen=True, slots=True)
+class PassInputs:
+    """What one forward pass over the paged cache needs, on the model's device.
+
+    ``tables_BN`` holds each row's block table padded with the scratch block, ``positions_BL``
+    each query token's position (0 for padding), ``lengths_B`` each row's tokens after the pass.
+    """
+
+    write_index_BL: torch.Tensor
+    tables_BN: torch.Tensor
+    positions_BL: torch.Tensor
+    lengths_B: torch.Tensor
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def plan(self, pool: BlockPool, inputs: PassInputs) -> Any: ...
+
+    def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
+        """The attention output ``[B, L, heads, head_dim]``."""
+        ...
+
+
+class GatherSDPA:
+    """``torch_native``: SDPA over each sequence's blocks gathered into a dense tensor."""
+
+    name = "torch_native"
+
+    def plan(self, pool: BlockPool, inputs: PassInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        width = int(inputs.lengths_B.max())
+        columns = torch.arange(width, device=inputs.tables_BN.device)
+        blocks_BW = inputs.tables_BN[:, columns // pool.block_size]
+        index_BW = blocks_BW * pool.block_size + columns % pool.block_size
+        mask_B1LW = (columns <= inputs.positions_BL[:, :, None])[:, None]
+        return index_BW, mask_B1LW
+
+    def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
+        index_BW, mask_B1LW = plan
+        # [kv_heads, B, W, head_dim] -> [B, kv_heads, W, head_dim]
+        keys = pool.keys[layer][:, index_BW].transpose(0, 1)
+        values = pool.values[layer][:, index_BW].transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            query_BHLD, keys, values, attn_mask=mask_B1LW, scale=scale, enable_gqa=True
+        )
+        return out.transpose(1, 2)
+
+
+class FlexPaged:
+    """``flex_attention``: the pool read in place through a block mask over its pages."""
+
+    name = "flex_attention"
+
+    def __init__(self, compiled: bool) -> None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self._flex = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+
+    def plan(self, pool: BlockPool, inputs: PassInputs) -> Any:
+        return paged_block_mask(pool, inputs.tables_BN, inputs.lengths_B, inputs.positions_BL)
+
+    def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
+        keys = pool.keys[layer][None]  # [1, kv_heads, pool tokens, head_dim]: every row reads the one pool
+        values = pool.values[layer][None]
+        out = self._flex(query_BHLD, keys, values, block_mask=plan, scale=scale, enable_gqa=True)
+        return out.transpose(1, 2)
+
+
+# flex_attention's query block: a decode step or a short prefill is one block of rows.
+Q_BLOCK = 128
+
+
+def paged_block_mask(
+    pool: BlockPool, tables_BN: torch.Tensor, lengths_B: torch.Tensor, positions_BL: torch.Tensor
+) -> Any:
+    """A block mask over the pool's pages: row ``b`` visits the blocks of its table, and a query at
+    position ``p`` sees the pool tokens holding its row's positions ``[0, p]``.
+
+    Every tensor it holds has a shape fixed by the batch, the query length and the pool, so a
+    caller may refill them in place (the CUDA graph runner does) and the mask stays valid.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch, queries = positions_BL.shape
+    device, page = tables_BN.device, pool.block_size
+    used_B = (lengths_B + page - 1) // page
+    # Physical block -> its logical index in the row, -1 where the row does not hold it.
+    logical_BP = torch.full((batch, pool.capacity), -1, dtype=torch.long, device=device)
+    columns = torch.arange(tables_BN.shape[1], device=device).expand(batch, -1)
+    held = columns < used_B[:, None]
+    logical_BP.scatter_(1, torch.where(held, tables_BN, SCRATCH_BLOCK), torch.where(held, columns, -1))
+    logical_BP[:, SCRATCH_BLOCK] = torch.where(used_B == 0, 0, -1)
+    rows = -(-queries // Q_BLOCK)
+    kv_indices = torch.zeros((batch, 1, rows, pool.capacity), dtype=torch.int32, device=device)
+    kv_indices[:, 0, :, : tables_BN.shape[1]] = tables_BN.to(torch.int32)[:, None]
+    kv_num_blocks = used_B.clamp(min=1).to(torch.int32)[:, None, None].expand(batch, 1, rows).contiguous()
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks,
+        kv_indices,
+        BLOCK_SIZE=(Q_BLOCK, page),
+        mask_mod=_paged_mask(logical_BP, positions_BL, page),
+        seq_lengths=(queries, pool.capacity * page),
+    )
+
+
+def _paged_mask(logical_BP: torch.Tensor, positions_BL: torch.Tensor, page: int) -> Any:
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        logical = logical_BP[b, kv // page]
+        return (logical >= 0) & (logical * page + kv % page <= positions_BL[b, q])
+
+    return mask_mod
+
+
+def backend_named(name: str, device: torch.device) -> AttentionBackend:
+    if name == "torch_native":
+        return GatherSDPA()
+    if name == "flex_attention":
+        return FlexPaged(compiled=device.type == "cuda")
+    raise ValueError(f"unknown attention backend {name!r}; choose torch_native or flex_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class PagedPass:
+    """The context every attention layer of one forward pass gets (as the ``relayrl_pass`` kwarg)."""
+
+    pool: BlockPool
+    backend: AttentionBackend
+    plan: Any
+    write_index_BL: torch.Tensor
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    relayrl_pass: PagedPass | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Hugging Face's attention-function signature: stores the new keys and values, then attends.
+
+    Called outside a runner's pass (a plain ``model(input_ids)`` on the same model, as tests and
+    benchmarks do), it is transformers' SDPA attention; transformers builds no mask for a custom
+    implementation, so such a call must be unpadded (it is then causal).
+    """
+    if relayrl_pass is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    layer = module.layer_idx
+    relayrl_pass.pool.write(layer, relayrl_pass.write_index_BL, key, value)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return relayrl_pass.backend.attend(relayrl_pass.plan, relayrl_pass.pool, layer, query, scale), None
+
+
+@functools.cache
+def register() -> str:
+    """Registers :func:`paged_attention` with transformers (once) and returns its implementation name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
+    return ATTN_IMPLEMENTATION
+
+
+def pad_tables(tables: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """Block tables as one ``[B, longest]`` tensor padded with the scratch block."""
+    longest = max(1, *(len(table) for table in tables))
+    padded = torch.full((len(tables), longest), SCRATCH_BLOCK, dtype=torch.long)
+    for row, table in enumerate(tables):
+        padded[row, : len(table)] = torch.tensor(table, dtype=torch.long)
+    return padded.to(device)

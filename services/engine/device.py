@@ -1,0 +1,187 @@
+"""The engine's device-specific parts behind one small interface: how a decode step runs, and
+how much memory the KV cache gets.
+
+A :class:`DecodeRunner` runs one decode forward pass for the :class:`~services.engine.model_runner.ModelRunner`.
+On CPU (and on CUDA with ``disable_cuda_graph``) :class:`EagerDecode` simply calls the model. On
+CUDA :class:`CudaGraphDecode` replays a graph captured at the smallest captured batch size that
+fits: the step's inputs are copied into static tensors, padding rows read and write only the
+pool's scratch block, and the first rows of the static logits are the answer. The whole pass,
+the flex_attention block mask's construction included, is inside the graph, so a replay costs
+one launch. Graphs need fixed addresses: the pool is allocated once on CUDA, and weight updates
+copy into the parameters instead of replacing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from relayrl.config import SettingsError
+from services.engine.attention import PassInputs
+from services.engine.kv_pool import BlockPool, KVLayout
+
+if TYPE_CHECKING:
+    from services.engine.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+class DecodeRunner(Protocol):
+    def run(
+        self, runner: ModelRunner, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs
+    ) -> torch.Tensor:
+        """Last-column logits ``[B, V]`` of one decode pass (``input_ids`` and ``positions`` are ``[B, 1]``)."""
+        ...
+
+
+class EagerDecode:
+    def run(
+        self, runner: ModelRunner, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs
+    ) -> torch.Tensor:
+        return runner.forward_logits(input_ids, positions, inputs)
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to ``max_bs`` (and ``max_bs`` itself)."""
+    sizes = [size for size in (1, 2, 4, 8) if size <= max_bs]
+    sizes += list(range(16, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+@dataclass
+class _Static:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    write_index: torch.Tensor
+    tables: torch.Tensor
+    lengths: torch.Tensor
+
+
+class CudaGraphDecode:
+    """Decode steps replayed from CUDA graphs captured at :func:`graph_batch_sizes` (see the module docstring).
+
+    Only the flex_attention backend is captured (the torch_native gather's width changes every
+    step); a larger batch, or any other backend, decodes eagerly.
+    """
+
+    def __init__(self, max_bs: int, max_blocks_per_seq: int) -> None:
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._static: _Static | None = None
+        self._pool: object | None = None
+        self.replays = 0
+
+    def run(
+        self, runner: ModelRunner, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs
+    ) -> torch.Tensor:
+        batch = input_ids.shape[0]
+        size = next((s for s in self.sizes if s >= batch), None)
+        if size is None or runner.attention.name != "flex_attention":
+            return runner.forward_logits(input_ids, positions, inputs)
+        static = self._static or self._allocate(runner)
+        width = inputs.tables_BN.shape[1]
+        static.input_ids[:batch].copy_(input_ids)
+        static.positions[:batch].copy_(positions)
+        static.write_index[:batch].copy_(inputs.write_index_BL)
+        static.tables[:batch].zero_()
+        static.tables[:batch, :width].copy_(inputs.tables_BN)
+        static.lengths[:batch].copy_(inputs.lengths_B)
+        # Padding rows: no tokens, position 0, writing to the scratch block.
+        for tensor in (static.input_ids, static.positions, static.write_index, static.tables, static.lengths):
+            tensor[batch:size].zero_()
+        graph, logits = self.graphs.get(size) or self._capture(runner, size)
+        graph.replay()
+        self.replays += 1
+        return logits[:batch].clone()
+
+    def capture_all(self, runner: ModelRunner) -> None:
+        """Captures every batch size now (at start), largest first so smaller graphs reuse its memory."""
+        for size in reversed(self.sizes):
+            if size not in self.graphs:
+                self._capture(runner, size)
+        log.info("captured decode CUDA graphs at batch sizes %s", self.sizes)
+
+    def _allocate(self, runner: ModelRunner) -> _Static:
+        device, largest = runner.device, self.sizes[-1]
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        columns = self.max_blocks_per_seq
+        self._static = _Static(
+            zeros(largest, 1), zeros(largest, 1), zeros(largest, 1), zeros(largest, columns), zeros(largest)
+        )
+        return self._static
+
+    def _capture(self, runner: ModelRunner, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        static = self._static or self._allocate(runner)
+        inputs = PassInputs(
+            static.write_index[:size], static.tables[:size], static.positions[:size], static.lengths[:size]
+        )
+
+        def forward() -> torch.Tensor:
+            return runner.forward_logits(static.input_ids[:size], static.positions[:size], inputs)
+
+        # Warm up on a side stream (compiles flex_attention for this shape), as torch's graph docs ask.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = forward()
+        self.graphs[size] = (graph, logits)
+        return graph, logits
+
+
+def decode_runner(device: torch.device, disable_cuda_graph: bool, max_bs: int, max_blocks_per_seq: int) -> DecodeRunner:
+    if device.type == "cuda" and not disable_cuda_graph:
+        return CudaGraphDecode(max_bs, max_blocks_per_seq)
+    return EagerDecode()
+
+
+def kv_pool_for(
+    model: torch.nn.Module,
+    block_size: int,
+    context_length: int,
+    max_total_tokens: int,
+    cpu_tokens: int,
+    mem_fraction_static: float,
+) -> BlockPool:
+    """The KV block pool for ``model`` on its device.
+
+    CPU: ``max_total_tokens`` (or ``cpu_tokens``, today's limits) claimed as needed. CUDA: allocated
+    now, ``max_total_tokens`` or what ``mem_fraction_static`` of the GPU leaves after the weights
+    (SGLang's rule: the free memory less the fraction kept for others); raises
+    :class:`~relayrl.config.SettingsError` naming the setting when that is not one context.
+    """
+    layout = KVLayout.of(model)
+    if layout.device.type != "cuda":
+        tokens = max_total_tokens or cpu_tokens
+        return BlockPool(layout, block_size, -(-tokens // block_size) + 1, initial_blocks=64)
+    if max_total_tokens:
+        tokens = max_total_tokens
+    else:
+        free, total = torch.cuda.mem_get_info(layout.device)
+        room = free - total * (1 - mem_fraction_static)
+        tokens = int(max(room, 0) // layout.bytes_per_token)
+        if tokens < context_length:
+            raise SettingsError(
+                "EngineSettings",
+                [
+                    f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={mem_fraction_static} leaves no room for the KV cache:"
+                    f" {max(room, 0) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB after the weights hold"
+                    f" {tokens} tokens, fewer than one context ({context_length}); raise it or lower context_length"
+                ],
+            )
+    return BlockPool(layout, block_size, -(-tokens // block_size) + 1)
