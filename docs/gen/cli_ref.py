@@ -35,7 +35,7 @@ def _default(param: Any) -> str:
     value = param.default
     if getattr(param, "required", False):
         return "required"
-    if value is None or value == "" or value == ():
+    if value is None or value == "" or (isinstance(value, list | tuple) and not value):
         return ""
     if isinstance(value, Enum):
         value = value.value
