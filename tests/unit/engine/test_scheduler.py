@@ -39,7 +39,7 @@ class Engine:
             seed=0,
             on_step=self._on_step,
         )
-        self._counted = 0
+        self._counted = self.runner.counts.prefill_tokens  # a shared runner has counted earlier engines' steps
 
     def _on_step(self, scheduler: Scheduler) -> None:
         total = scheduler.runner.counts.prefill_tokens
