@@ -12,7 +12,7 @@ import pytest
 
 from docs.gen import blocks, prose
 from docs.gen import figures as fig
-from docs.gen.__main__ import COMMAND, stale
+from docs.gen.__main__ import COMMAND, PAGES, stale
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -53,7 +53,11 @@ def test_a_figures_file_without_its_machine_is_refused() -> None:
         fig.FiguresFile.model_validate(data)
 
 
-@pytest.mark.parametrize("page", blocks.pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+# The generated references hold what the code says (defaults, descriptions), not measurements.
+WRITTEN_PAGES = [page for page in blocks.pages() if page not in PAGES]
+
+
+@pytest.mark.parametrize("page", WRITTEN_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_no_page_states_a_measured_figure_outside_a_block(page: Path) -> None:
     found = prose.measured_figures(page.read_text())
     assert found == [], (
