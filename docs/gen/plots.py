@@ -24,6 +24,14 @@ def _value(output: dict, key: str) -> object:
     return value
 
 
+def _label(key: str) -> str:
+    """A bar's name: the figure without its unit (the axis names the unit)."""
+    name = key.split(".")[0]
+    for unit in ("_samples_per_s", "_s"):
+        name = name.removesuffix(unit)
+    return name.replace("_", " ")
+
+
 def draw(name: str, figures: fig.FiguresFile) -> Path:
     assert figures.plot is not None
     plot = figures.plot
@@ -44,7 +52,7 @@ def draw(name: str, figures: fig.FiguresFile) -> Path:
             heights = [float(v) if isinstance(v, int | float) else 0.0 for v in values]
             ax.bar([k + i * width for k in range(len(plot.keys))], heights, width, label=run.label)
         ax.set_xticks([k + width * (len(figures.runs) - 1) / 2 for k in range(len(plot.keys))])
-        ax.set_xticklabels([key.split(".")[0].removesuffix("_s") for key in plot.keys], rotation=20, ha="right")
+        ax.set_xticklabels([_label(key) for key in plot.keys], rotation=20, ha="right")
     ax.set_title(figures.title, fontsize=10)
     ax.set_xlabel(plot.xlabel)
     ax.set_ylabel(plot.ylabel)
