@@ -157,11 +157,20 @@ def table(figures: FiguresFile) -> str:
 def provenance(figures: FiguresFile, data_link: str) -> str:
     machine = figures.machine
     gpu = machine.gpu or "no GPU"
-    statistics = sorted({run.statistic for run in figures.runs})
-    commands = [f"`{run.command}` ({run.label})" for run in figures.runs if run.command]
+    by_command: dict[str, list[str]] = {}
+    for run in figures.runs:
+        by_command.setdefault(run.command or figures.command, []).append(run.label)
+    if len(by_command) == 1:
+        commands = f"`{figures.command}`"
+    else:
+        commands = "; ".join(f"`{command}` ({', '.join(labels)})" for command, labels in by_command.items())
+    if len({run.statistic for run in figures.runs}) == 1:
+        statistics = figures.runs[0].statistic
+    else:
+        statistics = "; ".join(f"{run.label}: {run.statistic}" for run in figures.runs)
     lines = [
-        f"`{figures.command}`" + (f"; {'; '.join(commands)}" if commands else ""),
-        f"{machine.cpu}, {machine.cores} cores, {gpu}; {figures.date.isoformat()}; {', '.join(statistics)}."
+        commands,
+        f"{machine.cpu}, {machine.cores} cores, {gpu}; {figures.date.isoformat()}; {statistics}."
         + (f" {machine.note}" if machine.note else ""),
         f"Source: {figures.source} ([data]({data_link}))",
     ]
