@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DOCS = Path(__file__).resolve().parents[1]
 BENCHMARKS = DOCS / "benchmarks"
@@ -93,7 +93,10 @@ def load(name: str) -> FiguresFile:
     path = BENCHMARKS / f"{name}.json"
     if not path.is_file():
         raise KeyError(f"no figures file docs/benchmarks/{name}.json")
-    return FiguresFile.model_validate_json(path.read_text())
+    try:
+        return FiguresFile.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise ValueError(f"docs/benchmarks/{name}.json: {exc}") from None
 
 
 def names() -> list[str]:
