@@ -45,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "check": "commands.stack.cli:check",
     "export": "commands.stack.cli:export",
     "sft": "services.trainer.sft.cli:sft",
+    "replay": "commands.stack.replay:replay",
 }
 
 # `relayrl bench <name>` → a function that prints one JSON line of figures.

@@ -142,9 +142,10 @@ def latest(root: Path) -> Path | None:
     return path if (path / "trainer_state.json").is_file() else None
 
 
-def load(root: Path, models: Models) -> dict[str, Any] | None:
-    """Restores the latest checkpoint into ``models`` and returns the trainer state, or None."""
-    path = latest(root)
+def load(root: Path, models: Models, path: Path | None = None) -> dict[str, Any] | None:
+    """Restores the latest checkpoint (or the one at ``path``: `relayrl replay`) into ``models`` and returns
+    the trainer state, or None."""
+    path = latest(root) if path is None else path
     if path is None:
         return None
     state = _stateful(models)
