@@ -60,6 +60,7 @@ BENCHMARKS: dict[str, str] = {
     "learning": "commands.stack.learning:bench",
     "compare": "commands.stack.compare:bench",
     "openai": "services.rollout.openai_bench:bench",
+    "staleness": "commands.stack.bench_staleness:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")

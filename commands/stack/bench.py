@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -116,6 +116,8 @@ class BenchRun:
     dtype: str = "fp32"
     # The rollout's partial_rollout_mode; None: BENCH_PARTIAL_ROLLOUT_MODE.
     partial_rollout_mode: str | None = None
+    # Trainer settings over the workload's (`bench staleness` runs max_staleness auto through it).
+    trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rollout_mode(self) -> str:
@@ -125,7 +127,11 @@ class BenchRun:
         environment = self.workload.environment
         return StackConfig(
             stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
-            trainer={**self.workload.trainer_settings(self.dataset, steps, self.seed), "param_dtype": self.dtype},
+            trainer={
+                **self.workload.trainer_settings(self.dataset, steps, self.seed),
+                "param_dtype": self.dtype,
+                **self.trainer_overrides,
+            },
             rollout={
                 "max_inflight_prompts": 32,
                 "max_new_tokens": self.workload.max_new_tokens,
@@ -225,11 +231,12 @@ def _samples_per_s(rows: list[dict[str, Any]]) -> float:
     return (last["trainer/processed_samples"] - first["trainer/processed_samples"]) / (last["time"] - first["time"])
 
 
-def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
-    """The full pipeline at η = ``eta`` for ``steps`` steps."""
+def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> ModeResult:
+    """The full pipeline at η = ``eta`` for ``steps`` steps, as run ``name`` (default eta<η>)."""
+    name = name or f"eta{eta}"
     cpu = CpuMeter()
     with supervised(None) as supervisor:
-        stack = LocalStack(run.config(f"eta{eta}", eta, steps), supervisor)
+        stack = LocalStack(run.config(name, eta, steps), supervisor)
         stack.start(run.model_dir)
         rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
         engines = Counters(stack.endpoints.engines, ENGINE_FIGURES)
@@ -245,7 +252,7 @@ def run_mode(run: BenchRun, eta: int, steps: int) -> ModeResult:
         elapsed = time.monotonic() - window["at"]
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
-    env_calls = read_calls(run.env_dir(f"eta{eta}") / "calls.log", window["unix"], window["unix"] + elapsed)
+    env_calls = read_calls(run.env_dir(name) / "calls.log", window["unix"], window["unix"] + elapsed)
     updates = max(end["update_count"] - window["update_count"], 1.0)
     publish_s = statistics.fmean(r.get("timing/publish_s", 0.0) for r in rows)
     return ModeResult(

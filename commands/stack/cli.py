@@ -157,17 +157,30 @@ def export(
             " writing the adapter in peft's format."
         ),
     ] = False,
+    with_base: Annotated[
+        bool,
+        typer.Option(
+            help="LoRA adapter exports: copy the base model into OUT_DIR/base and point the adapter at it, so"
+            " the export outlives the run directory (default: the base model's absolute path)."
+        ),
+    ] = False,
 ) -> None:
     """Write a run's policy (latest or --step checkpoint) as a Hugging Face model directory (a LoRA run's: its
     adapter in peft's format, or merged with --merge-lora)."""
+    import json
+
     from commands.stack.export import ExportError, export_policy
 
     try:
-        checkpoint = export_policy(run_dir, out_dir, step, merge_lora)
+        checkpoint = export_policy(run_dir, out_dir, step, merge_lora, with_base)
     except ExportError as err:
         typer.echo(f"export: {err}", err=True)
         raise typer.Exit(BAD_CONFIG_EXIT) from None
     if (out_dir / "adapter_config.json").is_file():
-        typer.echo(f"{out_dir}: LoRA adapter of {checkpoint.name} (peft.PeftModel.from_pretrained loads it)")
+        base = json.loads((out_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+        typer.echo(
+            f"{out_dir}: LoRA adapter of {checkpoint.name} and its tokenizer, on base model {base}"
+            " (peft.AutoPeftModelForCausalLM.from_pretrained loads it)"
+        )
     else:
         typer.echo(f"{out_dir}: policy of {checkpoint.name} (AutoModelForCausalLM.from_pretrained loads it)")

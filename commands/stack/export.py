@@ -9,13 +9,18 @@ config. The base model is the one the run trained (``runs/<id>/config.yaml``'s
 A LoRA run's checkpoint holds the actor with its adapter and the adapter's
 ``adapter_config.json``. With ``--merge-lora`` the adapter is merged into the base weights (a
 plain Hugging Face directory, as above); without it ``OUT_DIR`` is the adapter in peft's format
-(``adapter_config.json``, ``adapter_model.safetensors``) whose ``base_model_name_or_path``
-points at the base model directory: ``peft.PeftModel.from_pretrained(base, OUT_DIR)`` loads it.
+(``adapter_config.json``, ``adapter_model.safetensors``) with the base model's tokenizer, and its
+``base_model_name_or_path`` is the base model directory's absolute path, so
+``AutoTokenizer.from_pretrained(OUT_DIR)`` and ``peft.AutoPeftModelForCausalLM.from_pretrained(OUT_DIR)``
+(or ``PeftModel.from_pretrained(base, OUT_DIR)``) work from any working directory. With
+``--with-base`` the base model is copied into ``OUT_DIR/base`` and recorded there instead, so the
+export outlives the run directory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import yaml
@@ -58,15 +63,22 @@ def base_model_dir(run_dir: Path) -> Path:
     return model_dir
 
 
-def export_policy(run_dir: Path, out_dir: Path, step: int | None = None, merge_lora: bool = False) -> Path:
+# Where ``--with-base`` copies the base model inside an adapter export.
+BASE_SUBDIR = "base"
+
+
+def export_policy(
+    run_dir: Path, out_dir: Path, step: int | None = None, merge_lora: bool = False, with_base: bool = False
+) -> Path:
     """Writes the actor of checkpoint ``step`` (default: latest) to ``out_dir``; returns the checkpoint used."""
     import torch.distributed.checkpoint as dcp
 
-    from relayrl.models.loading import load_causal_lm, save_hf_dir
+    from relayrl.models.loading import load_causal_lm, load_tokenizer, save_hf_dir
     from services.trainer import lora
 
     checkpoint = checkpoint_dir(run_dir, step)
-    base = base_model_dir(run_dir)
+    # Absolute: a relative runs/<id>/model would only load from the directory the run started in.
+    base = base_model_dir(run_dir).resolve()
     adapter_file = checkpoint / CONFIG_FILE
     if adapter_file.is_file():
         config = json.loads(adapter_file.read_text())
@@ -81,8 +93,21 @@ def export_policy(run_dir: Path, out_dir: Path, step: int | None = None, merge_l
         # The base stays frozen under LoRA: peft would otherwise copy an adapted lm_head's (or
         # embedding's) whole base weight into the adapter, which the base directory already holds.
         model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
+        load_tokenizer(base).save_pretrained(out_dir)
+        recorded = base
+        if with_base:
+            recorded = (out_dir / BASE_SUBDIR).resolve()
+            shutil.copytree(base, recorded, dirs_exist_ok=True)
+        _record_base(out_dir / CONFIG_FILE, recorded)
         return checkpoint
     if adapter_file.is_file():
         model = lora.merge(model)
     save_hf_dir(model, base, out_dir)
     return checkpoint
+
+
+def _record_base(adapter_config: Path, base: Path) -> None:
+    """peft writes the path the base was loaded from; the export names it absolutely."""
+    config = json.loads(adapter_config.read_text())
+    config["base_model_name_or_path"] = str(base)
+    adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
