@@ -133,6 +133,12 @@ class TrainerSettings(ServiceSettings):
         "builtin:copy",
         description="Training prompts: a verl parquet/jsonl file, or builtin:<task> (a name in relayrl.tasks.TASKS).",
     )
+    prompt_source: Literal["dataset", "agents"] = Field(
+        "dataset",
+        description="'dataset': release the dataset's prompts for the rollouts to generate; 'agents': agent-only"
+        " training, nothing is released and the trainer trains on the groups agents push through the rollouts'"
+        " OpenAI endpoint (the stack sets it from rollout.source; see docs/agent-only.md).",
+    )
     dataset_size: int = Field(256, ge=1, description="Rows generated for a builtin dataset.")
     dataset_difficulty: int = Field(2, ge=1, description="Difficulty (digits) of a builtin dataset.")
     val_dataset: str = Field(

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, status
 
+from services.trainer.group_fate import GroupFates
 from services.trainer.status import TrainerStatus
 
 
@@ -24,7 +25,9 @@ class Control:
         self.ready = threading.Event()
 
 
-def control_router(control: Control, status: Callable[[], TrainerStatus]) -> APIRouter:
+def control_router(
+    control: Control, trainer_status: Callable[[], TrainerStatus], fates: GroupFates | None = None
+) -> APIRouter:
     router = APIRouter()
 
     @router.post("/pause")
@@ -46,6 +49,15 @@ def control_router(control: Control, status: Callable[[], TrainerStatus]) -> API
 
     @router.get("/status")
     async def get_status() -> dict[str, Any]:
-        return asdict(status())
+        return asdict(trainer_status())
+
+    @router.get("/groups/{group_id}")
+    async def group(group_id: str) -> dict[str, Any]:
+        """Trained (step, version) or dropped (reason); 404: the trainer has not taken it (still queued, or
+        dropped by the queue itself)."""
+        fate = fates.get(group_id) if fates is not None else None
+        if fate is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the trainer has not taken group {group_id}")
+        return fate.to_json()
 
     return router

@@ -163,6 +163,8 @@ class Feed:
     def _release_ahead(self, step: int, version: int) -> int:
         """Releases the training prompts :func:`plan_release` asks for; returns how many."""
         s = self.settings
+        if s.prompt_source == "agents":
+            return 0  # agent-only training: every group comes from agents through the OpenAI endpoint
         eta = self.max_staleness
         versions = plan_release(
             step,

@@ -54,7 +54,7 @@ def run_service(settings: TrainerSettings) -> TrainerState:
                 trainer.telemetry.metrics,
                 ready=control.ready.is_set,
                 api_token=settings.api_token,
-                control_routers=[control_router(control, trainer.status)],
+                control_routers=[control_router(control, trainer.status, trainer.telemetry.fates)],
             )
             servers = io.call(start_servers(settings, app, grpc_health_only=True))
             assert servers.grpc is not None

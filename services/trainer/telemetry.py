@@ -13,6 +13,7 @@ from pathlib import Path
 from prometheus_client import Gauge
 
 from relayrl.metrics import ServiceMetrics, key_to_metric_name
+from services.trainer.group_fate import GroupFates
 from services.trainer.loggers import MetricLogger
 
 SERVICE = "trainer"
@@ -31,6 +32,8 @@ class Telemetry:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
         self.groups_path = run_dir / "groups.jsonl"
+        # What became of each group (GET /control/groups/{id}), the run's record read back on start.
+        self.fates = GroupFates.read(self.groups_path)
         self.latest: dict[str, float] = {}
         self.loggers = list(loggers)
 
@@ -63,10 +66,14 @@ class Telemetry:
         A resumed trainer writes its steps again from the checkpoint on; the last line of each
         step number is the one the model carries.
         """
+        line = {"step": step, "version": version, "group_ids": group_ids, "ages": ages}
         with self.groups_path.open("a") as f:
-            f.write(json.dumps({"step": step, "version": version, "group_ids": group_ids, "ages": ages}) + "\n")
+            f.write(json.dumps(line) + "\n")
+        self.fates.add_line(line)
 
     def record_dropped(self, reason: str, group_ids: list[str]) -> None:
         """A line in groups.jsonl for groups the trainer skipped (and acknowledged) without training."""
+        line = {"dropped": reason, "group_ids": group_ids}
         with self.groups_path.open("a") as f:
-            f.write(json.dumps({"dropped": reason, "group_ids": group_ids}) + "\n")
+            f.write(json.dumps(line) + "\n")
+        self.fates.add_line(line)
