@@ -15,6 +15,7 @@ from relayrl.serving import HttpServer, Servers, serve_until_signal, start_serve
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.bells import Bells
 from services.queue.config import QueueSettings
+from services.queue.entries import entries_router
 from services.queue.keys import Keys
 from services.queue.metrics import QueueMetrics
 from services.queue.prompts import PromptQueue
@@ -71,7 +72,8 @@ async def start_queue_server(settings: QueueSettings) -> QueueServer:
     except (RedisConnectionError, OSError) as err:
         log.warning("Redis not reachable yet (%s); serving anyway, /readyz says not ready", err)
     metrics = QueueMetrics()
-    app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token)
+    entries = entries_router(redis, keys, settings.dead_letter_maxlen)
+    app = create_http_app("queue", metrics.registry, lambda: redis_reachable(redis), settings.api_token, [entries])
     servers = await start_servers(
         settings,
         app,
