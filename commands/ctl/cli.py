@@ -22,8 +22,8 @@ _ALL_HELP = "Every component the action applies to."
 
 
 def _settings(ctx: typer.Context) -> CtlSettings:
-    from relayrl.config import SettingsError, load_settings
     from commands.ctl.config import CtlSettings
+    from relayrl.config import SettingsError, load_settings
 
     env_file: Path | None = ctx.obj
     overrides = {}
@@ -136,3 +136,26 @@ def checkpoint(
 ) -> None:
     """Ask the trainer to checkpoint at the next step that ends on a publish boundary."""
     _act(ctx, "checkpoint", _targets(service, all_, ("trainer",), default_all=True))
+
+
+@app.command()
+def group(
+    ctx: typer.Context,
+    group_id: str = typer.Argument(help="The group id the agent sent (metadata.group_id, else its conversation id)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Whether an agent's group was trained (step, version), dropped (reason) or is still queued or waiting."""
+    import dataclasses
+    import json
+
+    from commands.ctl.groups import find_group
+
+    report = find_group(_settings(ctx), group_id)
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report), sort_keys=True))
+    else:
+        typer.echo(report.line())
+        for failure in report.failures:
+            typer.echo(f"  could not ask {failure}", err=True)
+    if report.status == "unknown":
+        raise typer.Exit(1)

@@ -40,6 +40,9 @@ class CtlSettings(BaseSettings):
     )
     trainer_url: str = Field("", description="HTTP base URL of the trainer (global rank 0). Default: none.")
     queue_address: str = Field("", description="gRPC host:port of the queue service. Default: none.")
+    queue_url: str = Field(
+        "", description="HTTP base URL of the queue service (`relayrl ctl group` asks it). Default: none."
+    )
     paramsync_address: str = Field("", description="gRPC host:port of paramsync. Default: none.")
     timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for each call before calling it failed.")
     restarts_file: str = Field(
@@ -63,7 +66,7 @@ class CtlSettings(BaseSettings):
     def _check_urls(cls, urls: list[str]) -> list[str]:
         return [_http_url(url) for url in urls]
 
-    @field_validator("trainer_url")
+    @field_validator("trainer_url", "queue_url")
     @classmethod
     def _check_url(cls, url: str) -> str:
         return _http_url(url) if url else url
@@ -90,6 +93,7 @@ def env_file_text(
     queue_address: str,
     paramsync_address: str,
     restarts_file: str = "",
+    queue_url: str = "",
 ) -> str:
     """A dotenv file for ``relayrl ctl --env-file`` pointing at one deployment (what ``relayrl up`` can write)."""
     lines = {
@@ -99,5 +103,6 @@ def env_file_text(
         "RELAYRL_CTL_QUEUE_ADDRESS": queue_address,
         "RELAYRL_CTL_PARAMSYNC_ADDRESS": paramsync_address,
         "RELAYRL_CTL_RESTARTS_FILE": restarts_file,
+        "RELAYRL_CTL_QUEUE_URL": queue_url,
     }
     return "".join(f"{name}={value}\n" for name, value in lines.items())

@@ -106,6 +106,7 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
     config.stack.import_dirs = list(
         dict.fromkeys([str(base), *(str(_resolve(d, base)) for d in config.stack.import_dirs)])
     )
+    problems += _agent_only(config)
     if config.uses_reward_model():
         config.reward["model_path"] = str(_resolve(str(config.reward["model_path"]), base))
     for section in SERVICE_SECTIONS:
@@ -301,6 +302,23 @@ def _reward_file_problem(file: Path, name: str, key: str) -> str:
         return ""
     close = _did_you_mean(name, defined)
     return f"{name_key}: {file.name} defines no function {name!r}{close}; it defines: {', '.join(defined) or 'none'}"
+
+
+def _agent_only(config: StackConfig) -> list[str]:
+    """``rollout.source: agents`` is one switch: the trainer then releases no prompts either, and
+    runs no validation (its held-out prompts would wait for a rollout that leases nothing)."""
+    if config.rollout.get("source") != "agents":
+        if config.trainer.get("prompt_source") == "agents":
+            return ["trainer.prompt_source: set rollout.source: agents instead (it sets both)"]
+        return []
+    if config.trainer.setdefault("prompt_source", "agents") != "agents":
+        return [f"trainer.prompt_source: {config.trainer['prompt_source']!r} contradicts rollout.source: agents"]
+    return [
+        f"trainer.{key}: validation releases held-out prompts, which no rollout generates with rollout.source:"
+        " agents; leave it out"
+        for key in ("test_freq", "val_before_train")
+        if config.trainer.get(key)
+    ]
 
 
 def _agent_problems(config: StackConfig) -> list[str]:

@@ -151,8 +151,9 @@ class LocalStack:
 
         e = self.endpoints
         text = env_file_text(
-            self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc, str(self.restarts_file)
-        )
+            self.api_token, e.rollouts_http, e.trainer_http, e.queue_grpc, e.paramsync_grpc, str(self.restarts_file),
+            e.queue_http,
+        )  # fmt: skip
         self.ctl_env_file.touch(mode=0o600)
         self.ctl_env_file.write_text(text)
 
