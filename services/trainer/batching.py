@@ -1,8 +1,10 @@
-"""From trajectory groups to per-rank micro-batches of padded tensors.
+"""From trajectory groups to per-rank micro-batches.
 
 Every rank receives the whole batch (rank 0 pulled it and broadcast it); each rank then takes
-its shard, and packs the shard into micro-batches under a token budget. Sequences are padded
-to the longest one in their micro-batch (right padding), so the budget counts padded tokens.
+its shard, and cuts the shard into micro-batches under a token budget. A micro-batch is either
+packed (verl's ``use_remove_padding``: its sequences one after another in a single row, positions
+restarting at each, so attention stays inside each sequence and no token is padding) or padded
+(one row per sequence, right-padded to the longest, so the budget counts padded tokens).
 """
 
 from __future__ import annotations
@@ -110,6 +112,22 @@ def pack(lengths: list[int], budget: int, max_padding: float = MAX_PADDING_SHARE
     return [sorted(b) for b in bins]
 
 
+def pack_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    """Groups indices into packed micro-batches of at most ``budget`` real tokens each (first fit,
+    longest first: few, full rows). A sequence longer than the budget gets a row of its own."""
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fit = next((b for b, n in enumerate(used) if n + lengths[i] <= budget), None)
+        if fit is None:
+            bins.append([i])
+            used.append(lengths[i])
+        else:
+            bins[fit].append(i)
+            used[fit] += lengths[i]
+    return [sorted(b) for b in bins]
+
+
 def pack_by_count(lengths: list[int], per_batch: int) -> list[list[int]]:
     """``per_batch`` sequences per micro-batch, in length order (verl's ``ppo_micro_batch_size_per_gpu``)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -124,12 +142,14 @@ def padding_tokens(lengths: list[int], bins: list[list[int]]) -> tuple[int, int]
 
 @dataclass(slots=True)
 class MicroBatch:
-    """Padded tensors of a few sequences. ``L`` is prompt+response length, ``T`` the response part.
+    """The tokens of a few sequences, and their response tensors. ``L`` is a row's length, ``T``
+    the longest response; ``B`` counts sequences, which are rows of ``input_ids_BL`` (padded) or
+    all in its one row (packed: ``position_ids_BL`` restarts at 0 where each begins).
 
-    ``response_start_B`` is where each response begins in ``input_ids_BL``; the log-prob of
-    response token t comes from the logits at position response_start + t − 1. ``mask_BT`` is
-    1 on the model's response tokens only (response positions × loss mask): every loss and
-    estimator reads it, so padding and observation tokens count for nothing.
+    ``response_start_B`` is where each response begins in its row (``row_B``; default: row b);
+    the log-prob of response token t comes from the logits at position response_start + t − 1.
+    ``mask_BT`` is 1 on the model's response tokens only (response positions × loss mask): every
+    loss and estimator reads it, so padding and observation tokens count for nothing.
     ``response_lens`` holds each response's full length, observation tokens included.
     """
 
@@ -141,34 +161,83 @@ class MicroBatch:
     token_rewards_BT: torch.Tensor
     index: list[int] = field(default_factory=list)  # positions of these samples in the batch
     response_lens: list[int] = field(default_factory=list)
+    position_ids_BL: torch.Tensor | None = None  # packed rows only
+    row_B: torch.Tensor | None = None  # each sequence's row; None: sequence b is row b
 
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask_BL.sum())
 
+    @property
+    def packed(self) -> bool:
+        return self.position_ids_BL is not None
 
-def collate(samples: list[TrainSample], index: list[int], pad_id: int) -> MicroBatch:
-    chosen = [samples[i] for i in index]
-    L = max(s.length for s in chosen)
+    def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments. A packed row goes without an attention mask: transformers
+        then reads where each sequence starts from ``position_ids`` and confines attention to it."""
+        ids = self.input_ids_BL.to(device)
+        if self.position_ids_BL is not None:
+            return {"input_ids": ids, "position_ids": self.position_ids_BL.to(device)}
+        return {"input_ids": ids, "attention_mask": self.attention_mask_BL.to(device)}
+
+    def rows(self) -> torch.Tensor:
+        B = self.response_start_B.shape[0]
+        return self.row_B if self.row_B is not None else torch.arange(B)
+
+
+def _response_tensors(chosen: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask, behaviour log-probs, token rewards), each [B, T]."""
     T = max(max(len(s.response_ids) for s in chosen), 1)
-    B = len(chosen)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention = torch.zeros((B, L), dtype=torch.long)
-    mask = torch.zeros((B, T))
-    behav = torch.zeros((B, T))
-    rewards = torch.zeros((B, T))
-    starts = torch.zeros(B, dtype=torch.long)
+    mask, behav, rewards = (torch.zeros((len(chosen), T)) for _ in range(3))
     for b, s in enumerate(chosen):
-        ids = s.prompt_ids + s.response_ids
         n = len(s.response_ids)
-        input_ids[b, : len(ids)] = torch.tensor(ids)
-        attention[b, : len(ids)] = 1
-        starts[b] = len(s.prompt_ids)
         mask[b, :n] = torch.tensor(s.model_mask, dtype=torch.float32)
         behav[b, :n] = torch.tensor(s.behav_logp, dtype=torch.float32)
         rewards[b, :n] = torch.tensor(s.token_rewards, dtype=torch.float32)
+    return mask, behav, rewards
+
+
+def collate(samples: list[TrainSample], index: list[int], pad_id: int) -> MicroBatch:
+    """One right-padded row per sequence."""
+    chosen = [samples[i] for i in index]
+    L = max(s.length for s in chosen)
+    B = len(chosen)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    starts = torch.zeros(B, dtype=torch.long)
+    for b, s in enumerate(chosen):
+        ids = s.prompt_ids + s.response_ids
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention[b, : len(ids)] = 1
+        starts[b] = len(s.prompt_ids)
+    mask, behav, rewards = _response_tensors(chosen)
     return MicroBatch(
         input_ids, attention, starts, mask, behav, rewards, list(index), [len(s.response_ids) for s in chosen]
+    )
+
+
+def collate_packed(samples: list[TrainSample], index: list[int]) -> MicroBatch:
+    """The sequences one after another in one row, positions restarting at each: no padding."""
+    chosen = [samples[i] for i in index]
+    ids: list[int] = []
+    positions: list[int] = []
+    starts = torch.zeros(len(chosen), dtype=torch.long)
+    for b, s in enumerate(chosen):
+        starts[b] = len(ids) + len(s.prompt_ids)
+        positions.extend(range(s.length))
+        ids.extend(s.prompt_ids + s.response_ids)
+    mask, behav, rewards = _response_tensors(chosen)
+    return MicroBatch(
+        input_ids_BL=torch.tensor([ids], dtype=torch.long),
+        attention_mask_BL=torch.ones((1, len(ids)), dtype=torch.long),
+        response_start_B=starts,
+        mask_BT=mask,
+        behav_logp_BT=behav,
+        token_rewards_BT=rewards,
+        index=list(index),
+        response_lens=[len(s.response_ids) for s in chosen],
+        position_ids_BL=torch.tensor([positions], dtype=torch.long),
+        row_B=torch.zeros(len(chosen), dtype=torch.long),
     )
 
 
@@ -188,11 +257,13 @@ def dummy_micro_batch(pad_id: int) -> MicroBatch:
     )
 
 
-def gather_response(values_BL: torch.Tensor, response_start_B: torch.Tensor, T: int) -> torch.Tensor:
-    """Picks, for each response token t, the entry at position response_start + t − 1 (the one predicting it)."""
-    B, L = values_BL.shape[:2]
-    pos_BT = (response_start_B[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1)
-    pos_BT = pos_BT.to(values_BL.device)
-    if values_BL.dim() == 2:
-        return values_BL.gather(1, pos_BT)
-    return values_BL.gather(1, pos_BT[..., None].expand(B, T, values_BL.shape[-1]))
+def gather_response(
+    values_RL: torch.Tensor, response_start_B: torch.Tensor, T: int, row_B: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Picks, for each sequence b and response token t, the entry of row ``row_B[b]`` (default: b)
+    at position response_start + t − 1 (the one predicting it): [B, T] or [B, T, H]. Positions past
+    a short response are clamped into the row (their mask is 0)."""
+    L = values_RL.shape[1]
+    pos_BT = (response_start_B[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1).to(values_RL.device)
+    rows = row_B if row_B is not None else torch.arange(response_start_B.shape[0])
+    return values_RL[rows.to(values_RL.device)[:, None], pos_BT]

@@ -175,6 +175,34 @@ class TrainerSettings(ServiceSettings):
     ppo_micro_batch_size_per_gpu: int = Field(
         8, ge=1, description="Sequences per micro-batch when use_dynamic_bsz is false."
     )
+    use_remove_padding: bool = Field(
+        True,
+        description="verl's name: each micro-batch's sequences go one after another in one row, positions"
+        " restarting at each, attention confined to each (no padding; ppo_max_token_len_per_gpu then counts real"
+        " tokens); false pads every sequence to the longest of its micro-batch.",
+    )
+    attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager"] = Field(
+        "auto",
+        description="verl's override_config.attn_implementation (transformers' name): auto is flex_attention on cuda"
+        " (its document mask skips the blocks between packed sequences) and sdpa on cpu, where torch's"
+        " flex_attention has no backward.",
+    )
+    enable_gradient_checkpointing: bool = Field(
+        False,
+        description="verl's name: keep only each decoder block's input for the backward and run the block again"
+        " there: less activation memory (longer micro-batches fit) for about a third more compute.",
+    )
+    use_torch_compile: bool = Field(
+        False,
+        description="verl's name: compile each decoder block with torch.compile (inductor). The first steps pay the"
+        " compilation; worth it on GPUs, rarely on CPUs.",
+    )
+    mfu_peak_tflops: float | None = Field(
+        None,
+        gt=0,
+        description="Dense bf16 peak of one device, TFLOP/s, for perf/mfu/actor; unset takes it from the GPU's name"
+        " (989 for H100 and H200) and leaves MFU out where it is unknown (every CPU).",
+    )
     recompute_old_log_prob: Literal["auto", "always"] = Field(
         "auto",
         description="auto: skip the no-grad forward for the proximal (old) log-probs when one mini-batch makes the"
@@ -407,6 +435,13 @@ class TrainerSettings(ServiceSettings):
     def initial_staleness(self) -> int:
         """η of the first step: the fixed bound, or auto's starting point."""
         return self.staleness_initial if self.max_staleness == "auto" else self.max_staleness
+
+    @property
+    def resolved_attn_implementation(self) -> str:
+        """``attn_implementation`` with ``auto`` resolved by the device."""
+        if self.attn_implementation != "auto":
+            return self.attn_implementation
+        return "flex_attention" if self.device == "cuda" else "sdpa"
 
     @property
     def needs_reference(self) -> bool:

@@ -28,39 +28,85 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """How the trainer builds a model (the settings' part of it): verl's ``attn_implementation``,
+    ``enable_gradient_checkpointing`` and ``use_torch_compile``."""
+
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool = False
+    compile: bool = False
+
+
+def prepare_model(model: nn.Module, options: ModelOptions) -> nn.Module:
+    """Gradient checkpointing and compilation of each decoder block, before FSDP wraps them.
+
+    Checkpointing keeps only each block's input for the backward and runs the block's forward again
+    there (torch's non-reentrant checkpoint, which FSDP2 supports). Compilation is per block, as
+    torchtitan does: one graph serves every block of a shape, and FSDP's hooks stay outside it.
+    """
+    if options.gradient_checkpointing:
+        hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+        kwargs = {"use_reentrant": False}
+        if hasattr(hf, "activation_checkpointing_enable"):  # its name from transformers 5.23 on
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if options.compile:
+        for layer in _decoder_layers(model):
+            layer.compile()
+    return model
+
+
 def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     """FSDP2: each decoder block is its own unit (all-gathered just in time), then the root.
 
-    With ``bf16`` parameters are gathered and computed in bf16 while master weights, gradients'
-    reduction and the optimizer stay in fp32 (log-probs are taken from fp32 logits); else
-    everything is fp32.
+    With ``bf16`` parameters are gathered and computed in bf16 (FSDP2's ``MixedPrecisionPolicy``,
+    verl's ``mixed_precision.param_dtype``) while master weights, gradients' reduction and the
+    optimizer stay in fp32 (log-probs are taken from fp32 logits); else everything is fp32. The root
+    (embeddings, final norm, output head) stays gathered from its forward to the end of the backward:
+    the log-probs read the output head after the forward (:func:`policy_forward`), and the backward
+    needs it at once anyway (FSDP2 does so for every root).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {}
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in _decoder_layers(model):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    layers = _decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last block's backward comes right after its forward: resharding it in between would only
+        # gather it again.
+        fully_shard(layer, reshard_after_forward=i < len(layers) - 1, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
 
 
-def load_actor(model_dir: Path, device: torch.device) -> nn.Module:
+def load_actor(model_dir: Path, device: torch.device, attn_implementation: str = "sdpa") -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, local_files_only=True, attn_implementation=attn_implementation
+    )
     return model.to(device)
 
 
-def load_critic(model_dir: Path, device: torch.device, seed: int) -> nn.Module:
+def load_critic(model_dir: Path, device: torch.device, seed: int, attn_implementation: str = "sdpa") -> nn.Module:
     """The actor's architecture with a one-output value head on every position (verl's critic)."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     torch.manual_seed(seed)  # the fresh value head is initialised identically on every rank
+    config = AutoConfig.from_pretrained(str(model_dir), num_labels=1, local_files_only=True)
+    # No dropout before the value head (transformers' default is 0.1), as verl sets it: the old values
+    # and the update's values must be one function, and ranks and micro-batch layouts must agree.
+    config.classifier_dropout = 0.0
     model = AutoModelForTokenClassification.from_pretrained(
-        str(model_dir), num_labels=1, dtype=torch.float32, local_files_only=True
+        str(model_dir),
+        config=config,
+        dtype=torch.float32,
+        local_files_only=True,
+        attn_implementation=attn_implementation,
     )
     return model.to(device)
 
@@ -71,33 +117,108 @@ class PolicyOut:
     entropy_BT: torch.Tensor | None
 
 
+# Tokens whose logits exist at once: 1024 × Qwen's 151,936-token vocabulary is 0.6 GB in fp32
+# (with its softmax), where a 16k-token micro-batch's whole logits would be 10 GB.
+LOGPROB_CHUNK_TOKENS = 1024
+
+
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers causal LM inside ``model`` (itself, a peft wrapper's base, or the actor
+    behind a LoRA reference)."""
+    from services.trainer.lora import AdapterDisabled
+
+    if isinstance(model, AdapterDisabled):
+        model = model.actor
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def last_hidden(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """The final norm's output (what the output head reads) for every position, [R, L, H].
+
+    The model runs its whole forward (FSDP's hooks, peft's adapter switch) but computes logits for
+    one position only (``logits_to_keep``): the log-probs take the head chunk by chunk instead.
+    """
+    lm = _causal_lm(model)
+    norm = getattr(lm, lm.base_model_prefix).norm
+    captured: list[torch.Tensor] = []
+    handle = norm.register_forward_hook(lambda _module, _args, out: captured.append(out))
+    try:
+        model(**mb.model_inputs(next(model.parameters()).device), use_cache=False, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
+def _chunk_logprobs(
+    head: nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_NV = head(hidden_NH).float() / temperature
+    logz_N = torch.logsumexp(logits_NV, dim=-1)
+    logp_N = logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - logz_N
+    if not with_entropy:
+        return logp_N, torch.zeros_like(logp_N)
+    # H = log Z − Σ p·logit: one softmax, no second [N, V] tensor of log-probs.
+    entropy_N = logz_N - (torch.softmax(logits_NV, dim=-1) * logits_NV).sum(-1)
+    return logp_N, entropy_N
+
+
+def token_logprobs(
+    head: nn.Module,
+    hidden_NH: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) and the entropy of each token's distribution, from hidden states and the output
+    head, ``chunk_tokens`` at a time: the [N, V] logits never exist whole.
+
+    With gradients each chunk is checkpointed: the backward computes its logits again, one chunk at a
+    time, so peak memory follows the chunk, not tokens × vocabulary.
+    """
+    logps, entropies = [], []
+    for start in range(0, hidden_NH.shape[0], chunk_tokens):
+        args = (head, hidden_NH[start : start + chunk_tokens], targets_N[start : start + chunk_tokens])
+        if torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            logp, entropy = checkpoint(_chunk_logprobs, *args, temperature, with_entropy, use_reentrant=False)
+        else:
+            logp, entropy = _chunk_logprobs(*args, temperature, with_entropy)
+        logps.append(logp)
+        entropies.append(entropy)
+    return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+
+
 def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool) -> PolicyOut:
     """Log-probs of the response tokens under ``model`` at the sampling temperature.
 
     Logits are divided by the temperature before log_softmax (as verl does), so at
-    temperature 1 these are the engine's log-probs up to numerics. Results stay on the model's device.
+    temperature 1 these are the engine's log-probs up to numerics. Only the response positions'
+    hidden states meet the output head, in chunks (:func:`token_logprobs`). Results stay on the
+    model's device.
     """
-    device = next(model.parameters()).device
-    ids_BL = mb.input_ids_BL.to(device)
-    out = model(input_ids=ids_BL, attention_mask=mb.attention_mask_BL.to(device), use_cache=False)
-    T = mb.mask_BT.shape[1]
-    logits_BTV = gather_response(out.logits, mb.response_start_B, T).float() / temperature
-    targets_BL = mb.input_ids_BL
-    pos_BT = (mb.response_start_B[:, None] + torch.arange(T)[None, :]).clamp(max=targets_BL.shape[1] - 1)
-    targets_BT = targets_BL.gather(1, pos_BT).to(device)
-    logp_all_BTV = torch.log_softmax(logits_BTV, dim=-1)
-    logp_BT = logp_all_BTV.gather(-1, targets_BT[..., None]).squeeze(-1)
-    entropy_BT = None
-    if with_entropy:
-        entropy_BT = -(logp_all_BTV.exp() * logp_all_BTV).sum(-1)
-    return PolicyOut(logp_BT, entropy_BT)
+    hidden_RLH = last_hidden(model, mb)
+    device = hidden_RLH.device
+    B, T = mb.mask_BT.shape
+    rows = mb.rows()
+    hidden_BTH = gather_response(hidden_RLH, mb.response_start_B, T, rows)
+    L = mb.input_ids_BL.shape[1]
+    pos_BT = (mb.response_start_B[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
+    targets_BT = mb.input_ids_BL[rows[:, None], pos_BT].to(device)
+    head = _causal_lm(model).get_output_embeddings()
+    logp_N, entropy_N = token_logprobs(
+        head, hidden_BTH.reshape(B * T, -1), targets_BT.reshape(-1), temperature, with_entropy
+    )
+    entropy_BT = entropy_N.view(B, T) if entropy_N is not None else None
+    return PolicyOut(logp_N.view(B, T), entropy_BT)
 
 
 def value_forward(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:
     """V(state before each response token), shape [B, T], on the model's device."""
-    device = next(critic.parameters()).device
-    out = critic(input_ids=mb.input_ids_BL.to(device), attention_mask=mb.attention_mask_BL.to(device))
-    return gather_response(out.logits[..., 0].float(), mb.response_start_B, mb.mask_BT.shape[1])
+    # No cache: with one, transformers would not read the packed sequences from position_ids.
+    out = critic(**mb.model_inputs(next(critic.parameters()).device), use_cache=False)
+    return gather_response(out.logits[..., 0].float(), mb.response_start_B, mb.mask_BT.shape[1], mb.row_B)
 
 
 def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:

@@ -18,9 +18,11 @@ from services.trainer.batching import (
     MicroBatch,
     TrainSample,
     collate,
+    collate_packed,
     dummy_micro_batch,
     pack,
     pack_by_count,
+    pack_tokens,
     padding_tokens,
     shard,
 )
@@ -99,12 +101,18 @@ def plan_mini_batch(samples: list[TrainSample], index: list[int], s: TrainerSett
     lengths = [samples[i].length for i in index]
     mine = [index[j] for j in shard(len(index), lengths, D.get_rank(), D.world_size())]
     my_lengths = [samples[i].length for i in mine]
+    packed = s.use_remove_padding
     if s.use_dynamic_bsz:
-        bins = pack(my_lengths, s.ppo_max_token_len_per_gpu)
+        budget = s.ppo_max_token_len_per_gpu
+        bins = pack_tokens(my_lengths, budget) if packed else pack(my_lengths, budget)
     else:
         bins = pack_by_count(my_lengths, s.ppo_micro_batch_size_per_gpu)
-    padding, padded_total = padding_tokens(my_lengths, bins)
-    micro = [collate(samples, [mine[j] for j in b], pad_id) for b in bins]
+    if packed:
+        padding, padded_total = 0, sum(my_lengths)
+        micro = [collate_packed(samples, [mine[j] for j in b]) for b in bins]
+    else:
+        padding, padded_total = padding_tokens(my_lengths, bins)
+        micro = [collate(samples, [mine[j] for j in b], pad_id) for b in bins]
     # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
     most = int(D.all_reduce(torch.tensor([len(micro)]), op="max").item())
     micro += [dummy_micro_batch(pad_id) for _ in range(most - len(micro))]

@@ -28,7 +28,15 @@ from services.trainer.feed import Batch, Feed
 from services.trainer.gather import BucketGather, Items, published_items, state_items, weight_specs
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
-from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, shard_model
+from services.trainer.model import (
+    LrSchedule,
+    ModelOptions,
+    build_optimizer,
+    load_actor,
+    load_critic,
+    prepare_model,
+    shard_model,
+)
 from services.trainer.staging import host_staging
 from services.trainer.staleness_control import StalenessController, StalenessRule, StepMeasure
 from services.trainer.state import TrainerState
@@ -57,11 +65,13 @@ class StepPlan:
 
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
     torch.manual_seed(s.seed)
+    options = ModelOptions(s.resolved_attn_implementation, s.enable_gradient_checkpointing, s.use_torch_compile)
 
     def wrap(m: torch.nn.Module) -> torch.nn.Module:
+        m = prepare_model(m, options)
         return shard_model(m, s.bf16_compute) if fsdp else m
 
-    actor = load_actor(s.model_dir, ctx.device)
+    actor = load_actor(s.model_dir, ctx.device, options.attn_implementation)
     if s.lora:
         actor = lora.add_adapter(actor, lora.LoraSpec(s.lora_rank, s.lora_alpha, s.target_modules))
     actor = wrap(actor)
@@ -69,12 +79,12 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
     opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule)
     models = Models(actor, opt, sched)
     if s.needs_critic:
-        models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed))
+        models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed, options.attn_implementation))
         models.critic_opt, models.critic_sched = build_optimizer(models.critic, s.critic_lr, s.weight_decay, schedule)
     if s.needs_reference and s.lora:
         models.ref = lora.AdapterDisabled(actor)
     elif s.needs_reference:
-        ref = load_actor(s.model_dir, ctx.device).eval()
+        ref = load_actor(s.model_dir, ctx.device, options.attn_implementation).eval()
         ref.requires_grad_(False)
         models.ref = wrap(ref)
     return models

@@ -100,9 +100,12 @@ LONG_TAIL = [2, 3, 3, 4, 4, 5, 6, 8, 9, 12, 15, 40]
 
 def test_dynamic_batching_gives_the_loss_and_gradients_of_one_plain_micro_batch(tiny_model_dir):
     results = {}
+    # Padded micro-batches (packing is the default): what this test measures is their padding.
     for name, settings in {
-        "dynamic": TrainerSettings(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=48),
-        "plain": TrainerSettings(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=len(LONG_TAIL)),
+        "dynamic": TrainerSettings(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=48, use_remove_padding=False),
+        "plain": TrainerSettings(
+            use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=len(LONG_TAIL), use_remove_padding=False
+        ),
     }.items():
         models = _models(tiny_model_dir)
         grads = _grads_seen_by_the_optimizer(models)

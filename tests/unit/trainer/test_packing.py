@@ -1,0 +1,109 @@
+"""Packed micro-batches (verl's use_remove_padding, the default): each micro-batch's sequences in
+one row with positions restarting at each, attention confined to each sequence by transformers'
+document mask. A packed step is the padded step, loss and gradients, in fp32."""
+
+import pytest
+import torch
+
+from services.trainer.batching import TrainSample, collate, collate_packed, pack_tokens
+from services.trainer.config import TrainerSettings
+from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
+from services.trainer.step import Models, plan_mini_batch, train_step
+
+# A long-tailed mix of response lengths, and prompts of several lengths.
+LENGTHS = [2, 3, 3, 4, 5, 6, 9, 12, 15, 30]
+
+
+def _samples(lengths=LENGTHS):
+    return [
+        TrainSample(
+            i // 2,
+            [5, 6, 7, 8][: 1 + i % 4],
+            [10 + (i * 7 + t) % 40 for t in range(n)],
+            [-2.0] * n,
+            [0.0] * (n - 1) + [float(i % 3 == 0)],
+            float(i % 3 == 0),
+            0,
+        )
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _models(model_dir, critic=False):
+    torch.manual_seed(0)
+    actor = load_actor(model_dir, torch.device("cpu"))
+    opt, sched = build_optimizer(actor, 1e-3, 0.0, LrSchedule())
+    models = Models(actor, opt, sched)
+    if critic:
+        models.critic = load_critic(model_dir, torch.device("cpu"), 0)
+        models.critic_opt, models.critic_sched = build_optimizer(models.critic, 1e-3, 0.0, LrSchedule())
+    return models
+
+
+def test_a_packed_row_holds_every_sequence_once_with_positions_restarting():
+    samples = _samples([3, 1, 2])
+    mb = collate_packed(samples, [0, 1, 2])
+    assert mb.input_ids_BL.shape == (1, sum(s.length for s in samples))
+    assert mb.input_ids_BL[0].tolist() == [t for s in samples for t in s.prompt_ids + s.response_ids]
+    assert mb.position_ids_BL[0].tolist() == [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4]
+    assert mb.response_start_B.tolist() == [1, 6, 10]  # each response's first token, in the row
+    assert "attention_mask" not in mb.model_inputs(torch.device("cpu"))
+
+
+def test_a_packed_forward_gives_each_sequence_its_own_log_probs(tiny_model_dir):
+    model = load_actor(tiny_model_dir, torch.device("cpu"))
+    samples = _samples()
+    index = list(range(len(samples)))
+    with torch.no_grad():
+        padded = policy_forward(model, collate(samples, index, pad_id=0), 1.0, True)
+        packed = policy_forward(model, collate_packed(samples, index), 1.0, True)
+        alone = policy_forward(model, collate_packed(samples, [9]), 1.0, True)
+    mask = collate(samples, index, pad_id=0).mask_BT > 0
+    torch.testing.assert_close(packed.logp_BT[mask], padded.logp_BT[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed.entropy_BT[mask], padded.entropy_BT[mask], atol=1e-5, rtol=0)
+    # The last sequence sees none of the nine packed before it.
+    n = len(samples[9].response_ids)
+    torch.testing.assert_close(packed.logp_BT[9, :n], alone.logp_BT[0, :n], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("estimator", "variant"), [("grpo", "decoupled"), ("gae", "vanilla")])
+def test_packed_and_padded_steps_give_the_same_loss_and_gradients(tiny_model_dir, estimator, variant):
+    results = {}
+    for packed in (True, False):
+        models = _models(tiny_model_dir, critic=estimator == "gae")
+        grads: list[torch.Tensor] = []
+        models.actor_opt.register_step_pre_hook(
+            lambda *_, m=models, grads=grads: grads.append(torch.cat([p.grad.flatten() for p in m.actor.parameters()]))
+        )
+        settings = TrainerSettings(
+            adv_estimator=estimator,
+            pg_variant=variant,
+            use_remove_padding=packed,
+            ppo_max_token_len_per_gpu=48,
+            entropy_coeff=0.01,
+            recompute_old_log_prob="always",
+        )
+        metrics = train_step(models, _samples(), settings, pad_id=0)
+        results[packed] = (metrics, grads[0], torch.cat([p.detach().flatten() for p in models.actor.parameters()]))
+    packed, padded = results[True], results[False]
+    assert packed[0]["perf/padding_ratio"] == 0.0 < padded[0]["perf/padding_ratio"]
+    keys = ["actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm"]
+    keys += ["critic/vf_loss", "critic/grad_norm"] if estimator == "gae" else []
+    for key in keys:
+        assert packed[0][key] == pytest.approx(padded[0][key], abs=1e-5), key
+    assert packed[0]["actor/grad_norm"] > 0
+    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[2], padded[2], atol=1e-5, rtol=0)
+
+
+def test_the_token_budget_counts_real_tokens_when_packed():
+    samples = _samples()
+    index = list(range(len(samples)))
+    lengths = [s.length for s in samples]
+    for budget in (16, 48, 400):
+        plan = plan_mini_batch(samples, index, TrainerSettings(ppo_max_token_len_per_gpu=budget), pad_id=0)
+        rows = [mb.input_ids_BL.shape[1] for mb in plan.micro]
+        assert sum(rows) == sum(lengths)  # every token once, none padding
+        assert all(n <= budget or len(mb.index) == 1 for n, mb in zip(rows, plan.micro, strict=True))
+    assert len(pack_tokens(lengths, 400)) == 1
+    assert len(pack_tokens(lengths, 48)) < len(pack_tokens(lengths, 16))
