@@ -60,6 +60,7 @@ BENCHMARKS: dict[str, str] = {
     "learning": "commands.stack.learning:bench",
     "compare": "commands.stack.compare:bench",
     "openai": "services.rollout.openai_bench:bench",
+    "engine": "services.engine.cli:bench",
     "staleness": "commands.stack.bench_staleness:bench",
 }
 

@@ -55,6 +55,15 @@ class UpdateWeightFromDiskReqInput(_SGLangBody):
     flush_cache: bool = True
 
 
+class UpdateWeightsFromTensorReqInput(_SGLangBody):
+    # One base64 string per tensor-parallel rank (SGLang's MultiprocessingSerializer with output_str=True).
+    serialized_named_tensors: list[str]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
 class InitWeightsUpdateGroupReqInput(_SGLangBody):
     master_address: str
     master_port: int = Field(ge=1, le=65535)
@@ -219,6 +228,20 @@ def sglang_router(state: EngineState) -> APIRouter:
         if obj.weight_version is not None:
             message += f" Weight version updated to {obj.weight_version}."
         return _ok(message, num_paused_requests=0)
+
+    @router.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> JSONResponse:
+        # Handles are opened beside generation; the scheduler's pause covers the copy into the parameters only.
+        try:
+            tensors = await asyncio.to_thread(state.open_shared_tensors, obj.serialized_named_tensors, obj.load_format)
+            await scheduler.call(lambda: state.apply(tensors, obj.weight_version, obj.abort_all_requests))
+        except ValueError as exc:
+            state.metrics.weight_update_failures.inc()
+            return _ok(f"Failed to update weights: {exc}", success=False)
+        message = "Succeeded to update model weights."
+        if obj.weight_version is not None:
+            message += f" Weight version updated to {obj.weight_version}."
+        return _ok(message)
 
     @router.post("/load_lora_adapter")
     async def load_lora_adapter(obj: LoadLoRAAdapterReqInput) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""``relayrl engine``: the built-in CPU engine that serves SGLang's native HTTP API."""
+"""``relayrl engine``: the built-in engine that serves SGLang's native HTTP API; ``relayrl bench engine``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="The built-in CPU inference engine (SGLang's native HTTP API).", no_args_is_help=True)
+app = typer.Typer(help="The built-in inference engine (SGLang's native HTTP API).", no_args_is_help=True)
 
 
 @app.callback()
@@ -23,7 +23,7 @@ def serve_command(
         str | None, typer.Option(help="Initial weight_version (RELAYRL_ENGINE_WEIGHT_VERSION).")
     ] = None,
 ) -> None:
-    """Serve a model with continuous batching on CPU until SIGTERM/SIGINT."""
+    """Serve a model with continuous batching (on RELAYRL_ENGINE_DEVICE) until SIGTERM/SIGINT."""
     import asyncio
 
     from relayrl.service_cli import settings_or_exit
@@ -37,13 +37,53 @@ def serve_command(
         host=host,
         weight_version=weight_version,
     )
+    from relayrl.config import SettingsError
     from relayrl.serving import uncollected_start
 
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.
     with uncollected_start():
         from services.engine.server import serve
 
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except SettingsError as err:  # what only the loaded model tells (the KV cache's room on the GPU)
+        typer.echo(err.one_line(), err=True)
+        raise typer.Exit(2) from None
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line (the default format).")] = True,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small or base (Qwen2.5-0.5B's shape).")] = "tiny",
+    requests: Annotated[int, typer.Option(help="Requests (nano-vllm: 256).")] = 256,
+    min_len: Annotated[int, typer.Option(help="Shortest prompt and output, tokens (nano-vllm: 100).")] = 100,
+    max_len: Annotated[int, typer.Option(help="Longest prompt and output, tokens (nano-vllm: 1024).")] = 1024,
+    hf_batch: Annotated[int, typer.Option(help="Static batch size of the Hugging Face generate floor.")] = 64,
+    floors: Annotated[bool, typer.Option(help="Also run HF generate and generate_batch on the workload.")] = True,
+    floor_requests: Annotated[
+        int, typer.Option(help="Run the floors on the first N requests only (their tokens/s is compared); 0: all.")
+    ] = 0,
+    attention_backend: Annotated[
+        str, typer.Option(help="The engine's attention backend (auto, torch_native, flex_attention).")
+    ] = "auto",
+    cuda_graph: Annotated[bool, typer.Option(help="Decode from CUDA graphs on cuda.")] = True,
+) -> None:
+    """nano-vllm's workload through the engine's HTTP API, with HF generate and generate_batch as floors, one run."""
+    import json
+
+    from relayrl.devices import cuda_unavailable_reason
+    from services.engine.bench import run_bench
+
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
+        raise typer.BadParameter(f"--device cuda: {reason}")
+    settings = {
+        "RELAYRL_ENGINE_ATTENTION_BACKEND": attention_backend,
+        "RELAYRL_ENGINE_DISABLE_CUDA_GRAPH": str(not cuda_graph).lower(),
+    }
+    result = run_bench(preset, device, requests, min_len, max_len, hf_batch, floors, settings, floor_requests)
+    typer.echo(json.dumps(result))
 
 
 if __name__ == "__main__":

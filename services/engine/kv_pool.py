@@ -69,6 +69,8 @@ class BlockPool:
         # Asked for blocks when none is free (the prefix cache evicts); returns whether it freed any.
         self.reclaim: Callable[[], bool] = lambda: False
         self.growths = 0
+        # Most blocks held at once since start (the bench's "KV blocks used").
+        self.peak_used = 0
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         # Zeros, not empty: a gathered position past a sequence's end is masked, and 0 · NaN would not be.
@@ -97,6 +99,7 @@ class BlockPool:
         taken = [self.free.pop() for _ in range(count)]
         for block in taken:
             self.refs[block] = 1
+        self.peak_used = max(self.peak_used, self.used_blocks)
         return taken
 
     def retain(self, blocks: Sequence[int]) -> None:

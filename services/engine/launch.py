@@ -6,16 +6,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from relayrl.subprocesses import wait_serving
 
 
 def launch_engine(
-    model_dir: Path, port: int, stderr: int = subprocess.DEVNULL, cwd: Path | None = None
+    model_dir: Path,
+    port: int,
+    stderr: int = subprocess.DEVNULL,
+    cwd: Path | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs)."""
-    env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs);
+    ``settings`` adds environment variables (``RELAYRL_ENGINE_*``) over the defaults."""
+    env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", **(settings or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "services.engine.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,

@@ -65,6 +65,7 @@ class Sequence:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[dict[str, Any]]
     created_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[str] = field(default_factory=list)
@@ -271,6 +272,8 @@ class Scheduler:
         picks = torch.stack(chosen).tolist()
         for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):
             token = int(token_f)
+            if seq.first_token_at is None:
+                seq.first_token_at = time.monotonic()
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             seq.token_versions.append(seq.logits_version)
@@ -326,6 +329,9 @@ class Scheduler:
             "weight_versions": version_spans(seq.token_versions, self.weight_version),
             "e2e_latency": time.monotonic() - seq.created_at,
         }
+        if seq.first_token_at is not None:
+            # Not an SGLang field: the engine bench's time to first token (arrival to first sampled token).
+            meta["first_token_latency"] = seq.first_token_at - seq.created_at
         if seq.return_logprob:
             rows = zip(seq.logprobs, seq.output_ids, strict=True)
             meta["output_token_logprobs"] = [[logprob, token, None] for logprob, token in rows]

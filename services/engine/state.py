@@ -19,7 +19,8 @@ from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
 from services.engine.scheduler import PauseMode, Scheduler
-from services.engine.weights import apply_tensors, read_safetensors_dir
+from services.engine.tensor_updates import named_tensors
+from services.engine.weights import apply_tensors, read_safetensors_dir, read_safetensors_to_device
 from services.paramsync.channels.torch_dist import TorchDistReceiver
 
 
@@ -128,7 +129,15 @@ class EngineState:
         return list(self.tokenizer(text)["input_ids"])
 
     def read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
+        """A version's tensors, read beside generation: mapped on CPU, one host-to-device copy per file on CUDA."""
+        if self.device.type == "cuda":
+            return read_safetensors_to_device(model_path, self.device)
         return read_safetensors_dir(model_path)
+
+    def open_shared_tensors(self, serialized: list[str], load_format: str | None) -> dict[str, torch.Tensor]:
+        """SGLang's ``update_weights_from_tensor`` payload, its handles (CUDA IPC or shared memory) opened
+        beside generation."""
+        return named_tensors(serialized, load_format)
 
     def serves_in_place(self, model_path: str) -> bool:
         """Whether a version read from ``model_path`` is served from its file (``shared_weights_dir``)."""
@@ -239,6 +248,15 @@ class EngineState:
             "generated_tokens": self.scheduler.generated_tokens,
             "prefill_tokens": counts.prefill_tokens,
             "cached_prompt_tokens": counts.cached_tokens,
+            "device": str(self.device),
+            "attention_backend": self.runner.attention.name,
+            "kv_block_size": self.runner.pool.block_size,
+            "kv_total_blocks": self.runner.pool.max_blocks - 1,
+            "kv_used_blocks": self.runner.pool.used_blocks,
+            "kv_peak_used_blocks": self.runner.pool.peak_used,
+            "peak_device_memory_bytes": (
+                torch.cuda.max_memory_reserved(self.device) if self.device.type == "cuda" else None
+            ),
             "num_running_requests": len(self.scheduler.running),
             "num_waiting_requests": len(self.scheduler.waiting),
             "paused": self.scheduler.paused,

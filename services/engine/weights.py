@@ -12,6 +12,11 @@ Both paths check every tensor's name and shape against the model before writing 
 so a bad update leaves the old weights fully in place. An update may carry a subset of the
 tensors (as SGLang allows); the rest keep their values.
 
+On CUDA a directory's files take one host-to-device copy each (:func:`read_safetensors_to_device`):
+a file is the bucket paramsync wrote, its tensors become views of the copy on the device, and the
+update itself (on the scheduler thread, between two steps) is then a device-to-device copy per
+parameter, so generation pauses for that copy only.
+
 The broadcast's receiving end (SGLang's ``/init_weights_update_group`` +
 ``/update_weights_from_distributed``) lives beside its sending end in paramsync's ``torch_dist``
 channel (``services/paramsync/channels/torch_dist.py``); the tensors it receives are applied here.
@@ -19,6 +24,7 @@ channel (``services/paramsync/channels/torch_dist.py``); the tensors it receives
 
 from __future__ import annotations
 
+import json
 import mmap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +57,60 @@ def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path}: {exc}") from exc
     for tensor in tensors.values():
         _read_every_page(tensor)
+    return tensors
+
+
+# safetensors' dtype names.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_safetensors_to_device(directory: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's ``*.safetensors`` files on ``device``, each file's tensor bytes
+    copied there in one host-to-device copy (the tensors are views into it). ValueError if a file
+    is not a well-formed safetensors file."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{directory} holds no *.safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(_file_to_device(path, device))
+    return tensors
+
+
+def _file_to_device(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    # Copy-on-write, as safetensors maps: writable for torch, and nothing is written.
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        try:
+            header_len = int.from_bytes(mapped[:8], "little")
+            header = json.loads(mapped[8 : 8 + header_len])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a safetensors file ({exc})") from exc
+        start = 8 + header_len
+        host = torch.frombuffer(mapped, dtype=torch.uint8, offset=start) if len(mapped) > start else torch.empty(0)
+        # The one copy of the whole data section (a copy on CPU too: the mapping closes below).
+        data = host.to(device, copy=True)
+        del host
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = _DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: bad header entry for {name!r}: {exc}") from exc
+        tensors[name] = data[begin:end].view(dtype).reshape(shape)
     return tensors
 
 

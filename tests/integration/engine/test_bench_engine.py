@@ -1,0 +1,40 @@
+"""``relayrl bench engine`` on CPU, briefly: the command a GPU session runs with ``--device cuda
+--preset base`` works end to end and prints the figures it promises."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from commands.cli import app
+from services.engine.bench import Workload
+
+
+def test_the_workload_is_nano_vllms_and_fixed_by_its_seed() -> None:
+    work = Workload.nano_vllm(requests=50, min_len=100, max_len=1024, vocab=151936)
+
+    assert work == Workload.nano_vllm(requests=50, min_len=100, max_len=1024, vocab=151936)
+    assert all(100 <= len(p) <= 1024 for p in work.prompts) and all(100 <= n <= 1024 for n in work.output_lens)
+    assert max(max(p) for p in work.prompts) <= 10_000
+    assert len({len(p) for p in work.prompts}) > 10, "lengths vary"
+
+
+def test_bench_engine_prints_one_json_line_with_every_figure() -> None:
+    args = ["bench", "engine", "--preset", "tiny", "--requests", "6", "--min-len", "8", "--max-len", "24"]
+    result = CliRunner().invoke(app, [*args, "--hf-batch", "2", "--floor-requests", "2"])
+
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output.strip().splitlines()[-1])
+    engine = figures["engine"]
+    assert engine["output_tokens"] == figures["output_tokens"] > 0
+    assert engine["output_tokens_per_s"] > 0
+    assert 0 < engine["ttft_p50_s"] <= engine["ttft_p99_s"]
+    assert 0 < engine["itl_p50_s"] <= engine["itl_p99_s"]
+    assert 0 < engine["kv_blocks_used"] <= engine["kv_blocks_total"]
+    assert engine["attention_backend"] == "torch_native"
+    assert set(figures["weight_update_pause_s"]) == {"from_disk", "from_tensor"}
+    assert all(pause > 0 for pause in figures["weight_update_pause_s"].values())
+    assert figures["hf_generate"]["output_tokens_per_s"] > 0
+    assert figures["ratio_vs_hf_generate"] > 0
+    assert "output_tokens_per_s" in figures["generate_batch"] or "error" in figures["generate_batch"]
