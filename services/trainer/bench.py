@@ -4,19 +4,28 @@ work in one process without FSDP, measured in the same run on the same synthetic
 Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer spends
 getting data in hand, here without a queue), ``train_step`` (``forward_backward_s``, with the
 proximal log-prob pass only under ``--recompute-old-log-prob always``, ``optimizer_s``), then
-the streamed gather of a publish, bucket by bucket as the trainer does it (``gather_s``: what
-training pays for a publish; the upload runs beside training and is measured by the weights
-benchmark, not here). ``tokens_per_s`` counts real (unpadded) prompt+response tokens over forward_backward +
-optimizer time; ``padding_ratio`` is the padded share of micro-batch tokens. On CPU the
-single-process baseline runs with as many torch threads as the FSDP job had ranks × threads.
+the streamed gather of a publish, bucket by bucket as the trainer does it (``gather_s``, also as
+verl's ``timing_s/update_weights``: what training pays for a publish; the upload runs beside
+training and is measured by the weights benchmark, not here). ``tokens_per_s`` counts real
+(unpadded) prompt+response tokens over forward_backward + optimizer time; ``padding_ratio`` is the
+padded share of micro-batch tokens. On CPU the single-process baseline runs with as many torch
+threads as the FSDP job had ranks × threads.
 
-MFU (CUDA only) counts 6 · params FLOPs per token for forward+backward, plus 2 when the
-proximal log-prob forward runs (attention FLOPs are left out, as in the usual 6N estimate).
+Workloads: ``uniform`` draws each response's length between half of ``--response-len`` and all of
+it; ``realistic`` draws it from the long-tailed mix of ``relayrl bench e2e --workload realistic``
+(log-normal, 99th percentile 8× the median) scaled so that its cap is ``--response-len``.
+
+The perf figures carry verl's names (:mod:`services.trainer.perf`): ``perf/throughput`` (tokens/s
+per device), ``perf/mfu/actor`` (CUDA: 6 · params FLOPs per token over the actor update's time,
+against the device's dense bf16 peak), ``perf/max_memory_allocated_gb``; ``mfu`` and
+``single_process_mfu`` count the whole train step (plus 2 · params per token when the proximal
+log-prob forward runs). ``memory_allocated_gb_by_step`` is what stays allocated after each step.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -32,10 +41,13 @@ import torch
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample
 from services.trainer.config import TrainerSettings
+from services.trainer.perf import mfu
 from services.trainer.step import train_step
 
-# Dense bf16 peak, FLOP/s, by device name fragment.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+WORKLOADS = ("uniform", "realistic")
+# The realistic mix of commands/stack/workloads.py: median 1/8 of the cap, σ 0.95 in log space.
+REALISTIC_MEDIAN_SHARE = 1 / 8
+REALISTIC_SIGMA = 0.95
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,19 @@ class BenchConfig:
     micro_batch_tokens: int = 4096
     recompute_old_log_prob: str = "auto"
     seed: int = 0
+    workload: str = "uniform"
+    use_remove_padding: bool = True
+    enable_gradient_checkpointing: bool = False
+    use_torch_compile: bool = False
+    single_process: bool = True  # also measure the plain model in one process
+
+
+def response_length(cfg: BenchConfig, rng: random.Random) -> int:
+    """One response's length under ``cfg.workload``."""
+    if cfg.workload == "realistic":
+        median = cfg.response_len * REALISTIC_MEDIAN_SHARE
+        return min(max(round(median * math.exp(rng.gauss(0.0, REALISTIC_SIGMA))), 4), cfg.response_len)
+    return rng.randint(cfg.response_len // 2, cfg.response_len)
 
 
 def write_model(cfg: BenchConfig, directory: Path) -> Path:
@@ -65,7 +90,7 @@ def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
     rng = random.Random(cfg.seed * 1000 + step)
     samples = []
     for i in range(cfg.batch_groups * cfg.n_samples):
-        n = rng.randint(cfg.response_len // 2, cfg.response_len)
+        n = response_length(cfg, rng)
         prompt = [rng.randrange(10, vocab) for _ in range(cfg.prompt_len)]
         rewards = [0.0] * (n - 1) + [rng.random()]
         samples.append(
@@ -82,9 +107,10 @@ def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
     return samples
 
 
-def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
+def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
     """Runs warm-up + ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
     from services.trainer.gather import BucketGather
+    from services.trainer.perf import StepPerf, max_memory_allocated_gb, reset_peak_memory
     from services.trainer.staging import host_staging
     from services.trainer.trainer import build_models, stream_weights
 
@@ -94,8 +120,12 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         device=cfg.device,
         ppo_max_token_len_per_gpu=cfg.micro_batch_tokens,
         recompute_old_log_prob=cfg.recompute_old_log_prob,
+        use_remove_padding=cfg.use_remove_padding,
+        enable_gradient_checkpointing=cfg.enable_gradient_checkpointing,
+        use_torch_compile=cfg.use_torch_compile,
     )
     models = build_models(settings, ctx, fsdp=fsdp)
+    perf = StepPerf.of(models.actor, ctx.device, ctx.world_size, settings.mfu_peak_tflops)
     gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024, staging=host_staging(ctx.device))
     vocab = min(models.actor.config.vocab_size, 50000)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
@@ -106,8 +136,11 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         "gather_s": 0.0,
         "tokens": 0.0,
         "padding_ratio": 0.0,
+        "update_actor_s": 0.0,
     }
+    peak_memory, memory_by_step = 0.0, []
     for step in range(cfg.steps + 1):
+        reset_peak_memory(ctx.device)
         started = time.perf_counter()
         batch = D.broadcast_object(make_batch(cfg, step, vocab) if ctx.is_main else None)
         waited = time.perf_counter() - started
@@ -118,17 +151,23 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, float]:
         _sync(cfg)
         trained = time.perf_counter() - started
         gathered = stream_weights(models.actor, gather, None, version=step + 1, step=step)["timing/gather_s"]
+        peak_memory = max(peak_memory, max_memory_allocated_gb(ctx.device) or 0.0)
+        if ctx.device.type == "cuda":
+            memory_by_step.append(torch.cuda.memory_allocated(ctx.device) / 1024**3)
         if step == 0:
-            continue  # warm-up: allocator, kernels, first all-gathers
+            continue  # warm-up: allocator, kernels, first all-gathers (and compilation)
         totals["wait_s"] += waited
         totals["optimizer_s"] += metrics["timing/optimizer_s"]
         totals["forward_backward_s"] += trained - metrics["timing/optimizer_s"]
         totals["gather_s"] += gathered
         totals["tokens"] += sum(x.length for x in batch)
         totals["padding_ratio"] += metrics["perf/padding_ratio"]
-    params = sum(p.numel() for p in models.actor.parameters())  # a DTensor's numel is the global one
-    result = {k: v / cfg.steps for k, v in totals.items()}
-    result["params"] = float(params)
+        totals["update_actor_s"] += metrics["timing_s/update_actor"]
+    result: dict[str, Any] = {k: v / cfg.steps for k, v in totals.items()}
+    result["params"] = float(perf.params)
+    result["peak"] = perf.peak
+    result["max_memory_allocated_gb"] = peak_memory
+    result["memory_allocated_gb_by_step"] = memory_by_step
     return result
 
 
@@ -137,10 +176,9 @@ def _sync(cfg: BenchConfig) -> None:
         torch.cuda.synchronize()
 
 
-def _mfu(cfg: BenchConfig, tokens_per_s: float, params: float, world_size: int) -> float | None:
-    name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    # One mini-batch here, so the proximal forward runs only when forced (see skips_old_log_prob).
+def _mfu(cfg: BenchConfig, tokens_per_s: float, params: float, peak: float | None, world_size: int) -> float | None:
+    """MFU of the whole train step: 6 · params FLOPs per token, plus 2 when the proximal forward runs
+    (one mini-batch here, so only when forced: see skips_old_log_prob)."""
     flops_per_param = 8 if cfg.recompute_old_log_prob == "always" else 6
     return None if peak is None else tokens_per_s * flops_per_param * params / (peak * world_size)
 
@@ -171,33 +209,52 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             # The baseline gets the cores the N ranks had (one thread each), so the comparison is
             # of FSDP against plain intra-op parallelism on the same hardware.
             torch.set_num_threads(world * int(env["OMP_NUM_THREADS"]))
-        single = _measure(cfg, model_dir, fsdp=False)
+        single = _measure(cfg, model_dir, fsdp=False) if cfg.single_process else None
 
-    def rate(r: dict[str, float]) -> float:
+    def rate(r: dict[str, Any]) -> float:
         return r["tokens"] / (r["forward_backward_s"] + r["optimizer_s"])
 
+    train_s = fsdp["forward_backward_s"] + fsdp["optimizer_s"]
     result: dict[str, Any] = {
         "benchmark": "trainer",
         "device": cfg.device,
+        "device_name": torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu",
         "preset": cfg.preset,
+        "workload": cfg.workload,
         "recompute_old_log_prob": cfg.recompute_old_log_prob,
+        "use_remove_padding": cfg.use_remove_padding,
+        "enable_gradient_checkpointing": cfg.enable_gradient_checkpointing,
+        "use_torch_compile": cfg.use_torch_compile,
+        "micro_batch_tokens": cfg.micro_batch_tokens,
         "params": int(fsdp["params"]),
         "world_size": world,
         "tokens_per_step": fsdp["tokens"],
         "tokens_per_s": round(rate(fsdp), 2),
-        "single_process_tokens_per_s": round(rate(single), 2),
+        "perf/throughput": round(rate(fsdp) / world, 2),
+        "perf/mfu/actor": mfu(fsdp["tokens"], fsdp["params"], fsdp["update_actor_s"], fsdp["peak"], world),
+        "perf/max_memory_allocated_gb": round(fsdp["max_memory_allocated_gb"], 3) if cfg.device == "cuda" else None,
+        "timing_s/update_weights": round(fsdp["gather_s"], 5),
         "wait_s": round(fsdp["wait_s"], 5),
         "forward_backward_s": round(fsdp["forward_backward_s"], 5),
         "optimizer_s": round(fsdp["optimizer_s"], 5),
+        "train_s": round(train_s, 5),
         "gather_s": round(fsdp["gather_s"], 5),
         "padding_ratio": round(fsdp["padding_ratio"], 4),
-        "single_process_forward_backward_s": round(single["forward_backward_s"], 5),
-        "single_process_optimizer_s": round(single["optimizer_s"], 5),
+        "memory_allocated_gb_by_step": [round(m, 4) for m in fsdp["memory_allocated_gb_by_step"]],
         "steps": cfg.steps,
     }
     if cfg.device == "cuda":
-        result["mfu"] = _mfu(cfg, rate(fsdp), fsdp["params"], world)
-        result["single_process_mfu"] = _mfu(cfg, rate(single), fsdp["params"], 1)
+        result["mfu"] = _mfu(cfg, rate(fsdp), fsdp["params"], fsdp["peak"], world)
+    if single is not None:
+        result["single_process_tokens_per_s"] = round(rate(single), 2)
+        result["single_process_forward_backward_s"] = round(single["forward_backward_s"], 5)
+        result["single_process_optimizer_s"] = round(single["optimizer_s"], 5)
+        # FSDP's cost, side by side: 1.0 is as fast as the plain model, per GPU (on CPU the plain
+        # model had the ranks' cores, so per job).
+        per = world if cfg.device == "cuda" else 1
+        result["fsdp_over_single"] = round(rate(fsdp) / per / rate(single), 4)
+        if cfg.device == "cuda":
+            result["single_process_mfu"] = _mfu(cfg, rate(single), fsdp["params"], fsdp["peak"], 1)
     return result
 
 

@@ -43,29 +43,51 @@ def run_command(
     exit_uncollected()
 
 
+# Defaults of ``relayrl bench trainer`` by device: a CPU run that takes seconds; on a GPU the issue's
+# target shape (one GPU, 8 x 8 samples, >= 16k tokens per micro-batch, long responses).
+BENCH_DEFAULTS = {
+    "cpu": {"world_size": 2, "batch_groups": 4, "n_samples": 4, "prompt_len": 32, "response_len": 64,
+            "micro_batch_tokens": 4096},
+    "cuda": {"world_size": 0, "batch_groups": 8, "n_samples": 8, "prompt_len": 128, "response_len": 4096,
+             "micro_batch_tokens": 16384},
+}  # fmt: skip
+
+
 def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     preset: Annotated[
         str, typer.Option(help="Model preset (random init): tiny, small, or base (Qwen2.5-0.5B's shape).")
     ] = "tiny",
-    world_size: Annotated[int, typer.Option(help="FSDP processes (gloo on cpu, NCCL on cuda).")] = 2,
+    world_size: Annotated[
+        int | None, typer.Option(help="FSDP processes (gloo on cpu, NCCL on cuda); cpu 2, cuda every GPU.")
+    ] = None,
     steps: Annotated[int, typer.Option(help="Measured steps per configuration.")] = 4,
-    batch_groups: Annotated[int, typer.Option(help="Groups per step.")] = 4,
-    n_samples: Annotated[int, typer.Option(help="Samples per group.")] = 4,
-    response_len: Annotated[int, typer.Option(help="Longest response per sample (lengths vary from half of it).")] = 64,
-    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per sample.")] = 32,
+    batch_groups: Annotated[int | None, typer.Option(help="Groups per step (cpu 4, cuda 8).")] = None,
+    n_samples: Annotated[int | None, typer.Option(help="Samples per group (cpu 4, cuda 8).")] = None,
+    response_len: Annotated[
+        int | None, typer.Option(help="Longest response per sample, tokens (cpu 64, cuda 4096).")
+    ] = None,
+    prompt_len: Annotated[int | None, typer.Option(help="Prompt tokens per sample (cpu 32, cuda 128).")] = None,
     micro_batch_tokens: Annotated[
-        int, typer.Option(help="Padded tokens per micro-batch (ppo_max_token_len_per_gpu).")
-    ] = 4096,
+        int | None, typer.Option(help="Tokens per micro-batch, ppo_max_token_len_per_gpu (cpu 4096, cuda 16384).")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="Response lengths: uniform (half to all of --response-len) or realistic (long tail).")
+    ] = "uniform",
     recompute_old_log_prob: Annotated[
         str, typer.Option(help="auto (skip the proximal forward when redundant) or always.")
     ] = "auto",
+    use_remove_padding: Annotated[bool, typer.Option(help="Packed micro-batches (verl's name).")] = True,
+    enable_gradient_checkpointing: Annotated[bool, typer.Option(help="verl's name.")] = False,
+    use_torch_compile: Annotated[bool, typer.Option(help="verl's name: compile each decoder block.")] = False,
+    single_process: Annotated[bool, typer.Option(help="Also measure the plain model in one process.")] = True,
 ) -> None:
     """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
 
-    Prints tokens_per_s, single_process_tokens_per_s, world_size and the step-time breakdown
-    (wait_s, forward_backward_s, optimizer_s, gather_s); with --device cuda also mfu.
+    Prints tokens_per_s, single_process_tokens_per_s, fsdp_over_single, world_size, the step-time
+    breakdown (wait_s, forward_backward_s, optimizer_s, gather_s) and verl's perf/throughput,
+    timing_s/update_weights; with --device cuda also perf/mfu/actor and perf/max_memory_allocated_gb.
     """
     from relayrl.models.tiny import PRESETS
 
@@ -73,20 +95,33 @@ def bench(
         raise typer.BadParameter(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if recompute_old_log_prob not in ("auto", "always"):
         raise typer.BadParameter(f"unknown mode {recompute_old_log_prob!r}; choose auto or always")
-    from services.trainer.bench import BenchConfig, run_bench
+    if device not in BENCH_DEFAULTS:
+        raise typer.BadParameter(f"unknown device {device!r}; choose cpu or cuda")
+    from services.trainer.bench import WORKLOADS, BenchConfig, run_bench
 
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    given = {
+        "world_size": world_size,
+        "batch_groups": batch_groups,
+        "n_samples": n_samples,
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "micro_batch_tokens": micro_batch_tokens,
+    }
+    shape = {k: v if v is not None else BENCH_DEFAULTS[device][k] for k, v in given.items()}
     result = run_bench(
         BenchConfig(
             device=device,
             preset=preset,
-            world_size=world_size,
             steps=steps,
-            batch_groups=batch_groups,
-            n_samples=n_samples,
-            response_len=response_len,
-            prompt_len=prompt_len,
-            micro_batch_tokens=micro_batch_tokens,
             recompute_old_log_prob=recompute_old_log_prob,
+            workload=workload,
+            use_remove_padding=use_remove_padding,
+            enable_gradient_checkpointing=enable_gradient_checkpointing,
+            use_torch_compile=use_torch_compile,
+            single_process=single_process,
+            **shape,
         )
     )
     typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))

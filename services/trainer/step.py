@@ -38,6 +38,7 @@ from services.trainer.losses import (
     value_loss,
 )
 from services.trainer.model import clip_and_step, policy_forward, value_forward
+from services.trainer.perf import synchronize
 
 
 @dataclass
@@ -369,11 +370,16 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     extras["loss_mask"] = loss_mask(full, samples, s, keep)
     sums = _Sums()
     own_prox: dict[int, list[float]] = {}
+    update_actor_s = 0.0  # what perf/mfu/actor divides by, as verl times its update_actor
     for plan in plans:
         sums.add("_padding", float(plan.padding))
         sums.add("_padded_total", float(plan.padded_total))
         models.actor.train()
+        synchronize()
+        started = time.perf_counter()
         update_actor(models, plan, adv, extras, s, sums, own_prox)
+        synchronize()
+        update_actor_s += time.perf_counter() - started
         if models.critic is not None and returns is not None:
             update_critic(models, plan, returns, extras, s, sums)
     if skip:
@@ -381,7 +387,8 @@ def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, p
     models.actor_sched.step()
     if models.critic_sched is not None:
         models.critic_sched.step()
-    return _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models) | recipe_metrics
+    summary = _summarise(sums.reduced(), len(plans), full, samples, extras, adv, returns, rewards, models)
+    return summary | recipe_metrics | {"timing_s/update_actor": update_actor_s}
 
 
 def _summarise(

@@ -37,6 +37,7 @@ from services.trainer.model import (
     prepare_model,
     shard_model,
 )
+from services.trainer.perf import StepPerf, reset_peak_memory
 from services.trainer.staging import host_staging
 from services.trainer.staleness_control import StalenessController, StalenessRule, StepMeasure
 from services.trainer.state import TrainerState
@@ -123,7 +124,8 @@ def stream_weights(
     if handoff is not None:
         handoff.end()
     gather_s = time.perf_counter() - started
-    metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s}
+    # timing_s/update_weights (verl's name): what training paid for the version, as timing/gather_s.
+    metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s, "timing_s/update_weights": gather_s}
     if publisher is not None:
         metrics["perf/publish_peak_gathered_bytes"] = gather.peak_live_bytes
         upload_s = publisher.last_upload_s()
@@ -167,6 +169,7 @@ class Trainer:
         self.control = control
         self.state = TrainerState()
         self.models = build_models(settings, ctx)
+        self.perf = StepPerf.of(self.models.actor, ctx.device, ctx.world_size, settings.mfu_peak_tflops)
         from relayrl.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(settings.model_dir)
@@ -279,10 +282,14 @@ class Trainer:
         return D.broadcast_object(plan)
 
     def train(self, plan: StepPlan) -> dict[str, float]:
+        reset_peak_memory(self.ctx.device)
         started = time.perf_counter()
         metrics = train_step(self.models, plan.samples, self.s, self.pad_id)
+        train_s = time.perf_counter() - started
         # forward_backward_s includes the log-prob recomputation, optimizer_s the clip and step.
-        metrics["timing/forward_backward_s"] = time.perf_counter() - started - metrics.get("timing/optimizer_s", 0.0)
+        metrics["timing/forward_backward_s"] = train_s - metrics.get("timing/optimizer_s", 0.0)
+        tokens = sum(x.length for x in plan.samples)
+        metrics.update(self.perf.metrics(tokens, train_s, metrics.get("timing_s/update_actor", 0.0)))
         self.state.step += 1
         self.state.processed_samples += len(plan.samples)
         self.state.skipped_empty_batches += int(metrics.get("trainer/skipped_empty_batch", 0.0))

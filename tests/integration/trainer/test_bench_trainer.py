@@ -1,0 +1,25 @@
+"""`relayrl bench trainer` runs end to end on the tiny model (a proof that it works, not a figure):
+one JSON line with verl's perf names, the long-tailed realistic workload, and the switches it was
+given echoed back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.integration.trainer.harness import REPO, python_env
+
+
+def test_the_trainer_bench_prints_verl_perf_metrics_for_the_realistic_workload():
+    cmd = [sys.executable, "-m", "commands.cli", "bench", "trainer", "--json", "--steps", "1", "--world-size", "1"]
+    cmd += ["--workload", "realistic", "--response-len", "48", "--enable-gradient-checkpointing"]
+    done = subprocess.run(cmd, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["workload"] == "realistic" and result["enable_gradient_checkpointing"] is True
+    assert result["use_remove_padding"] is True and result["padding_ratio"] == 0.0
+    assert result["perf/throughput"] > 0 and result["timing_s/update_weights"] > 0
+    assert result["fsdp_over_single"] > 0 and result["single_process_tokens_per_s"] > 0
+    # No peak FLOP/s or allocator on a CPU: those figures are left out, not made up.
+    assert result["perf/mfu/actor"] is None and result["perf/max_memory_allocated_gb"] is None
