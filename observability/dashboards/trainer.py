@@ -194,4 +194,35 @@ def build() -> Board:
             },
         ),
     )
+    board.row("Efficiency").add(
+        verl_panel(
+            "MFU",
+            "perf/mfu/actor: 6 · parameters · tokens over the actor update's time, as a share of the devices' dense"
+            " bf16 peak (989 TFLOP/s on H100 and H200; mfu_peak_tflops elsewhere; absent on CPU).",
+            {"perf/mfu/actor": "actor"},
+            unit="percentunit",
+            min_value=0,
+        ),
+        verl_panel(
+            "Throughput per device",
+            "perf/throughput: prompt and response tokens trained per second of training, per device (no padding).",
+            {"perf/throughput": "tokens/s per device"},
+            min_value=0,
+        ),
+        verl_panel(
+            "Peak device memory",
+            "perf/max_memory_allocated_gb: the most GPU memory torch held during the step, GiB (absent on CPU).",
+            {"perf/max_memory_allocated_gb": "max allocated"},
+            unit="gbytes",
+            min_value=0,
+        ),
+        verl_panel(
+            "Weight update",
+            "timing_s/update_weights: seconds training paid for publishing a version (the bucketed gather and its"
+            " copy to host memory; the upload runs beside training).",
+            {"timing_s/update_weights": "update_weights"},
+            unit="s",
+            min_value=0,
+        ),
+    )
     return board
