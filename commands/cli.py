@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, str] = {
     "openai": "services.rollout.openai_bench:bench",
     "engine": "services.engine.cli:bench",
     "staleness": "commands.stack.bench_staleness:bench",
+    "checkpoint": "services.trainer.checkpoint_bench:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")

@@ -32,6 +32,9 @@ class Verdict(StrEnum):
     FRESH = "fresh"
     STALE = "stale"
     MISSING_VERSION = "missing_version"
+    # Started by weights a trainer's resume discarded (see Rollback): trained on, it would pull the
+    # policy back towards a branch that no longer exists.
+    ROLLED_BACK = "rolled_back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +91,49 @@ def min_start_version(train_version: int, max_staleness: int) -> int:
     staleness check would later drop.
     """
     return max(0, oldest_allowed_version(train_version, max_staleness))
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """A trainer resumed from its checkpoint at ``checkpoint_version`` K and went on as
+    ``resumed_version`` R >= K: the versions K < v < R it had published since were made by weights
+    the crash lost, and R holds K's weights again.
+
+    Versions only move forward, so R is a new number (one past the newest paramsync holds) and
+    no replica ever loads an older version. Staleness is measured along the trainer's lineage,
+    the chain of weights the final model descends from: K..R adds no step to a group's age, so
+    a group started at K is as fresh at R as it was at K; a group started at K < v < R comes from
+    a discarded branch and is never trained on (:data:`Verdict.ROLLED_BACK`).
+    """
+
+    checkpoint_version: int
+    resumed_version: int
+
+
+def _skipped(rollbacks: Sequence[Rollback]) -> list[tuple[int, int]]:
+    """The version ranges [K + 1, R] (merged, sorted) that add no step along the lineage."""
+    spans = sorted(
+        (r.checkpoint_version + 1, r.resumed_version) for r in rollbacks if r.resumed_version > r.checkpoint_version
+    )
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def lineage_version(min_policy_version: int, rollbacks: Sequence[Rollback]) -> int | None:
+    """The number that, counted after the rollbacks, is as many lineage steps back as
+    ``min_policy_version`` is: a consumer at version u judges the group by u − this. None when
+    the group was started by discarded weights."""
+    if any(r.checkpoint_version < min_policy_version < r.resumed_version for r in rollbacks):
+        return None
+    above = (hi - max(lo, min_policy_version + 1) + 1 for lo, hi in _skipped(rollbacks) if hi > min_policy_version)
+    return min_policy_version + sum(above)
+
+
+def rollbacks_from_pairs(pairs: Sequence[Sequence[int]]) -> tuple[Rollback, ...]:
+    """Rollbacks from (checkpoint_version, resumed_version) pairs, as a checkpoint or Redis keeps them."""
+    return tuple(Rollback(int(k), int(r)) for k, r in pairs)

@@ -71,6 +71,20 @@ class AckResponse(_message.Message):
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
+class RollbackRequest(_message.Message):
+    __slots__ = ("checkpoint_version", "resumed_version")
+    CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_version: int
+    resumed_version: int
+    def __init__(self, checkpoint_version: _Optional[int] = ..., resumed_version: _Optional[int] = ...) -> None: ...
+
+class RollbackResponse(_message.Message):
+    __slots__ = ("readmitted_prompts",)
+    READMITTED_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    readmitted_prompts: int
+    def __init__(self, readmitted_prompts: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class TrajectoryQueueStub:
                 request_serializer=relayrl_dot_v1_dot_queue__pb2.StatsRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_queue__pb2.QueueStats.FromString,
                 _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/relayrl.v1.TrajectoryQueue/Rollback',
+                request_serializer=relayrl_dot_v1_dot_queue__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_queue__pb2.RollbackResponse.FromString,
+                _registered_method=True)
 
 
 class TrajectoryQueueServicer:
@@ -88,6 +93,17 @@ class TrajectoryQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rollback(self, request, context):
+        """The trainer resumed from its checkpoint at `checkpoint_version` and goes on as
+        `resumed_version` (>= it; versions only move forward). From now on a group started at a
+        version in between is dropped as `rolled_back`, staleness is counted along the trainer's
+        lineage (relayrl.staleness.Rollback), and a waiting prompt may start only at
+        `resumed_version` or later, so no replica spends generation on the discarded weights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrajectoryQueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +126,11 @@ def add_TrajectoryQueueServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=relayrl_dot_v1_dot_queue__pb2.StatsRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_queue__pb2.QueueStats.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=relayrl_dot_v1_dot_queue__pb2.RollbackRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_queue__pb2.RollbackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +241,33 @@ class TrajectoryQueue:
             '/relayrl.v1.TrajectoryQueue/Stats',
             relayrl_dot_v1_dot_queue__pb2.StatsRequest.SerializeToString,
             relayrl_dot_v1_dot_queue__pb2.QueueStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.TrajectoryQueue/Rollback',
+            relayrl_dot_v1_dot_queue__pb2.RollbackRequest.SerializeToString,
+            relayrl_dot_v1_dot_queue__pb2.RollbackResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -137,6 +137,12 @@ class QueueClient:
     async def stats(self) -> QueueStats:
         return from_proto(QueueStats, await _call(self._trajectories.Stats, qpb.StatsRequest(), 30.0))
 
+    async def rollback(self, checkpoint_version: int, resumed_version: int) -> int:
+        """Tells the queue the trainer resumed from ``checkpoint_version`` as ``resumed_version``; returns
+        the waiting prompts held back until ``resumed_version``."""
+        request = qpb.RollbackRequest(checkpoint_version=checkpoint_version, resumed_version=resumed_version)
+        return (await _call(self._trajectories.Rollback, request, 30.0)).readmitted_prompts
+
     # Prompt queue -----------------------------------------------------------------------
 
     async def release(self, prompts: list[PromptSpec]) -> int:

@@ -107,6 +107,11 @@ class Keys:
         return self._key("prompts:abandons")
 
     @property
+    def rollbacks(self) -> str:
+        """Hash checkpoint version K → resumed version R of each trainer rollback (relayrl.staleness.Rollback)."""
+        return self._key("rollbacks")
+
+    @property
     def prompt_stats(self) -> str:
         """Hash of durable counters (released, completed, reissued, abandoned:<reason>, dropped:<reason>)."""
         return self._key("prompts:stats")

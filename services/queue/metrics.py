@@ -23,7 +23,8 @@ class QueueMetrics:
         self.total_consumed = m.gauge("total_consumed", "Groups acknowledged by the trainer.", unit="groups")
         self.dropped = m.gauge(
             "dropped_samples",
-            "Groups dropped since the run began, by reason (stale, missing_version, malformed, max_deliveries).",
+            "Groups dropped since the run began, by reason (stale, missing_version, rolled_back, malformed,"
+            " max_deliveries).",
             unit="groups",
             labels=("reason",),
         )

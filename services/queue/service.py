@@ -100,6 +100,11 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
         return qpb.AckResponse(acked=await self._store.ack(request.consumer, list(request.entry_ids)))
 
     @_status_mapped
+    async def Rollback(self, request: qpb.RollbackRequest, context: grpc.aio.ServicerContext) -> qpb.RollbackResponse:
+        readmitted = await self._store.rollback(request.checkpoint_version, request.resumed_version)
+        return qpb.RollbackResponse(readmitted_prompts=readmitted)
+
+    @_status_mapped
     async def Stats(self, request: qpb.StatsRequest, context: grpc.aio.ServicerContext) -> qpb.QueueStats:
         s = await self._store.stats()
         return qpb.QueueStats(

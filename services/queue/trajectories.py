@@ -58,7 +58,7 @@ import xxhash
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from relayrl.staleness import Verdict, admitted_bound, check_staleness
+from relayrl.staleness import Rollback, Verdict, admitted_bound, check_staleness, lineage_version, rollbacks_from_pairs
 from services.queue.ages import AgeSummary, AgeWindow
 from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
@@ -70,7 +70,7 @@ from services.queue.lengths import LengthSummary, LengthWindow
 log = logging.getLogger(__name__)
 
 ENTRY_ID = re.compile(r"^\d+-\d+$")
-DROP_REASONS = ("stale", "missing_version", "malformed", "max_deliveries")
+DROP_REASONS = ("stale", "missing_version", "rolled_back", "malformed", "max_deliveries")
 MAX_CONSUMER_NAME = 200
 
 RESERVATION_TTL_MS = 30_000
@@ -106,6 +106,20 @@ if acked > 0 then
   redis.call('PUBLISH', KEYS[4], acked)
 end
 return acked
+"""
+
+# KEYS: rollbacks, prompts waiting, prompt min_start. ARGV: checkpoint version, resumed version.
+# Records the rollback (the widest one from a checkpoint version), then raises every waiting
+# prompt's earliest start to the resumed version. Returns how many prompts were raised.
+_ROLLBACK_LUA = """
+local before = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[1])
+if tonumber(ARGV[2]) > before then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+local held = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[2])
+for _, k in ipairs(held) do
+  redis.call('ZADD', KEYS[2], ARGV[2], k)
+  redis.call('HSET', KEYS[3], k, ARGV[2])
+end
+return #held
 """
 
 # KEYS: consumers, sessions, redeliver_from. ARGV: consumer, now, session id. The start of
@@ -213,6 +227,7 @@ class TrajectoryQueue:
         self._keys = Keys(settings.run_id)
         self._reserve_script = redis.register_script(_RESERVE_LUA)
         self._ack_script = redis.register_script(_ACK_LUA)
+        self._rollback_script = redis.register_script(_ROLLBACK_LUA)
         self._ages = AgeWindow(settings.age_window)
         self._lengths = LengthWindow(settings.length_window)
         # consumer → entry ids read for it whose pull reply was never received.
@@ -317,6 +332,7 @@ class TrajectoryQueue:
             and not self._undelivered.get(consumer)
             and not self._reclaim_due()
         )
+        rollbacks = await self.rollbacks()
         cursor, batch = await self._begin_pull(consumer, session_id, max_groups if read_now else 0)
         delivered: list[Delivery] = []
         dropped_stale = 0
@@ -330,10 +346,10 @@ class TrajectoryQueue:
                 batch or await self._reclaim_from_dead(consumer, want) or await self._read_new(consumer, want, deadline)
             )
             for raw in batch:
-                outcome = await self._judge(consumer, raw, current_version, max_staleness)
+                outcome = await self._judge(consumer, raw, current_version, max_staleness, rollbacks)
                 if isinstance(outcome, Delivery):
                     delivered.append(outcome)
-                elif outcome in ("stale", "missing_version"):
+                elif outcome in ("stale", "missing_version", "rolled_back"):
                     dropped_stale += 1
             # A batch that was all stale says nothing about what follows it: keep reading.
             if delivered or (not batch and time.monotonic() >= deadline):
@@ -500,7 +516,7 @@ class TrajectoryQueue:
         return [_RawEntry(_text(i), fields or None, 1) for i, fields in _entries(reply)]
 
     async def _judge(
-        self, consumer: str, raw: _RawEntry, current_version: int, max_staleness: int
+        self, consumer: str, raw: _RawEntry, current_version: int, max_staleness: int, rollbacks: tuple[Rollback, ...]
     ) -> Delivery | str | None:
         """Delivers ``raw`` or drops it; returns the Delivery, the drop reason, or None (gone)."""
         if raw.fields is None:
@@ -513,6 +529,12 @@ class TrajectoryQueue:
             v_min = int(raw.fields[b"v_min"])
         except (KeyError, ValueError):
             return await self._drop(consumer, raw, "malformed", "missing or non-integer v_min header", None)
+        stored_v_min, lineage = v_min, lineage_version(v_min, rollbacks)
+        if lineage is None:
+            detail = f"min_policy_version {v_min} was made by weights a trainer rollback discarded"
+            return await self._drop(consumer, raw, Verdict.ROLLED_BACK.value, detail, self._keys.stale)
+        # Judged along the trainer's lineage: versions a rollback skipped add nothing to the age.
+        v_min = lineage
         bound = admitted_bound(_admitted_eta(raw.fields), max_staleness)
         verdict = check_staleness(v_min, current_version, bound)
         if verdict.verdict is not Verdict.FRESH:
@@ -520,8 +542,8 @@ class TrajectoryQueue:
             return await self._drop(consumer, raw, verdict.verdict.value, detail, self._keys.stale)
         payload = raw.fields.get(b"payload", b"")
         # Entries that came through Push intact were validated there; anything else is checked now.
-        if raw.fields.get(b"digest") != str(payload_digest(payload, v_min)).encode():
-            problem = _problem_with(payload, v_min)
+        if raw.fields.get(b"digest") != str(payload_digest(payload, stored_v_min)).encode():
+            problem = _problem_with(payload, stored_v_min)
             if problem:
                 return await self._drop(consumer, raw, "malformed", problem, None)
         age_versions = verdict.age_versions or 0
@@ -571,6 +593,23 @@ class TrajectoryQueue:
             self._delivered_unrecorded += recorded
             raise
         return replies[1:] if recorded else replies
+
+    # Rollbacks --------------------------------------------------------------------------
+
+    async def rollback(self, checkpoint_version: int, resumed_version: int) -> int:
+        """Records a trainer rollback (relayrl.staleness.Rollback) and holds every waiting prompt back
+        until ``resumed_version``; returns how many were held back."""
+        if not 0 <= checkpoint_version <= resumed_version:
+            raise BadRequest(
+                f"need 0 <= checkpoint_version <= resumed_version, got {checkpoint_version} and {resumed_version}"
+            )
+        keys = [self._keys.rollbacks, self._keys.prompts_waiting, self._keys.prompt_min_start]
+        return int(await self._rollback_script(keys=keys, args=[checkpoint_version, resumed_version]))
+
+    async def rollbacks(self) -> tuple[Rollback, ...]:
+        """Every rollback recorded for this run."""
+        pairs = await self._redis.hgetall(self._keys.rollbacks)
+        return rollbacks_from_pairs([(int(k), int(v)) for k, v in pairs.items()])
 
     # Ack and stats ----------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ def add_trajectory_queue(servicer: qgrpc.TrajectoryQueueServicer, server: grpc.a
         "Pull": (qpb.PullRequest.FromString, encode_pull_response),
         "Ack": (qpb.AckRequest.FromString, qpb.AckResponse.SerializeToString),
         "Stats": (qpb.StatsRequest.FromString, qpb.QueueStats.SerializeToString),
+        "Rollback": (qpb.RollbackRequest.FromString, qpb.RollbackResponse.SerializeToString),
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(

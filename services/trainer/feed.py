@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from relayrl.retry import RetryPolicy, retrying_sync
 from relayrl.schema import Group
-from relayrl.staleness import admitted_bound, check_staleness, min_start_version
+from relayrl.staleness import admitted_bound, check_staleness, lineage_version, min_start_version, rollbacks_from_pairs
 from relayrl.stalls import StallWatch
 from services.queue.errors import is_transient
 from services.trainer.config import TrainerSettings
@@ -114,6 +114,11 @@ class Feed:
         self._starved: list[bool] = []  # per wait round of this batch: nothing left to lease
         self._rpc_s = 0.0  # seconds in queue calls since the last batch
         self._filtered_now: dict[str, int] = defaultdict(int)  # reason -> groups, this batch
+        # Since the last resume (see resumed): eval groups of validations released before it, each
+        # counted there as outstanding training work, so each is made up for like a drop.
+        self._resumed, self._strays = False, 0
+        self._outstanding = 0  # prompts and groups the queue holds for training, at the last stats
+        self._wanted_evals: set[str] = set()  # prompt ids of the validation under way
 
     # --- checkpoints --------------------------------------------------------------------
 
@@ -130,6 +135,47 @@ class Feed:
             self.dataset.load_state_dict(self.state.data)
         if self.settings.auto_staleness and self.state.max_staleness is not None:
             self.max_staleness = min(self.state.max_staleness, self.settings.max_staleness_limit)
+
+    def resumed(self, step: int, checkpoint_version: int, resumed_version: int) -> None:
+        """After a resume from the checkpoint of ``step``: tells the queue of the rollback, and counts
+        the work still out from what the queue holds now.
+
+        The checkpoint's ``released`` counts the prompts released up to it, but the killed trainer
+        released more after it, and the groups it trained on since were never acknowledged: all of
+        that is still in the queue. Counted as never released, it would be released a second time,
+        and with every drop made up for, that surplus would go stale again and again for the rest of
+        the run. So ``released`` is set from what the queue holds: waiting and leased prompts,
+        queued and delivered groups.
+        """
+        if resumed_version > checkpoint_version:
+            self.state.rollbacks.append([checkpoint_version, resumed_version])
+        self._rpc("rollback", lambda: self.queue.rollback(checkpoint_version, resumed_version))
+        self._resumed, self._strays = True, 0
+        self._refresh_dropped()
+        self.state.released = self.settings.batch_size * step + self._replaced() + self._outstanding
+
+    def _replaced(self) -> int:
+        """Released prompts that will never train (dropped, filtered, or counted out at a resume by mistake)."""
+        return self._queue_dropped + self.state.dropped_stale + self.state.filtered_groups + self._strays
+
+    def _recount_if_starved(self, step: int) -> None:
+        """After a resume, the count of work out may be too high: a prompt leased and pushed but not yet
+        completed was counted twice, and eval groups or a duplicate in the queue are no training work.
+        Too high, it would never be released and the trainer would wait forever; so when the queue holds
+        nothing for the trainer, which makes the count exact, it is set from the queue again."""
+        if self._resumed and self._outstanding == 0:
+            self.state.released = min(self.state.released, self.settings.batch_size * step + self._replaced())
+
+    def lineage_version(self, group: Group) -> int | None:
+        """The version ``group`` is judged by along the trainer's lineage (relayrl.staleness.Rollback);
+        None when discarded weights started it."""
+        return lineage_version(group.min_policy_version, rollbacks_from_pairs(self.state.rollbacks))
+
+    def age(self, group: Group, version: int) -> int:
+        """How many versions along the trainer's lineage ``group`` is behind ``version``."""
+        lineage = self.lineage_version(group)
+        assert lineage is not None, f"group {group.group_id} was started by weights a rollback discarded"
+        return version - lineage
 
     def buffered_count(self) -> int:
         """Groups delivered and held for the next batches."""
@@ -174,7 +220,7 @@ class Feed:
             s.batch_size,
             s.total_steps,
             self.state.released,
-            self._queue_dropped + self.state.dropped_stale + self.state.filtered_groups,
+            self._replaced(),
         )
         if not versions:
             return 0
@@ -205,6 +251,8 @@ class Feed:
         self._prompts_waiting = int(prompt_stats.waiting)
         self._queue_dropped = int(sum(stats.dropped_by_reason.values()) + sum(prompts.values()))
         self._generated_long = (stats.generated_long_threshold_tokens, stats.generated_long_token_share)
+        waiting = prompt_stats.waiting + prompt_stats.leased + stats.queue_size + stats.pending
+        self._outstanding = int(waiting) - len(self._unacked)
 
     # --- pulling ------------------------------------------------------------------------
 
@@ -228,12 +276,15 @@ class Feed:
         if d.group.group_id in trained:
             # Trained on in the state we run from and acknowledged, but the ack was lost.
             self.state.duplicate_groups += 1
+            self._strays += int(self._resumed)  # counted as work out at the resume
             log.warning("group %s was trained on already; skipping it", d.group.group_id)
             self._dropped("duplicate", [d.group.group_id])
             self._ack_now([d.entry_id])
             return
         self._seen.add(d.entry_id)
         if d.group.is_eval:
+            if self._resumed and d.group.prompt_id not in self._wanted_evals:
+                self._strays += 1
             self._eval_groups[d.group.prompt_id] = d.group
             self._ack_now([d.entry_id])
             return
@@ -250,7 +301,7 @@ class Feed:
     def _drop_stale(self, version: int) -> None:
         fresh = []
         for d in self._buffer:
-            if check_staleness(d.group.min_policy_version, version, self._bound(d.group)).ok:
+            if check_staleness(self.lineage_version(d.group), version, self._bound(d.group)).ok:
                 fresh.append(d)
             else:
                 self.state.dropped_stale += 1
@@ -287,6 +338,7 @@ class Feed:
                     time.sleep(0.1)
                     continue
                 self._refresh_dropped()
+                self._recount_if_starved(step)
                 self._starved.append(self._prompts_waiting == 0)
                 self._release_ahead(step, version)
                 came = self._pull(version, size - len(self._buffer))
@@ -297,7 +349,7 @@ class Feed:
                     wait.tick()
         taken, self._buffer = self._buffer[:size], self._buffer[size:]
         for d in taken:
-            verdict = check_staleness(d.group.min_policy_version, version, self._bound(d.group))
+            verdict = check_staleness(self.lineage_version(d.group), version, self._bound(d.group))
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {version}"
         self._unacked.extend((step + 1, d.entry_id) for d in taken)
         self.state.note_trained([d.group.group_id for d in taken])
@@ -363,6 +415,7 @@ class Feed:
             spec.is_eval = True
         self._rpc("release", lambda: self.queue.release(specs))
         wanted = {spec.prompt_id for spec in specs}
+        self._wanted_evals = wanted
         deadline = time.monotonic() + s.eval_timeout_s
         while not wanted <= self._eval_groups.keys() and time.monotonic() < deadline:
             if self.control.stop_requested.is_set():
@@ -376,6 +429,7 @@ class Feed:
         metrics = {f"val/test_score/{ds}": sum(v_) / len(v_) for ds, v_ in scores.items()}
         # Below 1 when the eval timeout struck before every prompt came back.
         metrics["val/returned_ratio"] = len(returned) / max(len(wanted), 1)
+        self._wanted_evals = set()
         return metrics
 
     # --- acknowledging ------------------------------------------------------------------

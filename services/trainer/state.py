@@ -46,6 +46,9 @@ class FeedState(_Saved):
     data: dict[str, int] = field(default_factory=dict)  # PromptDataset.state_dict()
     duplicate_groups: int = 0  # delivered again after being trained on (and acknowledged) and skipped
     trained_group_ids: list[str] = field(default_factory=list)  # the newest TRAINED_IDS_KEPT, oldest first
+    # (checkpoint version, resumed version) of each rollback of the run's lineage (relayrl.staleness.Rollback).
+    rollbacks: list[list[int]] = field(default_factory=list)
+    rolled_back_groups: int = 0  # groups the trainer skipped as started by discarded weights
     # η prompts were admitted under at the checkpoint (max_staleness auto resumes from it); None: not recorded.
     max_staleness: int | None = None
 

@@ -19,7 +19,7 @@ from relayrl.stalls import StallWatch
 from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
-from services.trainer import lora
+from services.trainer import lora, rollbacks
 from services.trainer.batching import TrainSample, samples_from_groups
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
@@ -175,6 +175,8 @@ class Trainer:
         tokenizer = load_tokenizer(settings.model_dir)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.ckpt_dir = settings.resolved_run_dir() / "checkpoints"
+        self.checkpointer = ckpt.Checkpointer(self.ckpt_dir, settings.keep_checkpoints, settings.async_save)
+        self.redone: dict[str, float] = {}  # what resumes cost so far (services.trainer.rollbacks)
         self.feed: Feed | None = None
         self.staleness: StalenessController | None = None  # rank 0 under max_staleness auto
         self.trajectory_log: TrajectoryLog | None = None  # rank 0
@@ -246,12 +248,14 @@ class Trainer:
             if self.state.step % self.s.sync_every == 0:
                 self.state.version += 1
                 if plan.checkpoint_after:
-                    # Before publishing: a version paramsync holds is then always in a durable
-                    # checkpoint, so a restart never re-publishes that number with other weights.
+                    # Before publishing, so a synchronous save makes every version paramsync holds
+                    # durable first. An async one may not be durable when a crash comes: resume()
+                    # then finds paramsync ahead and continues past it, never re-using a number.
                     self.checkpoint()
                 metrics.update(self.publish())
             if self.s.test_freq and self.state.step % self.s.test_freq == 0:
                 metrics.update(self.validate())
+            self.acknowledge(self.checkpointer.poll())
             self.record(plan, metrics, time.perf_counter() - started)
             self.adjust_staleness(metrics)
         self.finish()
@@ -274,10 +278,10 @@ class Trainer:
                 plan.wait_s, plan.queue_s = batch.wait_s, batch.queue_s
                 plan.version = self.state.version
                 plan.feed_metrics = batch.metrics
-                plan.ages = [self.state.version - g.min_policy_version for g in batch.groups]
+                plan.ages = [self.feed.age(g, self.state.version) for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
-                wanted = after % self.s.checkpoint_every == 0 or self.control.checkpoint_requested.is_set()
+                wanted = after % self.s.save_freq == 0 or self.control.checkpoint_requested.is_set()
                 plan.checkpoint_after = at_boundary and (wanted or after == self.s.total_steps)
         return D.broadcast_object(plan)
 
@@ -324,22 +328,25 @@ class Trainer:
             saved.update(self.feed.checkpoint_state())
         if self.trajectory_log is not None:
             self.trajectory_log.sync()  # no durable checkpoint without the log that leads to it
-        ckpt.save(
-            self.ckpt_dir,
-            self.state.step,
-            self.models,
-            saved,
-            self.s.keep_checkpoints,
-            extra=self.write_hf_model if self.s.save_hf_model else None,
-        )
+        extra = self.write_hf_model if self.s.save_hf_model else None
+        # With async_save this returns once the shards are staged; acknowledge() follows durability.
+        self.acknowledge(self.checkpointer.save(self.state.step, self.models, saved, extra=extra))
         if self.feed is not None:
-            self.feed.acknowledge_through(self.state.step)
             self.control.checkpoint_requested.clear()
         if self.trajectory_log is not None:
             kept = sorted(self.ckpt_dir.glob("step_*"))
             self.trajectory_log.checkpointed(int(kept[0].name.removeprefix("step_")) if kept else None)
         if self.ctx.is_main:
-            log.info("checkpoint at step %d (version %d) is durable", self.state.step, self.state.version)
+            log.info("checkpoint at step %d (version %d) taken", self.state.step, self.state.version)
+
+    def acknowledge(self, durable_step: int | None) -> None:
+        """Once the checkpoint of ``durable_step`` is durable, the groups trained up to it are acknowledged."""
+        if durable_step is None:
+            return
+        if self.feed is not None:
+            self.feed.acknowledge_through(durable_step)
+        if self.ctx.is_main:
+            log.info("checkpoint at step %d is durable", durable_step)
 
     def write_hf_model(self, checkpoint: Path) -> None:
         """``hf/`` in the checkpoint being written: the actor as ``relayrl export`` writes it (collective)."""
@@ -363,6 +370,7 @@ class Trainer:
         if self.trajectory_log is not None:
             self.trajectory_log.resume_at(self.state.step)
             self.trajectory_log.write_config(replay_config(self.s, self.ctx))
+        checkpoint_version = self.state.version
         latest = self.publisher.latest_version() if self.ctx.is_main else 0
         latest = D.broadcast_object(latest)
         if latest > self.state.version:
@@ -375,6 +383,23 @@ class Trainer:
             self.state.version = latest + 1
         if self.ctx.is_main:
             log.info("starting at step %d, version %d", self.state.step, self.state.version)
+        self.after_resume(checkpoint_version)
+
+    def after_resume(self, checkpoint_version: int) -> None:
+        """Rank 0: tells the queue the versions the resume rolled back over (the rest of the run judges
+        staleness along the lineage, relayrl.staleness.Rollback) and reckons the steps it redoes."""
+        if not self.ctx.is_main or self.feed is None:
+            return
+        self.feed.resumed(self.state.step, checkpoint_version, self.state.version)
+        redone = rollbacks.redone_steps(rollbacks.read_rows(self.telemetry.path), resumed_from=self.state.step)
+        self.redone = rollbacks.totals(redone)
+        if redone and redone[-1].at_step == self.state.step + 1:
+            log.warning(
+                "%d steps trained after the checkpoint of step %d are redone (%.1f s of training lost)",
+                redone[-1].steps,
+                self.state.step,
+                redone[-1].seconds,
+            )
 
     def record(self, plan: StepPlan, metrics: dict[str, float], step_s: float) -> None:
         if not self.ctx.is_main:
@@ -401,6 +426,7 @@ class Trainer:
                 "staleness/max_sample_age": max(plan.ages, default=0),
                 "staleness/eta": self.feed.max_staleness,
                 **plan.feed_metrics,
+                **self.redone,
             }
         )
         self.telemetry.record(self.state.step, metrics)
@@ -439,9 +465,11 @@ class Trainer:
             self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages)
 
     def finish(self) -> None:
+        self.acknowledge(self.checkpointer.wait())
         at_boundary = self.state.step > 0 and self.state.step % self.s.sync_every == 0
         if at_boundary and ckpt.latest(self.ckpt_dir) != self.ckpt_dir / f"step_{self.state.step:08d}":
             self.checkpoint()
+            self.acknowledge(self.checkpointer.wait())
         if self.ctx.is_main:
             self.publisher.drain()
 
