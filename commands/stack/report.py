@@ -7,13 +7,15 @@ single lucky batch does not decide whether training worked.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 # The trainer's held-out scores (verl's key), one per data source, on the steps it validated.
 VALIDATION_PREFIX = "val/test_score/"
+# What crashes cost the run, as the trainer's last row says (services.trainer.rollbacks; docs/crash-cost.md).
+CRASH_COST_KEYS = ("trainer/redone_steps", "trainer/redone_s", "trainer/resumes_with_redone_steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,8 @@ class RunReport:
     val_first: dict[str, float]
     val_last: dict[str, float]
     extra: dict[str, Any]
+    # Steps trained after a checkpoint and redone after a resume, their seconds, and the resumes.
+    crash_cost: dict[str, float] = field(default_factory=dict)
     # A resumed run's span: the checkpoint step it resumed from (0: from the start) and the steps
     # trained since; wall_s and samples_per_s cover that span only.
     resumed_from_step: int = 0
@@ -98,6 +102,7 @@ def build_report(
         val_first={key: points[0][2] for key, points in validation.items()},
         val_last={key: points[-1][2] for key, points in validation.items()},
         extra=extra,
+        crash_cost={key.removeprefix("trainer/"): float(steps[-1].get(key, 0.0)) for key in CRASH_COST_KEYS},
         resumed_from_step=resumed_from_step,
         span_steps=int(steps[-1]["trainer/global_steps"]) - resumed_from_step,
     )

@@ -103,6 +103,17 @@ def build() -> Board:
             "Groups the trainer dropped as stale, and steps skipped for an empty batch, since the start.",
             ["trainer/dropped_stale_groups", "trainer/skipped_empty_batches"],
         ),
+        timeseries_panel(
+            "Crash cost",
+            "Steps trained after a checkpoint that a resume redid, over the run (at most save_freq per crash), and"
+            " groups the queue dropped as started by the versions a resume rolled back over (docs/crash-cost.md).",
+            [
+                verl("trainer/redone_steps", "steps redone"),
+                verl("trainer/resumes_with_redone_steps", "resumes"),
+                Query('sum(relayrl_queue_dropped_samples_groups{reason="rolled_back"})', "groups rolled back"),
+            ],
+            min_value=0,
+        ),
     )
     board.row("Losses").add(
         verl_panel(

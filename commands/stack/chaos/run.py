@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from commands.stack.chaos.faults import PROCESS_FAULTS, Fault, FaultTracker
 from commands.stack.chaos.ledger import Lineage, VersionWatch, verdict
 from commands.stack.chaos.proxy import NETWORK_FAULTS, ProxyFleet
+from commands.stack.chaos.waste import Waste, queue_waste
 from commands.stack.config import StackConfig
 from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.progress import REWARD_KEY
@@ -208,6 +209,8 @@ def run_chaos(
                 time.sleep(0.5)
             _stop_trainer(stack, tracker)
             result = verdict(stack.run_dir, stack.endpoints.queue_grpc, stack.settings.max_staleness, watch, ended_at)
+            replica_s = (time.time() - run_started) * config.stack.rollout_replicas
+            waste = queue_waste(stack.run_dir, stack.endpoints.queue_grpc, replica_s)
             chaos = RunResult(result.steps, _reward_end(stack), time.time() - run_started, seed)
             restarts = {name: r.restarts for name, r in supervisor.restarts.items()}
             run_dir = str(stack.run_dir)
@@ -217,7 +220,7 @@ def run_chaos(
     for i in range(fault_free_runs):
         progress.say(tracker, f"fault-free run {i + 1} of {fault_free_runs}: {chaos.steps} steps, seed {seed + i}")
         baselines.append(run_fault_free(base, f"{run_id}-fault-free-{i}", seed + i, chaos.steps))
-    return report(duration_s, seed, tracker.faults, result, chaos, baselines, restarts, run_dir)
+    return report(duration_s, seed, tracker.faults, result, chaos, baselines, restarts, run_dir, waste)
 
 
 def run_fault_free(base: StackConfig, run_id: str, seed: int, steps: int) -> RunResult:
@@ -248,6 +251,7 @@ def report(
     baselines: list[RunResult],
     restarts: dict[str, int],
     run_dir: str,
+    waste: Waste | None = None,
 ) -> dict[str, Any]:
     by_kind: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in faults:
@@ -274,6 +278,8 @@ def report(
         "reward_end": chaos.reward_end,
         **fault_free_figures(chaos.reward_end, baselines),
         "accounting": v,
+        # What the faults cost: generation never trained on, by cause, and training redone (waste.py).
+        "waste": None if waste is None else waste.to_json(),
         "restarts": restarts,
         "run_dir": run_dir,
     }
