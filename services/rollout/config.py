@@ -41,6 +41,12 @@ class RolloutSettings(ServiceSettings):
         " dropped (counted as dropped_stale_samples) and its prompt left to be re-issued.",
         ge=0,
     )
+    source: Literal["prompts", "agents"] = Field(
+        "prompts",
+        description="'prompts': lease the trainer's prompts and generate them; 'agents': agent-only training, the"
+        " replica leases nothing and generates only for agents through its OpenAI endpoint, whose finished"
+        " conversations are the trainer's groups (the stack sets trainer.prompt_source to match).",
+    )
     max_inflight_prompts: int = Field(
         8, ge=1, description="Prompts generated at once; each sends n requests to the engine."
     )
@@ -131,6 +137,17 @@ class RolloutSettings(ServiceSettings):
         " trainer's): a version holds the adapter's tensors only, whose rank and modules they show themselves.",
     )
     push_timeout_s: float = Field(60.0, gt=0, description="Longest wait for queue capacity on a push, seconds.")
+    pause_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="Longest a generation in flight (a leased prompt, an episode, an OpenAI request) waits for an"
+        " operator's pause to end, seconds from the pause; then a leased prompt is given back to the queue"
+        " (reason 'paused') and an OpenAI request is answered 503 with Retry-After. A new OpenAI request on a"
+        " paused or stopping replica is answered 503 at once.",
+    )
+    retry_after_s: int = Field(
+        5, ge=1, description="The Retry-After (seconds) of a 503 from a paused or stopping replica's OpenAI endpoint."
+    )
 
     # --- multi-turn episodes: tools and interactions (verl's actor_rollout_ref.rollout.multi_turn.*) ---
     multi_turn_enable: bool = Field(

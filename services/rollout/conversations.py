@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from relayrl.metrics import ServiceMetrics
@@ -50,8 +50,37 @@ class GroupNotPushed(Exception):
     """The queue did not take a finished group within ``push_timeout_s`` (answered 503; counted)."""
 
 
+class QueueSize(Protocol):
+    queue_size: int
+
+
 class GroupQueue(Protocol):
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
+
+    async def stats(self) -> QueueSize: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """What became of a group of conversations at this replica (``GET /v1/groups/{group_id}``).
+
+    ``queued``: pushed to the queue as trajectory group ``trajectory_id`` (entry ``queue_entry_id``;
+    ``queue_position`` is the number of groups in the queue right after the push, this one
+    included: the trainer takes them in order). ``dropped``: never pushed, for ``reason`` (stale:
+    already beyond the staleness bound; empty: every member abandoned; invalid; push_failed).
+    Whether a queued group was then trained is the trainer's to say: ``relayrl ctl group``.
+    """
+
+    group_id: str
+    status: str
+    trajectory_id: str = ""
+    reason: str = ""
+    queue_entry_id: str = ""
+    queue_position: int | None = None
+    samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -209,6 +238,17 @@ class Conversations:
         # Ids that ended (the newest MAX_ENDED_IDS), so a late request is told so instead of starting over.
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._groups: dict[str, _PendingGroup] = {}
+        # Groups closed here, the newest MAX_ENDED_IDS, by the agent's group id.
+        self._closed: OrderedDict[str, GroupRecord] = OrderedDict()
+
+    def group_status(self, group_id: str) -> dict[str, Any]:
+        """A closed group's record, or how many members an open one still waits for."""
+        if (record := self._closed.get(group_id)) is not None:
+            return record.to_json()
+        if (pending := self._groups.get(group_id)) is not None:
+            waiting = max(pending.size - len(pending.samples) - pending.abandoned, 0)
+            return {"group_id": group_id, "status": "waiting", "group_waiting_for": waiting}
+        raise ConversationNotFound(f"no group {group_id} at this replica")
 
     def get_or_open(self, conversation_id: str, metadata: dict[str, Any]) -> Conversation:
         if conversation_id in self._ended:
@@ -244,8 +284,9 @@ class Conversations:
 
     async def finish(
         self, conversation_id: str, reward: float, extra: dict[str, float], error: bool, info: dict
-    ) -> int:
-        """Ends a conversation with its reward; returns how many members its group still waits for."""
+    ) -> tuple[int, GroupRecord | None]:
+        """Ends a conversation with its reward; returns how many members its group still waits for,
+        and the group's record once it is closed."""
         conversation = self._open.get(conversation_id)
         if conversation is None:
             if conversation_id in self._ended:
@@ -262,9 +303,8 @@ class Conversations:
         group.data_source = group.data_source or info.get("data_source", "")
         group.ground_truth = group.ground_truth or info.get("ground_truth", "")
         group.extra_info = group.extra_info or info.get("extra_info") or {}
-        if group.complete():
-            await self._close_group(group)
-        return max(group.size - len(group.samples) - group.abandoned, 0)
+        record = await self._close_group(group) if group.complete() else None
+        return max(group.size - len(group.samples) - group.abandoned, 0), record
 
     def open_conversation(self, conversation_id: str) -> Conversation:
         conversation = self._open.get(conversation_id)
@@ -306,11 +346,20 @@ class Conversations:
             with contextlib.suppress(GroupNotPushed):
                 await self.sweep()
 
-    async def _close_group(self, group: _PendingGroup) -> None:
+    async def _close_group(self, group: _PendingGroup) -> GroupRecord:
         del self._groups[group.group_id]
+        record = await self._push_group(group)
+        self._closed[group.group_id] = record
+        while len(self._closed) > MAX_ENDED_IDS:
+            self._closed.popitem(last=False)
+        self._metrics.groups.labels(outcome=record.reason or "pushed").inc()
+        if record.reason == "push_failed":
+            raise GroupNotPushed(f"group {group.group_id}: the queue did not take it within {self._push_timeout_s:g}s")
+        return record
+
+    async def _push_group(self, group: _PendingGroup) -> GroupRecord:
         if not group.samples:
-            self._metrics.groups.labels(outcome="empty").inc()
-            return
+            return GroupRecord(group.group_id, "dropped", reason="empty")
         trajectory_group = Group(
             group_id=uuid.uuid4().hex,
             prompt_id=f"openai/{group.group_id}",
@@ -320,21 +369,20 @@ class Conversations:
             extra_info=group.extra_info,
             created_at_unix_s=time.time(),
         )
+        dropped = GroupRecord(group.group_id, "dropped", trajectory_group.group_id, samples=len(group.samples))
         verdict = check_staleness(trajectory_group.min_policy_version, self._latest_version(), self._max_staleness)
         if not verdict.ok:
             log.info(
                 "group %s of OpenAI conversations is stale (age %s); dropped", group.group_id, verdict.age_versions
             )
-            self._metrics.groups.labels(outcome="stale").inc()
-            return
+            return replace(dropped, reason="stale")
         problems = validate_group(trajectory_group.to_proto())
         if problems:
             log.error("group %s of OpenAI conversations is malformed: %s", group.group_id, "; ".join(problems))
-            self._metrics.groups.labels(outcome="invalid").inc()
-            return
+            return replace(dropped, reason="invalid")
         policy = RetryPolicy(attempts=None, deadline_s=self._push_timeout_s, first_wait_s=0.5, max_wait_s=2.0)
         try:
-            await call_with_retries(
+            (entry_id,) = await call_with_retries(
                 f"push group {group.group_id}",
                 lambda: self._queue.push([trajectory_group], timeout_s=self._push_timeout_s),
                 any_error,
@@ -343,6 +391,9 @@ class Conversations:
             )
         except Exception as exc:
             log.error("group %s of OpenAI conversations could not be pushed: %r", group.group_id, exc)
-            self._metrics.groups.labels(outcome="push_failed").inc()
-            raise GroupNotPushed(str(exc)) from exc
-        self._metrics.groups.labels(outcome="pushed").inc()
+            return replace(dropped, reason="push_failed")
+        position = None
+        with contextlib.suppress(Exception):  # the position is a hint; the push itself succeeded
+            position = (await self._queue.stats()).queue_size
+        log.info("group %s pushed as trajectory group %s", group.group_id, trajectory_group.group_id)
+        return replace(dropped, status="queued", queue_entry_id=entry_id, queue_position=position)

@@ -14,12 +14,16 @@ resume itself.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from services.engine.client import EngineClient, EngineError, GenerateOutput, SamplingParams
 
 # An engine that aborts the same sample this many times in a row is broken, not paused.
 MAX_RESUBMITS = 64
+
+# Awaited before each resubmission: holds it while the replica is paused (see pause_bound.py).
+Gate = Callable[[], Awaitable[None]]
 
 
 class GenerationError(RuntimeError):
@@ -85,6 +89,7 @@ async def generate_group(
     mode: str,
     held_version: int,
     rid: str,
+    gate: Gate | None = None,
 ) -> list[SampleResult]:
     """The ``n`` samples of one prompt: one request with ``n`` (the engine shares the prefill and
     the HTTP round trip); samples a weight update interrupted continue together (:func:`continue_samples`)."""
@@ -96,7 +101,7 @@ async def generate_group(
     results = [_absorb(SampleResult(engine_s=elapsed), out, mode, held_version) for out in outputs]
     if all(r.finish_reason for r in results):
         return results
-    return await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, results)
+    return await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, results, gate)
 
 
 async def continue_sample(
@@ -107,9 +112,10 @@ async def continue_sample(
     held_version: int,
     rid: str,
     result: SampleResult,
+    gate: Gate | None = None,
 ) -> SampleResult:
     """Resubmits an interrupted sample (prompt + tokens so far, remaining budget) until it finishes."""
-    (done,) = await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, [result])
+    (done,) = await continue_samples(engine, prompt_ids, sampling, mode, held_version, rid, [result], gate)
     return done
 
 
@@ -121,6 +127,7 @@ async def continue_samples(
     held_version: int,
     rid: str,
     results: list[SampleResult],
+    gate: Gate | None = None,
 ) -> list[SampleResult]:
     """Resubmits the unfinished ones of ``results`` (samples of one prompt) until each finishes.
 
@@ -142,6 +149,8 @@ async def continue_samples(
             todo.append(i)
         if not todo:
             return results
+        if gate is not None:
+            await gate()
         inputs = [prompt_ids + results[i].output_ids for i in todo]
         params = [_params(sampling, sampling.max_new_tokens - len(results[i].output_ids)) for i in todo]
         rids = [f"{rid}-{i}-{attempt}" for i in todo]

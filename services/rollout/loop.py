@@ -24,6 +24,7 @@ from services.rollout.generation import GenerationError, SampleResult, generate_
 from services.rollout.groups import GroupBuilder
 from services.rollout.leases import Lease, LeaseKeeper
 from services.rollout.metrics import RolloutMetrics
+from services.rollout.pause_bound import PauseBound, ReplicaPaused
 from services.rollout.rewards.model import RewardServiceError
 from services.rollout.state import ReplicaState
 
@@ -44,6 +45,9 @@ class RolloutLoop:
     stalls: StallWatch
     # Set when multi_turn_enable: each sample is an episode instead of one generation.
     agent: AgentRuntime | None = None
+
+    def __post_init__(self) -> None:
+        self.pause = PauseBound(self.state, self.settings.pause_wait_s, self.settings.retry_after_s)
 
     async def run(self) -> None:
         """Leases and starts prompts until cancelled, renewing the leases of prompts in flight."""
@@ -89,7 +93,7 @@ class RolloutLoop:
         prompt = lease.prompt
         try:
             await self._wait_for_version(prompt.min_start_version, lease.expires_at)
-            results = await self._generate(prompt)
+            results = await self.pause.run(self._generate(prompt))
             group = await self.groups.build(lease.lease_id, prompt, results)
             if not self.groups.fresh(group, self.state.latest_version):
                 # Started again only by a replica whose weights keep it within the bound.
@@ -99,6 +103,10 @@ class RolloutLoop:
             if problems:
                 raise GenerationError("; ".join(problems))
             await self.leases.deliver(lease, group)
+        except ReplicaPaused as exc:
+            log.info("prompt %s given back (%s): %s", prompt.prompt_id, lease.lease_id, exc)
+            await self.leases.give_back(lease, "paused")
+            return
         except (EngineError, GenerationError, TimeoutError) as exc:
             self.state.count_error()
             log.warning("prompt %s failed (%s): %r", prompt.prompt_id, lease.lease_id, exc)
@@ -169,6 +177,7 @@ class RolloutLoop:
                 self.settings.partial_rollout_mode,
                 self.state.held_version,
                 rid=rid,
+                gate=self.pause.gate,
             )
         finally:
             self.state.change_in_flight(-n)
@@ -187,6 +196,7 @@ class RolloutLoop:
                 f"{rid}-{i}",
                 prompt.extra_info,
                 self.state.change_in_flight,
+                gate=self.pause.gate,
             )
             for i in range(prompt.n_samples)
         ]

@@ -17,7 +17,10 @@ A replica has one engine, so every turn of a conversation reaches the same engin
 cache) as long as the conversation's requests reach the same replica: with several replicas,
 route on the ``X-RelayRL-Conversation-Id`` header. Errors answer in OpenAI's error shape
 (``{"error": {"message", "type", "param"}}``): 400 bad input, 404 unknown conversation, 409 a
-history that does not continue the record, 503 engine not ready.
+history that does not continue the record, 503 with ``Retry-After`` when the engine is not ready
+or the replica is paused or stopping (at once for a new request; after ``pause_wait_s`` for one
+in flight when the pause began, see ``pause_bound.py``). The ``openai`` client retries a 503
+after ``Retry-After`` (``max_retries``, default 2) by itself.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from services.rollout.openai_models import (
     ModelList,
     Usage,
 )
+from services.rollout.pause_bound import PauseBound, ReplicaPaused
 from services.rollout.rewards import RewardRunner
 from services.rollout.state import ReplicaState
 
@@ -62,13 +66,25 @@ CONVERSATION_HEADER = "X-RelayRL-Conversation-Id"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
+        self.status, self.kind, self.param, self.retry_after_s = status, kind, param, retry_after_s
+
+    @classmethod
+    def paused(cls, exc: ReplicaPaused) -> ApiError:
+        return cls(503, str(exc), "server_error", retry_after_s=exc.retry_after_s)
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
-        return JSONResponse(body, status_code=self.status)
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 class OpenAIEndpoint:
@@ -90,6 +106,7 @@ class OpenAIEndpoint:
         self._renderer: ChatRenderer | None = None
         self._model_name = settings.openai_served_model_name
         self._lock = asyncio.Lock()
+        self.pause = PauseBound(state, settings.pause_wait_s, settings.retry_after_s)
 
     async def renderer(self) -> ChatRenderer:
         """The tokenizer loads at the first request, from ``tokenizer_path`` or the engine's model."""
@@ -109,8 +126,10 @@ class OpenAIEndpoint:
         return ModelList(data=[card])
 
     async def chat(self, request: ChatRequest, conversation_id: str | None) -> ChatCompletion:
+        if (refusal := self.pause.refusal()) is not None:
+            raise ApiError.paused(refusal)
         if not self.state.ready():
-            raise ApiError(503, "the engine is not ready", "server_error")
+            raise ApiError(503, "the engine is not ready", "server_error", retry_after_s=self.settings.retry_after_s)
         renderer = await self.renderer()
         if conversation_id is None:
             prompt = renderer.prompt_ids(request.messages, _tools(request)) + renderer.prefill_ids(request)
@@ -161,9 +180,14 @@ class OpenAIEndpoint:
         self.state.change_in_flight(n)
         try:
             if n == 1:
-                results = [await continue_sample(self.engine, input_ids, params, mode, version, rid, SampleResult())]
+                gate = self.pause.gate
+                work = continue_sample(self.engine, input_ids, params, mode, version, rid, SampleResult(), gate)
+                results = [await self.pause.run(work)]
             else:
-                results = await generate_group(self.engine, input_ids, params, n, mode, version, rid)
+                work = generate_group(self.engine, input_ids, params, n, mode, version, rid, self.pause.gate)
+                results = await self.pause.run(work)
+        except ReplicaPaused as exc:
+            raise ApiError.paused(exc) from exc
         except (EngineError, GenerationError) as exc:
             raise ApiError(503, f"generation failed: {exc}", "server_error") from exc
         finally:
@@ -225,13 +249,25 @@ class OpenAIEndpoint:
                 self.metrics.reward_errors.inc()
         self.metrics.reward.observe(reward)
         info = {"data_source": body.data_source, "ground_truth": body.ground_truth, "extra_info": body.extra_info}
-        waiting = await self.conversations.finish(conversation_id, reward, extra, error, info)
-        return {
+        waiting, record = await self.conversations.finish(conversation_id, reward, extra, error, info)
+        answer: dict[str, Any] = {
             "conversation_id": conversation_id,
             "reward": reward,
             "group_id": conversation.group_id,
             "group_waiting_for": waiting,
         }
+        if record is not None:
+            # The group closed with this finish: its trajectory id and queue position, or why it was dropped.
+            answer.update(
+                status=record.status,
+                trajectory_id=record.trajectory_id,
+                queue_entry_id=record.queue_entry_id,
+                queue_position=record.queue_position,
+                reason=record.reason,
+            )
+        else:
+            answer["status"] = "waiting"
+        return answer
 
 
 def _tools(request: ChatRequest) -> list[dict[str, Any]] | None:
@@ -315,5 +351,12 @@ def openai_router(endpoint: OpenAIEndpoint) -> APIRouter:
             return ApiError(
                 503, f"the conversation was finished but its group was not pushed: {exc}", "server_error"
             ).response()
+
+    @router.get("/groups/{group_id}")
+    async def group(group_id: str) -> Any:
+        try:
+            return endpoint.conversations.group_status(group_id)
+        except ConversationNotFound as exc:
+            return ApiError(404, str(exc), "not_found").response()
 
     return router

@@ -37,6 +37,7 @@ class Replica:
         weight_source: WeightSource | None = None,
         weights_dir: Path | None = None,
     ) -> None:
+        self.settings = settings
         self.metrics = RolloutMetrics()
         self.state = ReplicaState(settings.replica_id, self.metrics)
         stalls = StallWatch(self.metrics.stalled, settings.stall_warn_s, log)
@@ -57,11 +58,11 @@ class Replica:
             self.engine_watch.adapters = self.weight_sync
 
     def start(self) -> list[asyncio.Task[None]]:
-        """Starts the engine watch, the generation loop and (with a weight source) the weight sync."""
-        tasks = [
-            asyncio.create_task(self.engine_watch.run(), name="engine-probe"),
-            asyncio.create_task(self.loop.run(), name="replica-loop"),
-        ]
+        """Starts the engine watch, the generation loop (unless the source is agents) and (with a weight
+        source) the weight sync."""
+        tasks = [asyncio.create_task(self.engine_watch.run(), name="engine-probe")]
+        if self.settings.source == "prompts":  # 'agents': only the OpenAI endpoint generates
+            tasks.append(asyncio.create_task(self.loop.run(), name="replica-loop"))
         if self.weight_sync is not None:
             tasks.append(asyncio.create_task(self.weight_sync.run_forever(), name="weight-sync"))
         return tasks

@@ -42,6 +42,8 @@ class RunningReplica:
     weights_tmp: tempfile.TemporaryDirectory[str] | None
 
     async def stop(self) -> None:
+        # Draining: the endpoint answers new requests 503 (Retry-After) while the rest stops.
+        self.replica.state.set_draining()
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:

@@ -68,6 +68,11 @@ class ReplicaState:
         self._engine_ready = False
         self._paused = False
         self._pause_mode = ""
+        self._paused_at = 0.0
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        # Set once the replica is stopping: it takes no new work.
+        self._draining = False
         # Held by whoever pauses or continues the engine: the operator, a weight switch, the engine watch.
         self._control = asyncio.Lock()
         self._version_changed = asyncio.Event()
@@ -171,11 +176,32 @@ class ReplicaState:
         return self._paused
 
     def set_paused(self, mode: str) -> None:
+        if not self._paused:
+            self._paused_at = time.monotonic()
         self._paused, self._pause_mode = True, mode
+        self._unpaused.clear()
         self._update_leasable()
 
     def set_resumed(self) -> None:
         self._paused, self._pause_mode = False, ""
+        self._unpaused.set()
+        self._update_leasable()
+
+    def paused_for(self) -> float:
+        """Seconds the operator's pause has lasted (0 when not paused)."""
+        return time.monotonic() - self._paused_at if self._paused else 0.0
+
+    async def wait_unpaused(self) -> None:
+        """Returns once no operator pause is in force."""
+        await self._unpaused.wait()
+
+    @property
+    def draining(self) -> bool:
+        """The replica is stopping: it leases nothing and its endpoint takes no new request."""
+        return self._draining
+
+    def set_draining(self) -> None:
+        self._draining = True
         self._update_leasable()
 
     def controlling(self) -> asyncio.Lock:
@@ -195,7 +221,7 @@ class ReplicaState:
         return self.leasable()
 
     def _update_leasable(self) -> None:
-        if self._engine_ready and not self._paused:
+        if self._engine_ready and not self._paused and not self._draining:
             self._leasable.set()
         else:
             self._leasable.clear()

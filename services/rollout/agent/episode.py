@@ -26,7 +26,7 @@ from services.rollout.agent.execution import ToolExecutor, ToolOutcome
 from services.rollout.agent.interactions import pick_interaction
 from services.rollout.agent.parser import ToolCall, parse_tool_calls
 from services.rollout.agent.rendering import ObservationRenderer
-from services.rollout.generation import GenerationError, SampleResult, continue_sample
+from services.rollout.generation import Gate, GenerationError, SampleResult, continue_sample
 from services.rollout.metrics import RolloutMetrics
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ class Episode:
     extra_info: dict[str, Any]
     # Called with +1 / -1 around each engine request (the replica's in-flight count).
     engine_busy: Callable[[int], None] = lambda delta: None
+    # Awaited before each engine submission (holds it while the replica is paused).
+    gate: Gate | None = None
     result: SampleResult = field(default_factory=SampleResult)
     messages: list[dict[str, str]] = field(default_factory=list)
     _instances: dict[str, str] = field(default_factory=dict)
@@ -145,6 +147,7 @@ class Episode:
                 self.held_version(),
                 f"{self.rid}-t{turn}",
                 SampleResult(),
+                self.gate,
             )
         finally:
             self.engine_busy(-1)

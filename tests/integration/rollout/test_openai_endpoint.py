@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from services.queue.client import QueueClient
 from services.queue.config import QueueSettings
 from services.queue.server import QueueServer, start_queue_server
 from services.rollout.config import RolloutSettings
+from services.rollout.control import ReplicaControl
 from services.rollout.openai_api import CONVERSATION_HEADER, OpenAIEndpoint, openai_router
 from services.rollout.rewards import RewardRunner, resolve_reward
 from services.rollout.server import openai_endpoint, start_rollout
@@ -342,6 +344,53 @@ async def test_the_rollout_service_serves_the_endpoint_behind_its_token(
         await running.stop()
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert sample_value(running.replica, "generated_tokens_total") == completion.usage.completion_tokens
+
+
+
+async def test_a_paused_replica_answers_503_with_retry_after_at_once_and_serves_again_on_resume(
+    engine: EngineProcess, queue: QueueServer
+) -> None:
+    async with served(engine, queue, retry_after_s=3) as s:
+        control = ReplicaControl(s.endpoint.state, s.engine)
+        await control.pause("abort")
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as refused:
+            await s.client.chat.completions.create(model="m", messages=QUESTION, max_tokens=4)
+        answered_s = time.monotonic() - started
+        await control.resume()
+        completion = await s.client.chat.completions.create(model="m", messages=QUESTION, max_tokens=4)
+    assert answered_s < 2.0, "a paused replica answers at once, it does not hold the request"
+    assert refused.value.status_code == 503 and refused.value.response.headers["Retry-After"] == "3"
+    assert "paused" in refused.value.message
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_request_in_flight_when_the_replica_pauses_is_answered_503_after_pause_wait_s(
+    engine: EngineProcess, queue: QueueServer
+) -> None:
+    async with served(engine, queue, pause_wait_s=0.5, max_new_tokens=1500) as s:
+        control = ReplicaControl(s.endpoint.state, s.engine)
+        request = asyncio.create_task(
+            s.client.chat.completions.create(
+                model="m", messages=QUESTION, max_tokens=1500, extra_headers={CONVERSATION_HEADER: "paused"}
+            )
+        )
+        await wait_until_async(lambda: s.endpoint.state.status().in_flight > 0 or request.done(), what="in flight")
+        assert not request.done(), "the generation must still run when the pause comes"
+        await control.pause("abort")
+        paused_at = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as refused:
+            await request
+        answered_s = time.monotonic() - paused_at
+        await control.resume()
+        # The failed first turn left no record: the same conversation id starts afresh.
+        again = await s.client.chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=3, extra_headers={CONVERSATION_HEADER: "paused"}
+        )
+    assert refused.value.status_code == 503 and "Retry-After" in refused.value.response.headers
+    assert "pause_wait_s" in refused.value.message
+    assert answered_s < 3.0, f"answered {answered_s:.1f}s after the pause; pause_wait_s is 0.5"
+    assert again.choices[0].message.role == "assistant"
 
 
 # The taught model's lessons: finish the call ``tool_choice: required`` opens, then answer the result.
