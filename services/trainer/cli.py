@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -19,6 +19,20 @@ app = typer.Typer(help="The trainer: FSDP2 PPO/GRPO training, checkpoints, publi
 @app.callback()
 def _group() -> None:
     """Keeps `run` a sub-command even while it is the only one."""
+
+
+def device_or_exit(settings: Any) -> None:
+    """``device: cuda`` where torch sees no usable GPU: one line naming the setting, exit status 2,
+    before any process group, model or server exists (relayrl.devices has the check)."""
+    from relayrl.config import SettingsError, env_var_name
+    from relayrl.devices import available_device
+
+    try:
+        available_device(settings.device)
+    except ValueError as exc:
+        problem = f"{env_var_name(type(settings), 'device')}: {exc}"
+        typer.echo(SettingsError(type(settings).__name__, [problem]).one_line(), err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("run")
@@ -31,6 +45,7 @@ def run_command(
     from services.trainer.config import TrainerSettings
 
     settings = settings_or_exit(TrainerSettings, model_dir=model_dir, total_steps=total_steps)
+    device_or_exit(settings)
     from relayrl.serving import exit_uncollected, uncollected_start
 
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.

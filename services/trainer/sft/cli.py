@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from services.trainer.cli import device_or_exit
+
 
 def _run_here(**options: Any) -> None:
     """This process is one rank (the only one, or one of torchrun's): run it and report on rank 0."""
@@ -22,6 +24,7 @@ def _run_here(**options: Any) -> None:
     from services.trainer.sft.config import SftSettings
 
     settings = settings_or_exit(SftSettings, **options)
+    device_or_exit(settings)
     # Imported once the settings are known good: training pulls in torch and transformers.
     from services.trainer.sft.run import run_sft
 
@@ -109,6 +112,7 @@ def sft(
         return
     # A bad setting stops here, once, before any rank starts.
     settings = settings_or_exit(SftSettings, **options)
+    device_or_exit(settings)
     if settings.train_batch_size % nproc:
         typer.echo(
             f"invalid SftSettings: RELAYRL_SFT_TRAIN_BATCH_SIZE: {settings.train_batch_size} sequences do not"
