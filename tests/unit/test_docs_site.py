@@ -9,12 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
-    assert mkdocs, "mkdocs is not installed in this environment: `make setup` installs the docs extra"
+    if mkdocs is None:
+        # `make setup` installs the docs extra into .venv, where `make test` runs this; a venv built
+        # without it (make test-py312's) has no site to build.
+        pytest.skip("mkdocs is not installed here: the docs extra (`pip install -e '.[docs]'`) is missing")
     result = subprocess.run(
         [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
