@@ -149,7 +149,12 @@ def bench(
         bool, typer.Option("--learning", help="Also the held-out score at equal steps on the reasoning recipe.")
     ] = False,
     seeds: Annotated[int, typer.Option(min=1, help="--learning: runs (seeds 0..N-1) per mode.")] = 3,
-    learning_config: Annotated[Path, typer.Option(help="--learning: the stack YAML of the recipe.")] = RECIPE,
+    learning_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="--learning: the stack YAML of the recipe (default: the long_add recipe, configs/long_add.yaml)."
+        ),
+    ] = None,
     learning_steps: Annotated[
         int | None, typer.Option(min=1, help="--learning: trainer steps of every run (default: the recipe's).")
     ] = None,
@@ -202,8 +207,9 @@ def bench(
             **targets(per_mode),
         }
         if learning:
-            _phase(f"learning: {learning_config.name}, {seeds} seeds per mode")
-            spec = LearningSpec(learning_config, model_dir, seeds, learning_steps, work / "learning", timeout_s)
+            recipe = learning_config or RECIPE
+            spec = LearningSpec(recipe, model_dir, seeds, learning_steps, work / "learning", timeout_s)
+            _phase(f"learning: {recipe.name}, {seeds} seeds per mode")
             found["learning"] = learning_modes(wanted, limit, adjust_every, spec)
     if json_out is not None:
         json_out.write_text(json.dumps(found) + "\n")
