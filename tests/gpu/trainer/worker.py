@@ -1,0 +1,141 @@
+"""One trainer rank for the GPU tests (launched by torchrun from test_trainer_gpu.py), on the
+trainer's own code path: ``build_models``, ``train_step``, ``stream_weights``, the checkpoint.
+
+``python -m tests.gpu.trainer.worker KIND OUT ARGS...`` where KIND is:
+
+- ``step DEVICE MODEL ESTIMATOR``: one GRPO (grpo) or PPO (gae) step; writes the metrics and the
+  weights after it.
+- ``publish MODEL ADDRESS BUCKET_BYTES``: one step, then version 1 published to paramsync at ADDRESS
+  with the device's staging (pinned host buffers, a copy stream); writes the trained weights.
+- ``resume MODEL ROOT PHASE``: PHASE ``through`` trains 4 steps with a checkpoint after the 2nd,
+  ``resumed`` loads that checkpoint and trains steps 3 and 4; each writes the last two steps'
+  metrics and the final weights.
+- ``memory MODEL STEPS``: STEPS steps of a long-tailed batch, each followed by a publish's gather;
+  writes the allocated memory after each step and the allocator's peak.
+- ``switches MODEL``: one step under each of use_torch_compile and use_remove_padding on and off;
+  writes each run's metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.trainer import checkpoint as ckpt
+from services.trainer import distributed as D
+from services.trainer.bench import BenchConfig, make_batch
+from services.trainer.config import TrainerSettings
+from services.trainer.gather import BucketGather
+from services.trainer.staging import host_staging
+from services.trainer.step import train_step
+from services.trainer.trainer import build_models, gather_weights, stream_weights
+from tests.integration.trainer.fsdp_worker import batch
+
+
+def _settings(model_dir: str, device: str, **extra: Any) -> TrainerSettings:
+    return TrainerSettings(model_dir=Path(model_dir), device=device, lr=1e-3, micro_batch_tokens=24, **extra)
+
+
+def step(out: str, device: str, model_dir: str, estimator: str) -> dict[str, Any]:
+    variant = "vanilla" if estimator == "gae" else "decoupled"
+    s = _settings(model_dir, device, adv_estimator=estimator, pg_variant=variant, entropy_coeff=0.01)
+    models = build_models(s, D.init_distributed(device))
+    metrics = train_step(models, batch(0), s, pad_id=0)
+    return {"metrics": metrics, "weights": _weights(models)}
+
+
+def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[str, Any]:
+    from services.paramsync.client import ParamSyncClient
+    from services.trainer.links import IoThread, Publisher
+
+    ctx = D.init_distributed("cuda")
+    s = _settings(model_dir, "cuda")
+    models = build_models(s, ctx)
+    train_step(models, batch(0), s, pad_id=0)
+    gather = BucketGather(int(bucket_bytes), staging=host_staging(ctx.device))
+    io = IoThread()
+
+    async def client() -> ParamSyncClient:
+        return ParamSyncClient(address)
+
+    publisher = Publisher(io, io.call(client()))
+    stream_weights(models.actor, gather, publisher, version=1, step=1)
+    publisher.drain()
+    record = publisher.records[-1]
+    assert record.ok, record.error
+    return {"weights": _weights(models), "staging": type(gather.staging).__name__, "peak": gather.peak_live_bytes}
+
+
+def resume(out: str, model_dir: str, root: str, phase: str) -> dict[str, Any]:
+    s = _settings(model_dir, "cuda")
+    models = build_models(s, D.init_distributed("cuda"))
+    history = []
+    first = 0
+    if phase == "resumed":
+        first = int(ckpt.load(Path(root), models)["step"])
+    for n in range(first, 4):
+        history.append(train_step(models, batch(n), s, pad_id=0))
+        if phase == "through" and n + 1 == 2:
+            ckpt.save(Path(root), 2, models, {"step": 2}, keep=2)
+    return {"history": history[-2:], "weights": _weights(models)}
+
+
+def memory(out: str, model_dir: str, steps: str) -> dict[str, Any]:
+    ctx = D.init_distributed("cuda")
+    s = TrainerSettings(model_dir=Path(model_dir), device="cuda", ppo_max_token_len_per_gpu=16384)
+    models = build_models(s, ctx)
+    gather = BucketGather(s.update_weights_bucket_megabytes << 20, staging=host_staging(ctx.device))
+    shape = BenchConfig(preset="base", workload="realistic", batch_groups=4, n_samples=8, prompt_len=128)
+    shape = replace(shape, response_len=2048)
+    allocated, losses = [], []
+    torch.cuda.reset_peak_memory_stats()
+    for n in range(int(steps)):
+        metrics = train_step(models, make_batch(shape, n, 50000), s, pad_id=0)
+        stream_weights(models.actor, gather, None, version=n + 1, step=n)
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+        losses.append(metrics["actor/pg_loss"])
+    return {"allocated": allocated, "peak": torch.cuda.max_memory_allocated(), "losses": losses}
+
+
+def switches(out: str, model_dir: str) -> dict[str, Any]:
+    ctx = D.init_distributed("cuda")
+    runs = {}
+    for name, extra in {
+        "eager": {},
+        "compiled": {"use_torch_compile": True},
+        "padded": {"use_remove_padding": False},
+        "checkpointed": {"enable_gradient_checkpointing": True},
+    }.items():
+        s = _settings(model_dir, "cuda", param_dtype="fp32", **extra)
+        models = build_models(s, ctx)
+        runs[name] = train_step(models, batch(0), s, pad_id=0)
+    return runs
+
+
+def _weights(models: Any) -> dict[str, torch.Tensor] | None:
+    weights = gather_weights(models.actor)
+    return dict(weights) if weights is not None else None
+
+
+KINDS = {"step": step, "publish": publish, "resume": resume, "memory": memory, "switches": switches}
+
+
+def main(kind: str, out: str, *args: str) -> None:
+    # The same kernels in a resumed process as in the one that went on: no nondeterministic choice
+    # (cuBLAS needs its workspace fixed before CUDA starts).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    result = KINDS[kind](out, *args)
+    if D.get_rank() == 0:
+        torch.save(result, out)
+    D.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
