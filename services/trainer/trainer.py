@@ -356,9 +356,10 @@ class Trainer:
         """Restores the latest checkpoint, and settles which version its weights are.
 
         They are the checkpoint's version K, re-published as is (paramsync accepts an identical
-        re-publish). Only when versions were published after the checkpoint (possible when
-        checkpoint_every > sync_every) does paramsync hold a newer L > K made from weights the
-        crash lost; the restored weights then become version L + 1 so versions stay monotonic.
+        re-publish). Only when versions were published after the checkpoint (save_freq > sync_every,
+        or an async_save checkpoint not yet durable when the crash came) does paramsync hold a newer
+        L > K made from weights the crash lost; the restored weights then become version L + 1 so
+        versions stay monotonic, and the queue is told of the rollback (after_resume).
         """
         raw = ckpt.load(self.ckpt_dir, self.models)
         if raw is not None:
