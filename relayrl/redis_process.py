@@ -6,8 +6,10 @@ It listens on loopback only, keeps its data in its own directory and uses AOF pe
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +17,21 @@ from pathlib import Path
 from relayrl.net import free_port, wait_for_port
 from relayrl.subprocesses import stop_process
 
-INSTALL_HINT = "install it with `apt-get install redis-server` (or run `make setup` as root)"
+INSTALL_HINT = (
+    "install it with `apt-get install redis-server` (or run `make setup` as root), "
+    "or offline from a bundle with scripts/install-offline.sh"
+)
 
 
 def redis_server_binary() -> str:
+    """The environment's own redis-server first (scripts/install-offline.sh puts one in the venv's
+    bin/, found whether or not the venv is activated), then the one on PATH."""
+    own = Path(sysconfig.get_path("scripts")) / "redis-server"
+    if os.access(own, os.X_OK):
+        return str(own)
     path = shutil.which("redis-server")
     if path is None:
-        raise FileNotFoundError(f"redis-server not found on PATH; {INSTALL_HINT}")
+        raise FileNotFoundError(f"redis-server not found in {own.parent} or on PATH; {INSTALL_HINT}")
     return path
 
 
