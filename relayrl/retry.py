@@ -18,23 +18,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
-import httpx
-import redis.exceptions
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    stop_any,
-    stop_never,
-    wait_exponential,
-)
-from tenacity.stop import stop_base
+
+if TYPE_CHECKING:
+    from tenacity import AsyncRetrying, RetryCallState, Retrying
+    from tenacity.stop import stop_base
+
+# tenacity, httpx and redis are imported where a retry runs or an error of theirs is classified, not
+# here: the trainer imports this module for its feed, and its non-serving paths (a benchmark, sft)
+# need none of them.
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +67,8 @@ def grpc_transient(exc: BaseException) -> bool:
 
 def http_transient(exc: BaseException) -> bool:
     """A connection that failed or dropped, or a 502/503/504 answer."""
+    import httpx
+
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code in HTTP_TRANSIENT_STATUS
     return isinstance(exc, httpx.TransportError)
@@ -80,6 +76,8 @@ def http_transient(exc: BaseException) -> bool:
 
 def redis_transient(exc: BaseException) -> bool:
     """Redis unreachable, timed out, or still loading its AOF after a restart."""
+    import redis.exceptions
+
     return isinstance(
         exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError)
     )
@@ -92,6 +90,8 @@ def any_error(exc: BaseException) -> bool:
 
 
 def _stop(policy: RetryPolicy) -> stop_base:
+    from tenacity import stop_after_attempt, stop_after_delay, stop_any, stop_never
+
     stops = []
     if policy.attempts is not None:
         stops.append(stop_after_attempt(policy.attempts))
@@ -110,6 +110,8 @@ def _log_retry(what: str, logger: logging.Logger) -> Callable[[RetryCallState], 
 
 
 def _kwargs(what: str, transient: Transient, policy: RetryPolicy, logger: logging.Logger) -> dict:
+    from tenacity import retry_if_exception, wait_exponential
+
     return {
         "stop": _stop(policy),
         "wait": wait_exponential(multiplier=policy.first_wait_s, min=policy.first_wait_s, max=policy.max_wait_s),
@@ -121,6 +123,8 @@ def _kwargs(what: str, transient: Transient, policy: RetryPolicy, logger: loggin
 
 def retrying(what: str, transient: Transient, policy: RetryPolicy, logger: logging.Logger = log) -> AsyncRetrying:
     """An ``async for attempt in ...`` loop over tries of ``what`` (named in the retry log line)."""
+    from tenacity import AsyncRetrying
+
     return AsyncRetrying(**_kwargs(what, transient, policy, logger))
 
 
@@ -133,6 +137,8 @@ def retrying_sync(
 ) -> Retrying:
     """The blocking form of :func:`retrying`, for threads and synchronous clients; a thread that
     must stop promptly passes ``sleep=stop_event.wait`` so a stop cuts the wait short."""
+    from tenacity import Retrying
+
     return Retrying(sleep=sleep, **_kwargs(what, transient, policy, logger))
 
 

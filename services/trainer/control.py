@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, HTTPException, status
-
-from services.trainer.group_fate import GroupFates
 from services.trainer.status import TrainerStatus
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from services.trainer.group_fate import GroupFates
 
 
 class Control:
@@ -28,6 +30,10 @@ class Control:
 def control_router(
     control: Control, trainer_status: Callable[[], TrainerStatus], fates: GroupFates | None = None
 ) -> APIRouter:
+    # fastapi only here: the training loop reads Control's flags, and a trainer that serves no REST
+    # (a benchmark, `relayrl sft`) never needs the web stack.
+    from fastapi import APIRouter, HTTPException, status
+
     router = APIRouter()
 
     @router.post("/pause")
