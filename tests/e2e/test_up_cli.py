@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from relayrl.net import free_port
 from commands.stack.progress import REWARD_KEY
+from relayrl.net import free_port
 from tests.integration.rollout.conftest import EngineProcess
 from tests.waiting import wait_until
 
@@ -160,6 +160,9 @@ def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
         ).read_text()
     )["step"]
     assert checkpoint_step < 8
+    # The stop names what the run can resume from.
+    assert f"checkpoint at step {checkpoint_step}:" in stopped_output, stopped_output
+    assert "relayrl up --resume long" in stopped_output
 
     resumed = subprocess.run(
         [sys.executable, "-m", "commands.cli", "up", "--resume", str(run_dir)],
@@ -173,7 +176,20 @@ def test_a_stopped_run_resumes_where_it_left_off(tmp_path, tiny_model_dir):
     assert session == list(range(checkpoint_step + 1, 9)), steps
     rates = [float(part.split()[0]) for part in output.split(" | ") if part.endswith("samples/s")]
     assert rates and max(rates) < 10_000, f"samples/s after resuming: {rates}"
-    assert json.loads((run_dir / "report.json").read_text())["steps"] >= 8 - checkpoint_step
+    assert f"resuming from step {checkpoint_step} (checkpoint " in output, output
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 8 and report["resumed_from_step"] == checkpoint_step
+    assert report["span_steps"] == 8 - checkpoint_step and report["wall_s"] > 0
+    assert f"over {8 - checkpoint_step} steps ({checkpoint_step + 1}-8, resumed from step {checkpoint_step})" in output
+
+    # Resuming the finished run says so and changes nothing.
+    before = (run_dir / "report.json").read_bytes()
+    again = subprocess.run(
+        [sys.executable, "-m", "commands.cli", "up", "--resume", str(run_dir)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0 and "already finished (8 of 8 steps); nothing to resume" in again.stdout, again.stderr
+    assert (run_dir / "report.json").read_bytes() == before
 
 
 def _rows_of(run_dir: Path) -> list[dict]:
