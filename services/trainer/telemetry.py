@@ -60,13 +60,17 @@ class Telemetry:
         for logger in self.loggers:
             logger.close()
 
-    def record_groups(self, step: int, version: int, group_ids: list[str], ages: list[int]) -> None:
-        """One line per step in groups.jsonl: the groups trained on and their age in versions.
+    def record_groups(
+        self, step: int, version: int, group_ids: list[str], ages: list[int], etas: list[int | None] | None = None
+    ) -> None:
+        """One line per step in groups.jsonl: the groups trained on, their age in versions and the η each was
+        admitted under (``etas``; null for a group that carried none): age <= η is the staleness bound.
 
         A resumed trainer writes its steps again from the checkpoint on; the last line of each
         step number is the one the model carries.
         """
-        line = {"step": step, "version": version, "group_ids": group_ids, "ages": ages}
+        admitted = {} if etas is None else {"etas": etas}
+        line = {"step": step, "version": version, "group_ids": group_ids, "ages": ages, **admitted}
         with self.groups_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         self.fates.add_line(line)

@@ -60,6 +60,7 @@ class StepPlan:
     queue_s: float = 0.0  # of wait_s, the time spent in queue calls
     version: int = 0  # the policy version the step trained at
     ages: list[int] = field(default_factory=list)  # v − min_policy_version of each group
+    etas: list[int | None] = field(default_factory=list)  # the η each group was admitted under (None: not carried)
     group_ids: list[str] = field(default_factory=list)
     feed_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -279,6 +280,7 @@ class Trainer:
                 plan.version = self.state.version
                 plan.feed_metrics = batch.metrics
                 plan.ages = [self.feed.age(g, self.state.version) for g in batch.groups]
+                plan.etas = [g.max_staleness for g in batch.groups]
                 after = self.state.step + 1
                 at_boundary = after % self.s.sync_every == 0
                 wanted = after % self.s.save_freq == 0 or self.control.checkpoint_requested.is_set()
@@ -463,7 +465,7 @@ class Trainer:
         line names, since a resume from that checkpoint never writes the step again.
         """
         if self.ctx.is_main:
-            self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages)
+            self.telemetry.record_groups(self.state.step, plan.version, plan.group_ids, plan.ages, plan.etas)
 
     def finish(self) -> None:
         self.acknowledge(self.checkpointer.wait())
