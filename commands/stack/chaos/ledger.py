@@ -59,7 +59,13 @@ class Lineage:
         return len(ids) - len(set(ids))
 
     def staleness_violations(self, max_staleness: int) -> int:
-        return sum(1 for row in self.steps.values() for age in row["ages"] if age > max_staleness)
+        """Groups trained older than the η they were admitted under (``max_staleness`` for one that carried none)."""
+        return sum(
+            1
+            for row in self.steps.values()
+            for age, eta in zip(row["ages"], row.get("etas") or [None] * len(row["ages"]), strict=True)
+            if age > (max_staleness if eta is None else eta)
+        )
 
 
 def lost_groups(lineage: Lineage, produced: int, queue_dropped: int, queued: int, pending: int) -> int:

@@ -71,3 +71,15 @@ def test_step_gaps_come_from_the_training_rows(tmp_path):
     )
     assert step_gaps(path) == [2.5, 37.5]
     assert step_gaps(path, until=90.0) == [2.5, 37.5, 40.0]  # no step since: a stall to the end
+
+
+def test_a_group_is_held_to_the_eta_it_was_admitted_under(tmp_path):
+    # max_staleness auto: η rose to 2 and fell back to 0; each group carries the η of its admission.
+    lineage = _lineage(
+        tmp_path,
+        {"step": 1, "version": 4, "group_ids": ["a", "b"], "ages": [2, 0], "etas": [2, 0]},
+        {"step": 2, "version": 5, "group_ids": ["c", "d"], "ages": [1, 2], "etas": [0, None]},
+    )
+    # "c" is one version older than its η = 0 allowed; "d" carried none and is held to the run's bound.
+    assert lineage.staleness_violations(max_staleness=1) == 2
+    assert lineage.staleness_violations(max_staleness=2) == 1
