@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 
-.PHONY: setup system-deps helm test test-unit test-integration test-e2e test-gpu lint proto bench demo clean
+.PHONY: setup system-deps helm test test-unit test-integration test-e2e test-gpu test-py312 bundle lint proto bench demo clean
 
 setup: system-deps $(STAMP) helm
 
@@ -22,10 +22,12 @@ system-deps:
 helm: $(STAMP)
 	@bash scripts/install-helm.sh $(BIN)/helm
 
-$(STAMP): pyproject.toml
+# torch's exact CPU build first (PyPI's Linux default is the CUDA build), then RelayRL with every extra
+# at the exact versions of constraints.txt: pyproject.toml holds ranges, so that a GPU host keeps its own.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,docs,all]'
 	@touch $(STAMP)
 
 test: setup
@@ -43,6 +45,31 @@ test-e2e: setup
 # Tests that need a CUDA device; elsewhere each is skipped with the reason.
 test-gpu: setup
 	$(BIN)/pytest -m gpu -n 0 $(PYTEST_ARGS)
+
+# RelayRL installed into a Python 3.12 venv, and there the unit tests that need no torch. PyPI's Linux
+# torch for 3.12 is the CUDA build (2.6 GB with the nvidia wheels it cannot import without), so this
+# venv has none: scripts/torch_free_tests.py picks the unit test modules that import without torch (and
+# names the rest), scripts/pytest_no_torch.py skips with the reason a test that reaches torch later;
+# the 3.11 suite runs them all. peft needs torch to install, so it stays out too.
+PYTHON312 ?= $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 | grep -v shims)))
+VENV312 := $(VENV)/py312
+test-py312: setup
+	@test -n "$(PYTHON312)" || { echo "test-py312: no Python 3.12 found; set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
+	  $$($(BIN)/python scripts/requirements.py --extras dev,all --without torch,peft)
+	$(VENV312)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall .
+	PYTHONPATH=scripts $(VENV312)/bin/pytest -p pytest_no_torch -n $(PYTEST_WORKERS) $(PYTEST_ARGS) \
+	  $$($(VENV312)/bin/python scripts/torch_free_tests.py tests/unit)
+
+# An offline install bundle for a GPU host (docs/install-gpu.md): wheels for Python $(PY), manylinux
+# x86_64, without what the host brings (HOST_PACKAGES and what only they pull in), RelayRL's wheel, and
+# redis-server with its libraries from Debian; dist/bundle-py$(PY)/ and dist/bundle-py$(PY).tar.gz.
+PY ?= 3.12
+HOST_PACKAGES ?= torch numpy transformers
+bundle: setup
+	$(BIN)/python scripts/bundle.py --python $(PY) --out dist/bundle-py$(PY) --constraints constraints.txt \
+	  $(foreach p,$(HOST_PACKAGES),--host-package $(p))
 
 lint: setup
 	$(BIN)/ruff check .

@@ -8,15 +8,16 @@ import importlib
 import typer
 from typer.core import TyperOption
 
-_option_type_label = TyperOption.display_type_rich
+# typer 0.29 labels every flag (even --help) "<bool>"; a flag takes no value, so show none. Other
+# typer releases (a GPU image's own) have no such hook, and need no fix: leave them as they are.
+_option_type_label = getattr(TyperOption, "display_type_rich", None)
 
+if _option_type_label is not None:
 
-def _flag_without_type(self: TyperOption, ctx: object) -> str | None:
-    # typer 0.29 labels every flag (even --help) "<bool>"; a flag takes no value, so show none.
-    return None if self.is_flag else _option_type_label(self, ctx)
+    def _flag_without_type(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else _option_type_label(self, ctx)
 
-
-TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign]
+    TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="RelayRL: fully asynchronous RL post-training for LLMs.",
@@ -92,5 +93,31 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _version_flag(value: bool) -> None:
+    if value:
+        version()
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version_flag, is_eager=True, help="Print the RelayRL version and exit."
+    ),
+) -> None:
+    pass
+
+
+def main() -> None:
+    """The ``relayrl`` command: a feature whose optional extra is missing stops with its one line."""
+    from relayrl.extras import MissingExtra
+
+    try:
+        app()
+    except MissingExtra as missing:
+        typer.echo(f"relayrl: {missing}", err=True)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

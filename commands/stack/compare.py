@@ -178,6 +178,9 @@ def bench(
     out: Annotated[Path | None, typer.Option(help=f"The plot; default FOLDER/{PLOT_NAME} of the first group.")] = None,
 ) -> None:
     """Seeded run groups side by side: reward and held-out score by step and by wall time, mean ± spread."""
+    from relayrl.extras import require
+
+    require("matplotlib", "plots", "bench compare's figure")
     specs = [parse_group(spec) for spec in runs]
     if len(specs) < 2:
         raise typer.BadParameter("give at least two groups to compare", param_hint="--runs")

@@ -408,6 +408,9 @@ def bench(
 ) -> None:
     """One training config run with N seeds: spread of reward_first, reward_last, steps, wall time; runs ≥ threshold."""
     from commands.stack.cli import _load_config
+    from relayrl.extras import require
+
+    require("matplotlib", "plots", "bench learning's figure")  # before the runs, not after them
 
     base = _load_config(config)
     if model_dir is not None:

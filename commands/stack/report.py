@@ -131,8 +131,9 @@ def validation_series(rows: list[dict[str, Any]], started_at: float) -> dict[str
 def plot_reward(rows: list[dict[str, Any]], reward_key: str, started_at: float, out: Path, title: str = "") -> Path:
     """Mean reward against wall-clock time and against trainer step, side by side, with the
     held-out scores of the validation steps beside it."""
-    import matplotlib
+    from relayrl.extras import require
 
+    matplotlib = require("matplotlib", "plots", "reward.png")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -17,6 +17,7 @@ from commands.stack.progress import REWARD_KEY, MetricsTail, ProgressLine, queue
 from commands.stack.report import RunReport, build_report, plot_reward, read_metrics, write_report
 from commands.stack.resume import latest_checkpoint, stop_line
 from commands.stack.supervisor import supervised
+from relayrl.extras import MissingExtra
 
 # Steps averaged into reward_first and reward_last.
 REPORT_WINDOW = 30
@@ -167,5 +168,9 @@ def _write_report(stack: LocalStack, started_at: float, title: str, resumed_from
         rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
     )  # fmt: skip
     write_report(report, stack.run_dir)
-    plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"{title} ({stack.run_id})")
+    try:
+        plot_reward(rows, REWARD_KEY, started_at, stack.run_dir / "reward.png", title=f"{title} ({stack.run_id})")
+    except MissingExtra as missing:
+        # The run and report.json are complete; only the figure needs the plots extra.
+        Console(stderr=True).print(f"[yellow]{missing}[/]")
     return report

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from relayrl.extras import require
 from relayrl.http_app import create_http_app
 from relayrl.serving import Servers, serve_until_signal, start_servers
 from services.paramsync.channels.tcp import DataPlaneServer
@@ -28,6 +29,7 @@ def create_discovery(settings: ParamSyncSettings) -> ReplicaDiscovery:
     """The discovery backend ``RELAYRL_PARAMSYNC_DISCOVERY`` names: static or kubernetes."""
     if settings.discovery == "kubernetes":
         # Imported only here: the kubernetes client is heavy and only this backend needs it.
+        require("kubernetes", "k8s", "RELAYRL_PARAMSYNC_DISCOVERY=kubernetes")
         from services.paramsync.discovery_k8s import KubernetesDiscovery
 
         return KubernetesDiscovery(namespace=settings.k8s_namespace, label_selector=settings.k8s_label_selector)

@@ -36,8 +36,9 @@ def read_rows(source: str, size: int, difficulty: int, seed: int, split: str) ->
     if not path.is_file():
         raise ValueError(f"dataset {source!r} is neither builtin:<task> nor an existing file")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        from relayrl.extras import require
 
+        pq = require("pyarrow.parquet", "parquet", f"dataset {source!r}")
         return pq.read_table(path).to_pylist()
     if path.suffix in (".jsonl", ".json"):
         with path.open() as f:

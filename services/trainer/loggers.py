@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from relayrl.extras import require
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ class WandbLogger:
     """A Weights & Biases run per trainer process, named after the run (verl's project/experiment names)."""
 
     def __init__(self, project: str, name: str, run_dir: Path, config: dict[str, Any]) -> None:
-        import wandb
+        wandb = require("wandb", "trackers", "trainer.logger wandb")
 
         # Without credentials an online run would stop at a login prompt (or fail) on a headless
         # trainer; offline still records everything, for `wandb sync` later.
@@ -79,6 +81,8 @@ def build_loggers(
     loggers: list[MetricLogger] = []
     for backend in dict.fromkeys(backends):
         if backend == "tensorboard":
+            # Checked now, not at the first step's write: a missing tracker stops the trainer at start.
+            require("tensorboard", "trackers", "trainer.logger tensorboard")
             loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
         elif backend == "wandb":
             loggers.append(WandbLogger(project, name, run_dir, config))
