@@ -21,14 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 import typer
 
-from services.trainer import checkpoint as ckpt
-from services.trainer import distributed as D
-from services.trainer.bench import BenchConfig, make_batch, write_model
-from services.trainer.config import TrainerSettings
-from services.trainer.step import train_step
+# torch and the trainer are imported where the bench runs: `relayrl` loads this module to list its
+# commands (commands/cli.py), and that must not need torch (`relayrl --help`, a torch-less venv).
 
 MODES = ("none", "async", "sync")
 
@@ -47,10 +43,17 @@ class CheckpointBenchConfig:
 
 def _sync(device: str) -> None:
     if device == "cuda":
+        import torch
+
         torch.cuda.synchronize()
 
 
 def run_checkpoint_bench(cfg: CheckpointBenchConfig) -> dict[str, Any]:
+    from services.trainer import checkpoint as ckpt
+    from services.trainer import distributed as D
+    from services.trainer.bench import BenchConfig, make_batch, write_model
+    from services.trainer.config import TrainerSettings
+    from services.trainer.step import train_step
     from services.trainer.trainer import build_models
 
     work = Path(tempfile.mkdtemp(prefix="relayrl-ckpt-bench-"))
@@ -133,6 +136,8 @@ def bench(
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = CheckpointBenchConfig(device, preset, save_freq, rounds, batch_groups, n_samples, response_len)
+    from services.trainer import distributed as D
+
     try:
         typer.echo(json.dumps(run_checkpoint_bench(cfg), sort_keys=True))
     finally:

@@ -58,6 +58,27 @@ def test_the_cli_loads_on_a_typer_without_display_type_rich() -> None:
     assert done.stdout.strip() == __version__
 
 
+def test_the_relayrl_command_loads_without_torch() -> None:
+    # Every command module imports only typer at load (commands/cli.py), so `relayrl --help` is quick
+    # and a venv without torch (`make test-py312`) still runs the commands that need none.
+    done = _python("""\
+        import sys
+
+        class Absent:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] == "torch":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, Absent())
+        from commands.cli import main
+
+        sys.argv = ["relayrl", "--version"]
+        main()
+        """)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip() == __version__
+
+
 def test_relayrl_version_flag_prints_the_version() -> None:
     done = subprocess.run([sys.executable, "-m", "commands.cli", "--version"], capture_output=True, text=True, cwd=REPO)
     assert (done.returncode, done.stdout.strip()) == (0, __version__), done.stderr[-1500:]
