@@ -241,7 +241,9 @@ def glibc_needed(files: Iterable[Path]) -> str:
 
 def bundle_redis(out: Path, work: Path, apt_update: bool) -> dict[str, object]:
     """redis-server and its libraries (beyond glibc) from Debian's packages, into out/redis."""
-    if apt_update:
+    if apt_update and os.geteuid() != 0:
+        say("not root: using the apt package lists already here (apt-get update needs root)")
+    elif apt_update:
         run(["apt-get", "update", "-qq"], capture_output=True)
     system_redis = shutil.which("redis-server")
     if system_redis is None:
