@@ -72,9 +72,9 @@ async def test_admission_follows_a_new_eta_at_once_and_a_lower_eta_drops_nothing
             # Steps 3 and 4 train at versions 2 and 3: startable from versions 0 and 1, stamped η = 2.
             assert [(p.min_start_version, p.max_staleness) for p in ahead] == [(0, 2)] * BATCH
             rest = await _lease_all(client, held_version=1)
-            assert sorted((p.min_start_version, p.max_staleness) for p in rest) == [(1, 0)] * 2 * BATCH + [
-                (1, 2)
-            ] * BATCH
+            # Steps 1 and 2 (admitted under η = 0, both training at version 1), and step 4 (η = 2, at version 3).
+            expected = [(1, 0)] * 2 * BATCH + [(1, 2)] * BATCH
+            assert sorted((p.min_start_version, p.max_staleness) for p in rest) == expected
 
             feed.max_staleness = 0  # lowered: nothing more is admitted until consumption catches up
             assert await asyncio.to_thread(feed._release_ahead, 1, 1) == 0
