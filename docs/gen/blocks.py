@@ -66,9 +66,9 @@ def render(kind: str, arg: str | None, page: Path) -> str:
         run = figures.run(figures.headline.run if figures.headline else "")
         text = figures.headline_text() if figures.headline else figures.title
         return (
-            f"**{text}** ({run.statistic}, `{run.command or figures.command}`, {figures.machine.cpu},"
-            f" {figures.machine.gpu or 'no GPU'}, {figures.date.isoformat()};"
-            f" [all figures]({_page_link(page, figures.page)}))\n"
+            f"**{text}.** Measured: {run.statistic}; `{run.command or figures.command}`; {figures.machine.cpu},"
+            f" {figures.machine.cores} cores, {figures.machine.gpu or 'no GPU'}; {figures.date.isoformat()}"
+            f" ([all figures]({_page_link(page, figures.page)})).\n"
         )
     if kind == "claims":
         rows = []
