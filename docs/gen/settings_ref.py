@@ -17,7 +17,7 @@ import re
 import types
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel, SecretStr
@@ -81,6 +81,10 @@ def settings_classes() -> list[type[BaseSettings]]:
 
 def type_name(tp: Any) -> str:
     origin = get_origin(tp)
+    if origin is Annotated:
+        inner, *extra = get_args(tp)
+        metadata = [m for item in extra for m in (item.metadata if isinstance(item, FieldInfo) else [item])]
+        return ", ".join([type_name(inner), *bounds(metadata)])
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(tp))
     if origin in (Union, types.UnionType):
@@ -99,9 +103,9 @@ def type_name(tp: Any) -> str:
     return str(tp)
 
 
-def bounds(info: FieldInfo) -> list[str]:
+def bounds(metadata: list[Any]) -> list[str]:
     shown = []
-    for item in info.metadata:
+    for item in metadata:
         for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
             if isinstance(item, getattr(annotated_types, attr.capitalize())):
                 shown.append(f"{sign} {getattr(item, attr)}")
@@ -154,7 +158,7 @@ def field_row(
     cls: type[BaseModel], name: str, info: FieldInfo, yaml_key: str, env: bool = True, last: str | None = None
 ) -> str:
     description = info.description or ""
-    kind = ", ".join([type_name(info.annotation), *bounds(info)])
+    kind = ", ".join([type_name(info.annotation), *bounds(info.metadata)])
     variable = f"`{env_var_name(cls, name)}`" if env else "–"  # type: ignore[arg-type]
     yaml = f"`{yaml_key}`" if yaml_key else "–"
     return (
