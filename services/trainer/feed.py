@@ -245,8 +245,10 @@ class Feed:
 
     def _refresh_dropped(self) -> None:
         """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
-        stats = self._rpc("stats", self.queue.stats)
+        # Prompts first: a prompt whose group is pushed between the two reads is then counted twice (as
+        # leased and as queued), never missed, so _outstanding is 0 only when the queue holds nothing.
         prompt_stats = self._rpc("prompt stats", self.queue.prompt_stats)
+        stats = self._rpc("stats", self.queue.stats)
         prompts = prompt_stats.dropped_by_reason
         self._prompts_waiting = int(prompt_stats.waiting)
         self._queue_dropped = int(sum(stats.dropped_by_reason.values()) + sum(prompts.values()))
