@@ -11,7 +11,7 @@ typo fails at once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,7 +49,14 @@ class StackSettings(BaseModel):
     tiny_seed: int = Field(0, description="Seed of the built-in tiny model's initialisation.")
     rollout_replicas: int = Field(1, ge=1, le=16, description="N: built-in engines, each with one rollout replica.")
     trainer_procs: int = Field(1, ge=1, le=16, description="P: trainer processes under torchrun (gloo on CPU).")
-    max_staleness: int = Field(1, ge=0, description="η: the staleness bound every service enforces.")
+    max_staleness: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        1,
+        description="η: the staleness bound every service enforces; auto: the trainer picks η in"
+        " [0, max_staleness_limit] as it goes and every other service holds the limit (docs/auto-staleness.md).",
+    )
+    max_staleness_limit: int = Field(
+        4, ge=0, description="With max_staleness auto: the highest η the trainer may pick, every other service's bound."
+    )
     redis_url: str = Field("", description="Use this Redis instead of starting a private redis-server.")
     redis_appendfsync: str = Field("everysec", pattern="^(always|everysec|no)$", description="AOF fsync policy.")
     api_token: str = Field("", description="Bearer token for control routes; empty generates one per run.")
@@ -71,6 +78,11 @@ class StackSettings(BaseModel):
         5, ge=1, description="Restarts of one component within restart_window_s before the stack stops, naming it."
     )
     restart_window_s: float = Field(300.0, gt=0, description="Window over which restart_limit counts.")
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound every service but an auto trainer enforces: η, or the limit under auto."""
+        return self.max_staleness_limit if self.max_staleness == "auto" else self.max_staleness
 
     def restart_policy(self) -> RestartPolicy:
         return RestartPolicy(

@@ -85,11 +85,16 @@ class LocalStack:
     def _shared_env(self) -> dict[str, str]:
         # The modules the config names import from its folder (see commands/stack/check.py).
         pythonpath = os.pathsep.join([*self.settings.import_dirs, *filter(None, [os.environ.get("PYTHONPATH")])])
+        # max_staleness auto: the trainer alone picks η (it reads RELAYRL_TRAINER_MAX_STALENESS before the
+        # shared variable, which other services hold at the limit); a trainer section's own value still wins.
+        bound = self.settings.staleness_bound
+        auto = {"RELAYRL_TRAINER_MAX_STALENESS": "auto", "RELAYRL_TRAINER_MAX_STALENESS_LIMIT": str(bound)}
         return {
             **({"PYTHONPATH": pythonpath} if pythonpath else {}),
+            **(auto if self.settings.max_staleness == "auto" else {}),
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_API_TOKEN": self.api_token,
-            "RELAYRL_MAX_STALENESS": str(self.settings.max_staleness),
+            "RELAYRL_MAX_STALENESS": str(bound),
             "RELAYRL_REDIS_URL": self._routed_url("redis", self.endpoints.redis_url),
         }
 

@@ -164,7 +164,7 @@ def _print_untrained(console: Console, stack: LocalStack) -> None:
 def _write_report(stack: LocalStack, started_at: float, title: str, resumed_from_step: int) -> RunReport:
     rows = read_metrics(stack.run_dir / "metrics.jsonl")
     report = build_report(
-        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.max_staleness, started_at, resumed_from_step,
+        stack.run_id, rows, REWARD_KEY, REPORT_WINDOW, stack.settings.staleness_bound, started_at, resumed_from_step,
         rollout_replicas=stack.settings.rollout_replicas, trainer_procs=stack.settings.trainer_procs,
     )  # fmt: skip
     write_report(report, stack.run_dir)

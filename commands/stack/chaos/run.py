@@ -208,7 +208,7 @@ def run_chaos(
                 tracker.tick()
                 time.sleep(0.5)
             _stop_trainer(stack, tracker)
-            result = verdict(stack.run_dir, stack.endpoints.queue_grpc, stack.settings.max_staleness, watch, ended_at)
+            result = verdict(stack.run_dir, stack.endpoints.queue_grpc, stack.settings.staleness_bound, watch, ended_at)
             replica_s = (time.time() - run_started) * config.stack.rollout_replicas
             waste = queue_waste(stack.run_dir, stack.endpoints.queue_grpc, replica_s)
             chaos = RunResult(result.steps, _reward_end(stack), time.time() - run_started, seed)
