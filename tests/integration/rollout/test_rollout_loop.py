@@ -278,3 +278,35 @@ async def test_a_prompt_whose_lease_was_reissued_is_dropped_not_pushed(
             stats = await q.prompt_stats()
     await redis.aclose()
     assert (stats.total_reissued, stats.total_completed, stats.leased, stats.waiting) == (1, 1, 0, 0)
+
+
+async def test_a_prompt_held_by_a_pause_longer_than_pause_wait_s_goes_back_to_the_queue_and_is_not_lost(
+    engine: EngineProcess, redis_server: RedisProcess, run_id: str
+) -> None:
+    # Long leases: the prompt must come back because of the pause, not because its lease expired.
+    queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=60.0)))
+    try:
+        async with QueueClient(queue.grpc_address) as q:
+            await q.release([prompt(0, n=1, max_new_tokens=1500)])
+            overrides = {"pause_wait_s": 0.5, "max_new_tokens": 1500}
+            async with running_replica(engine.url, queue.grpc_address, **overrides) as replica:
+                await wait_until_async(lambda: replica.state.status().in_flight > 0, what="the prompt generating")
+                await replica.control.pause("abort")
+                paused_at = time.monotonic()
+                stats = await wait_until_async(
+                    lambda: _given_back_as_paused(q), timeout_s=10, what="the prompt given back as paused"
+                )
+                given_back_s = time.monotonic() - paused_at
+                assert replica.state.status().in_flight == 0, "nothing waits in the paused engine"
+                await replica.control.resume()
+                (group,) = await pull_groups(queue.grpc_address, 1, timeout_s=60)
+    finally:
+        await queue.stop()
+    assert given_back_s < 5.0, f"given back {given_back_s:.1f}s after the pause; pause_wait_s is 0.5"
+    assert stats.abandoned_by_reason["paused"] == 1
+    assert group.prompt_id == "test/0", "the prompt given back was generated again after the resume"
+
+
+async def _given_back_as_paused(q: QueueClient) -> Any:
+    stats = await q.prompt_stats()
+    return stats if stats.abandoned_by_reason.get("paused") else None
