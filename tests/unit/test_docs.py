@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from docs.gen import blocks, prose
+from docs.gen import blocks, prose, settings_ref
 from docs.gen import figures as fig
 from docs.gen.__main__ import COMMAND, PAGES, stale
 
@@ -118,3 +118,14 @@ def test_each_user_journey_is_one_click_from_the_docs_home(journey: str, page: s
     assert page in _links(DOCS / "index.md"), f"the docs home does not link {page} ({journey})"
     text = (DOCS / page).read_text()
     assert [phrase for phrase in must_say if phrase not in text] == [], journey
+
+
+def test_the_configuration_reference_lists_every_variable_with_the_names_users_know() -> None:
+    page = settings_ref.render()
+    rows = {line.split(" | ")[0].strip("| `"): line for line in page.splitlines() if line.startswith("| `RELAYRL_")}
+    for cls in settings_ref.settings_classes():
+        for name in cls.model_fields:
+            assert settings_ref.env_var_name(cls, name) in rows, f"{cls.__name__}.{name} is missing"
+    assert "verl: `max_queue_size`" in rows["RELAYRL_QUEUE_CAPACITY"]
+    assert "SGLang: `max_prefill_tokens`" in rows["RELAYRL_ENGINE_MAX_PREFILL_TOKENS"]
+    assert "`trainer.batch_size`" in rows["RELAYRL_TRAINER_BATCH_SIZE"]
