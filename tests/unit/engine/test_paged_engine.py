@@ -1,0 +1,103 @@
+"""The scheduler over the paged KV cache: greedy answers equal a plain forward pass's argmax token for
+token (what the engine before the paged cache gave), and aborts, pauses and a full pool leave no
+block held."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from services.engine.kv_pool import BlockPool, KVLayout
+from services.engine.model_runner import ModelRunner
+from services.engine.sampling import SamplingConfig
+from services.engine.scheduler import Scheduler, Sequence
+from tests.unit.engine.models import random_causal_lm
+
+PROMPTS = [[(11 * i + 3 * t) % 97 for t in range(5 + 6 * i)] for i in range(5)]
+
+
+def scheduler_over(model: torch.nn.Module, max_blocks: int = 256, cache_bytes: int = 1 << 20) -> Scheduler:
+    pool = BlockPool(KVLayout.of(model), block_size=4, max_blocks=max_blocks, initial_blocks=4)
+    runner = ModelRunner(model, pool=pool, prefix_cache_bytes=cache_bytes)
+    return Scheduler(runner, lambda ids: "", set(), 64, 512, 256, "0", seed=0)
+
+
+def sequences(prompts: list[list[int]], config: SamplingConfig) -> list[Sequence]:
+    loop = asyncio.get_running_loop()
+    return [
+        Sequence(f"r{i}", f"r{i}", list(p), config, False, loop, loop.create_future()) for i, p in enumerate(prompts)
+    ]
+
+
+async def on_thread(scheduler: Scheduler, fn: Callable[[], Any]) -> Any:
+    return await asyncio.wait_for(scheduler.call(fn), timeout=60)
+
+
+async def test_greedy_answers_equal_a_plain_forward_pass_token_for_token() -> None:
+    scheduler = scheduler_over(random_causal_lm())
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    batch = sequences(PROMPTS, config)
+    scheduler.submit(batch)
+    scheduler.start()
+    try:
+        bodies = await asyncio.wait_for(asyncio.gather(*(s.future for s in batch)), timeout=120)
+    finally:
+        scheduler.stop()
+    reference = random_causal_lm()  # the same seeded weights, attention untouched by the engine
+    with torch.inference_mode():
+        for prompt, body in zip(PROMPTS, bodies, strict=True):
+            ids = list(prompt)
+            for _ in range(12):
+                ids.append(int(torch.argmax(reference(input_ids=torch.tensor([ids])).logits[0, -1])))
+            assert body["output_ids"] == ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
+async def test_pauses_and_aborts_under_load_leave_no_block_held(mode: str) -> None:
+    scheduler = scheduler_over(random_causal_lm())
+    pool = scheduler.runner.pool
+    batch = sequences(PROMPTS * 3, SamplingConfig(max_new_tokens=200, temperature=1.0, ignore_eos=True))
+    scheduler.submit(batch)
+    scheduler.start()
+    try:
+        for _ in range(1200):
+            if scheduler.generated_tokens > 60:
+                break
+            await asyncio.sleep(0.05)
+        await on_thread(scheduler, lambda: scheduler.pause(mode))
+        if mode == "retract":
+            # Nothing has finished into the prefix cache, and retracted sequences gave their blocks back.
+            assert pool.used_blocks == 0
+        elif mode == "in_place":
+            assert pool.used_blocks > 0  # running sequences keep theirs
+        await on_thread(scheduler, scheduler.resume)
+        await on_thread(scheduler, lambda: scheduler.abort(abort_all=True))
+        bodies = await asyncio.wait_for(asyncio.gather(*(s.future for s in batch)), timeout=60)
+        assert {body["meta_info"]["finish_reason"]["type"] for body in bodies} == {"abort"}
+        await on_thread(scheduler, scheduler.runner.prefixes.clear)
+        assert pool.used_blocks == 0 and len(scheduler.runner.kv) == 0
+    finally:
+        scheduler.stop()
+
+
+async def test_a_full_pool_retracts_and_still_finishes_every_request_with_the_same_answers() -> None:
+    model = random_causal_lm()
+    config = SamplingConfig(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+    answers = []
+    for max_blocks in (256, 24):  # 23 usable blocks of 4 tokens: fewer than the five sequences need at once
+        scheduler = scheduler_over(model, max_blocks=max_blocks, cache_bytes=0)
+        batch = sequences(PROMPTS, config)
+        scheduler.submit(batch)
+        scheduler.start()
+        try:
+            bodies = await asyncio.wait_for(asyncio.gather(*(s.future for s in batch)), timeout=120)
+        finally:
+            scheduler.stop()
+        answers.append([body["output_ids"] for body in bodies])
+        assert scheduler.runner.pool.used_blocks == 0
+    assert all(len(ids) == 30 for ids in answers[1])
+    assert answers[1] == answers[0]
