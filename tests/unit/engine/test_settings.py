@@ -24,3 +24,35 @@ def test_a_negative_torch_thread_count_names_the_variable(monkeypatch: pytest.Mo
     monkeypatch.setenv("RELAYRL_ENGINE_TORCH_THREADS", "-1")
     with pytest.raises(SettingsError, match="RELAYRL_ENGINE_TORCH_THREADS"):
         load_settings(EngineSettings)
+
+
+def test_cuda_without_a_gpu_stops_at_start_naming_the_device_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl.devices import cuda_unavailable_reason
+
+    if cuda_unavailable_reason() is None:
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("RELAYRL_ENGINE_DEVICE", "cuda")
+    with pytest.raises(SettingsError, match="RELAYRL_ENGINE_DEVICE") as err:
+        load_settings(EngineSettings)
+    assert "\n" not in err.value.one_line()
+
+
+def test_auto_settings_resolve_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(EngineSettings)
+    assert (settings.resolved_dtype(), settings.resolved_page_size(), settings.resolved_attention_backend()) == (
+        "float32",
+        16,
+        "torch_native",
+    )
+    on_gpu = settings.model_copy(update={"device": "cuda"})  # not validated: the resolution alone
+    assert (on_gpu.resolved_dtype(), on_gpu.resolved_page_size(), on_gpu.resolved_attention_backend()) == (
+        "bfloat16",
+        128,
+        "flex_attention",
+    )
+
+
+def test_an_unknown_attention_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYRL_ENGINE_ATTENTION_BACKEND", "flashinfer")
+    with pytest.raises(SettingsError, match="RELAYRL_ENGINE_ATTENTION_BACKEND"):
+        load_settings(EngineSettings)
