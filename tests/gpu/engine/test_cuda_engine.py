@@ -183,3 +183,15 @@ async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: CudaEng
         assert all(body["meta_info"]["finish_reason"]["type"] == "abort" for body in bodies)
         assert (await http.post("/flush_cache")).status_code == 200
     assert (await model_info(engine.url))["kv_used_blocks"] == 0
+
+
+def test_a_memory_fraction_with_no_room_for_the_kv_cache_stops_at_start_naming_it(small_dir: Path) -> None:
+    port = free_port()
+    process = launch_engine(
+        small_dir, port, stderr=subprocess.PIPE, settings={**SETTINGS, "RELAYRL_ENGINE_MEM_FRACTION_STATIC": "0.001"}
+    )
+    _, stderr = process.communicate(timeout=300)
+
+    assert process.returncode == 2
+    lines = [line for line in stderr.decode().splitlines() if "MEM_FRACTION_STATIC" in line]
+    assert len(lines) == 1 and "leaves no room for the KV cache" in lines[0]
