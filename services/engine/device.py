@@ -76,13 +76,15 @@ class CudaGraphDecode:
         self._static: _Static | None = None
         self._pool: object | None = None
         self.replays = 0
+        # Set when capture failed at start: every step then decodes eagerly (logged once, not fatal).
+        self.disabled = False
 
     def run(
         self, runner: ModelRunner, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs
     ) -> torch.Tensor:
         batch = input_ids.shape[0]
         size = next((s for s in self.sizes if s >= batch), None)
-        if size is None or runner.attention.name != "flex_attention":
+        if size is None or self.disabled or runner.attention.name != "flex_attention":
             return runner.forward_logits(input_ids, positions, inputs)
         static = self._static or self._allocate(runner)
         width = inputs.tables_BN.shape[1]
@@ -101,10 +103,23 @@ class CudaGraphDecode:
         return logits[:batch].clone()
 
     def capture_all(self, runner: ModelRunner) -> None:
-        """Captures every batch size now (at start), largest first so smaller graphs reuse its memory."""
-        for size in reversed(self.sizes):
-            if size not in self.graphs:
-                self._capture(runner, size)
+        """Captures every batch size now (at start), largest first so smaller graphs reuse its memory.
+
+        A capture that fails (an operation CUDA graphs cannot hold, in some torch or transformers
+        version) leaves the engine serving eagerly rather than not at all; the log says why.
+        """
+        if runner.attention.name != "flex_attention":
+            log.info("decode runs eagerly: CUDA graphs need the flex_attention backend, not %s", runner.attention.name)
+            return
+        try:
+            for size in reversed(self.sizes):
+                if size not in self.graphs:
+                    self._capture(runner, size)
+        except RuntimeError:
+            log.exception("capturing decode CUDA graphs failed; decoding eagerly")
+            self.disabled, self.graphs = True, {}
+            torch.cuda.synchronize()
+            return
         log.info("captured decode CUDA graphs at batch sizes %s", self.sizes)
 
     def _allocate(self, runner: ModelRunner) -> _Static:

@@ -234,6 +234,7 @@ class EngineState:
     def model_info(self) -> dict[str, Any]:
         """SGLang's ``/get_model_info`` fields plus the CPU engine's batching counters."""
         counts = self.scheduler.runner.counts
+        decoder = self.runner.decoder
         return {
             "model_path": self.settings.model_path,
             "tokenizer_path": self.settings.model_path,
@@ -254,6 +255,8 @@ class EngineState:
             "kv_total_blocks": self.runner.pool.max_blocks - 1,
             "kv_used_blocks": self.runner.pool.used_blocks,
             "kv_peak_used_blocks": self.runner.pool.peak_used,
+            "cuda_graph_batch_sizes": sorted(decoder.graphs) if isinstance(decoder, CudaGraphDecode) else [],
+            "cuda_graph_replays": decoder.replays if isinstance(decoder, CudaGraphDecode) else 0,
             "peak_device_memory_bytes": (
                 torch.cuda.max_memory_reserved(self.device) if self.device.type == "cuda" else None
             ),

@@ -108,6 +108,7 @@ async def test_greedy_output_equals_hf_generate_with_cuda_graphs(engine: CudaEng
 
     assert got == hf_greedy(small_dir)
     assert info["device"].startswith("cuda") and info["attention_backend"] == "flex_attention"
+    assert info["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16] and info["cuda_graph_replays"] >= NEW_TOKENS - 1
 
 
 def flattened_bucket_on_gpu(model_dir: Path) -> dict[str, object]:
