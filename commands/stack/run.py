@@ -153,10 +153,16 @@ def _follow_trainer(console: Console, stack: LocalStack, started_at: float) -> i
 
 def _print_untrained(console: Console, stack: LocalStack) -> None:
     """Groups still in the queue once the trainer is done are never trained: say so, with their number."""
-    depth = queue_depth(stack.endpoints.queue_http)
+    from commands.ctl.calls import CallError
+    from commands.ctl.components import queue_status
+
+    try:  # the queue's own count (its Prometheus gauge lags by up to stats_refresh_s)
+        depth = queue_status(stack.endpoints.queue_grpc, 5.0).queue_size
+    except CallError:
+        return
     if depth:
         console.print(
-            f"[yellow]{depth:.0f} trajectory group(s) left in the queue were not trained[/] (the trainer reached"
+            f"[yellow]{depth} trajectory group(s) left in the queue were not trained[/] (the trainer reached"
             f" total_steps={stack.config.trainer.get('total_steps', 100)})"
         )
 

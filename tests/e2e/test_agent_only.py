@@ -1,10 +1,12 @@
 """Agent-only training as a user runs it: ``relayrl up`` with ``rollout.source: agents`` (the
 example config), the example agent pushing groups through the real ``openai`` client, and
-``relayrl ctl group`` telling which were trained. The trainer trains N steps from exactly the N
-groups the agent pushed; the rollout generates nothing of its own."""
+``relayrl ctl group`` telling which were trained. The trainer trains N steps from exactly N of the
+groups the agent pushed (the rollout generates nothing of its own), and a group pushed after it
+finished (``--keep-alive``) is reported as never trained."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +51,7 @@ def test_the_trainer_trains_n_steps_from_the_n_groups_an_openai_agent_pushed(tmp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run_dir = runs / "agent-only"
     up = subprocess.Popen(
-        [sys.executable, "-m", "commands.cli", "up", "--config", str(path)],
+        [sys.executable, "-m", "commands.cli", "up", "--config", str(path), "--keep-alive"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip
     try:
@@ -70,7 +72,12 @@ def test_the_trainer_trains_n_steps_from_the_n_groups_an_openai_agent_pushed(tmp
             )
             assert fate["detail"]["trajectory_id"] == group["trajectory_id"]
         last = _agent(rollout, token, 1, env)
-        output, _ = up.communicate(timeout=240)
+        # --keep-alive: the services stay up after the last step. A group pushed then is queued and
+        # never trained, and stopping the stack says so.
+        wait_until(lambda: (run_dir / "report.json").is_file() or up.poll() is not None, 240, "the run to finish")
+        (extra,) = _agent(rollout, token, 1, env)
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=120)
     finally:
         if up.poll() is None:
             up.kill()
@@ -78,6 +85,9 @@ def test_the_trainer_trains_n_steps_from_the_n_groups_an_openai_agent_pushed(tmp
     lines = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
     trained = [gid for line in lines if "step" in line for gid in line["group_ids"]]
     assert sorted(trained) == sorted(g["trajectory_id"] for g in [*first, *last]), "only the agent's groups"
+    assert extra["status"] == "queued" and extra["trajectory_id"] not in trained
+    assert "Groups pushed from now on (agents through the OpenAI endpoint) are queued and never trained" in output
+    assert "1 trajectory group(s) left in the queue were not trained" in output, output
     assert json.loads((run_dir / "report.json").read_text())["steps"] == STEPS
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["trainer/processed_samples"] == STEPS * 2
