@@ -346,7 +346,6 @@ async def test_the_rollout_service_serves_the_endpoint_behind_its_token(
     assert sample_value(running.replica, "generated_tokens_total") == completion.usage.completion_tokens
 
 
-
 async def test_a_paused_replica_answers_503_with_retry_after_at_once_and_serves_again_on_resume(
     engine: EngineProcess, queue: QueueServer
 ) -> None:
