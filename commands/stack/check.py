@@ -10,7 +10,7 @@ One path rule: every input path in the file (``stack.model_dir``, datasets, the 
 the reward model, tool and interaction configs, ``rollout.tokenizer_path``) is relative to the
 config file's folder, and modules the config names (tool and interaction classes,
 ``module:function`` rewards) import from that folder first, then from the working directory; the
-services get the same folders on their ``PYTHONPATH`` (``stack.import_dirs``). Each problem is one
+rollouts get the same folders on their ``PYTHONPATH`` (``stack.import_dirs``). Each problem is one
 line naming the YAML key as written. Only light imports here (no torch): the check answers in well
 under two seconds.
 """

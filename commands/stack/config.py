@@ -36,7 +36,7 @@ class StackSettings(BaseModel):
     )
     import_dirs: list[str] = Field(
         default_factory=list,
-        description="Folders (relative to the config file) on every service's PYTHONPATH, for the modules the"
+        description="Folders (relative to the config file) on the rollouts' PYTHONPATH, for the modules the"
         " config names: tool and interaction classes, 'module:function' rewards. The config file's own folder is"
         " always added first.",
     )

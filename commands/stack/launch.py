@@ -83,14 +83,11 @@ class LocalStack:
         return f"{scheme}://{auth + '@' if auth else ''}{routed}{slash}{path}"
 
     def _shared_env(self) -> dict[str, str]:
-        # The modules the config names import from its folder (see commands/stack/check.py).
-        pythonpath = os.pathsep.join([*self.settings.import_dirs, *filter(None, [os.environ.get("PYTHONPATH")])])
         # max_staleness auto: the trainer alone picks η (it reads RELAYRL_TRAINER_MAX_STALENESS before the
         # shared variable, which other services hold at the limit); a trainer section's own value still wins.
         bound = self.settings.staleness_bound
         auto = {"RELAYRL_TRAINER_MAX_STALENESS": "auto", "RELAYRL_TRAINER_MAX_STALENESS_LIMIT": str(bound)}
         return {
-            **({"PYTHONPATH": pythonpath} if pythonpath else {}),
             **(auto if self.settings.max_staleness == "auto" else {}),
             "RELAYRL_RUN_ID": self.run_id,
             "RELAYRL_API_TOKEN": self.api_token,
@@ -109,6 +106,12 @@ class LocalStack:
     ) -> ComponentSpec:
         # Section values first, the stack's wiring last: ports and addresses must stay consistent.
         env = {**self._shared_env(), **self.config.section_env(service), **wiring}
+        if service == "rollout" and self.settings.import_dirs:
+            # The modules the config names (tools, interactions, rewards) import from its folder, as in
+            # `relayrl check`; only the rollout loads them, so no other service sees that folder first.
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*self.settings.import_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
         return ComponentSpec(
             name=name,
             argv=argv,
