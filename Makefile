@@ -65,11 +65,13 @@ test-py312: setup
 # An offline install bundle for a GPU host (docs/install-gpu.md): wheels for Python $(PY), manylinux
 # x86_64, without what the host brings (HOST_PACKAGES and what only they pull in), RelayRL's wheel, and
 # redis-server with its libraries from Debian; dist/bundle-py$(PY)/ and dist/bundle-py$(PY).tar.gz.
+# BUNDLE_WITH adds requirements to ship and install too (the test tools, for `pytest -m gpu` there).
 PY ?= 3.12
 HOST_PACKAGES ?= torch numpy transformers
+BUNDLE_WITH ?=
 bundle: setup
 	$(BIN)/python scripts/bundle.py --python $(PY) --out dist/bundle-py$(PY) --constraints constraints.txt \
-	  $(foreach p,$(HOST_PACKAGES),--host-package $(p))
+	  $(foreach p,$(HOST_PACKAGES),--host-package $(p)) $(foreach r,$(BUNDLE_WITH),--with $(r))
 
 lint: setup
 	$(BIN)/ruff check .

@@ -118,7 +118,7 @@ def pip_target_args(python: str, platform: str) -> list[str]:
     ]  # fmt: skip
 
 
-def resolve(wheels: list[Path], constraints: Path | None, python: str, platform: str, work: Path) -> list[dict]:
+def resolve(wheels: list[str], constraints: Path | None, python: str, platform: str, work: Path) -> list[dict]:
     """pip's full resolution for ``wheels`` on the target Python and platform (its --report items)."""
     report = work / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
@@ -126,7 +126,7 @@ def resolve(wheels: list[Path], constraints: Path | None, python: str, platform:
     cmd += pip_target_args(python, platform)
     if constraints is not None:
         cmd += ["-c", str(constraints)]
-    run(cmd + [str(w) for w in wheels])
+    run(cmd + wheels)
     return json.loads(report.read_text())["install"]
 
 
@@ -318,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--constraints", type=Path, help="exact versions (the repo's constraints.txt)")
     parser.add_argument("--wheel", type=Path, action="append", help="ship this wheel instead of RelayRL's")
     parser.add_argument(
+        "--with",
+        dest="also",
+        action="append",
+        default=[],
+        help="also ship and install this requirement (repeat), e.g. pytest for `pytest -m gpu` on the host",
+    )
+    parser.add_argument(
         "--host-package",
         action="append",
         default=None,
@@ -337,9 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         wheels = args.wheel or [build_project_wheel(args.repo, work)]
         local = {canonicalize_name(w.name.split("-")[0]): w.resolve() for w in wheels}
-        say(f"resolving {', '.join(sorted(local))} for Python {args.python} on {args.platform}")
-        items = resolve(list(local.values()), args.constraints, args.python, args.platform, work)
-        kept, host_reqs = shipped(items, local, args.host_package, args.python)
+        say(f"resolving {', '.join([*sorted(local), *args.also])} for Python {args.python} on {args.platform}")
+        also = [canonicalize_name(Requirement(r).name) for r in args.also]
+        roots = [str(w) for w in local.values()] + args.also
+        items = resolve(roots, args.constraints, args.python, args.platform, work)
+        kept, host_reqs = shipped(items, [*local, *also], args.host_package, args.python)
         say(
             f"downloading {len(kept)} wheels (left out with the host's {', '.join(args.host_package)}: "
             f"{len(items) - len(kept)})"
@@ -350,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             python=args.python,
             python_tag="cp" + args.python.replace(".", ""),
             platform=args.platform,
-            install=sorted(local),
+            install=sorted([*local, *also]),
             host_requirements=host_reqs,
             host_packages=sorted(canonicalize_name(n) for n in args.host_package),
             wheels=wheel_records(out / "wheels"),
