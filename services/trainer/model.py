@@ -73,11 +73,11 @@ def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     kwargs: dict[str, Any] = {}
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    layers = _decoder_layers(model)
-    for i, layer in enumerate(layers):
-        # The last block's backward comes right after its forward: resharding it in between would only
-        # gather it again.
-        fully_shard(layer, reshard_after_forward=i < len(layers) - 1, **kwargs)
+    # Every block reshards after its forward, the last one too: peft's adapter switch (the LoRA
+    # reference) sets requires_grad on the parameters registered at the time, which must be the
+    # sharded ones that the optimizer and the publish see.
+    for layer in _decoder_layers(model):
+        fully_shard(layer, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
 
