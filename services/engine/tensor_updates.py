@@ -71,7 +71,7 @@ class _HandleUnpickler(pickle.Unpickler):
             name in ("Tensor", "Size", "device") or isinstance(getattr(torch, name, None), torch.dtype)
         ):
             return super().find_class(module, name)
-        if module == "multiprocessing.resource_sharer":
+        if module == "multiprocessing.resource_sharer" or name == "rebuild_storage_fd":
             raise ValueError(
                 "a CPU tensor shared by file descriptor cannot be opened by another process: share it with"
                 " torch.multiprocessing.set_sharing_strategy('file_system')"
