@@ -132,8 +132,14 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def last_hidden(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """The final norm's output (what the output head reads) for every position, [R, L, H].
+def output_head(model: nn.Module) -> nn.Module:
+    """The module that turns final hidden states into logits (``lm_head``)."""
+    return _causal_lm(model).get_output_embeddings()
+
+
+def last_hidden(model: nn.Module, mb: Any) -> torch.Tensor:
+    """The final norm's output (what the output head reads) for every position of ``mb`` (anything
+    with ``model_inputs(device)``), [R, L, H].
 
     The model runs its whole forward (FSDP's hooks, peft's adapter switch) but computes logits for
     one position only (``logits_to_keep``): the log-probs take the head chunk by chunk instead.
@@ -206,9 +212,8 @@ def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_en
     L = mb.input_ids_BL.shape[1]
     pos_BT = (mb.response_start_B[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
     targets_BT = mb.input_ids_BL[rows[:, None], pos_BT].to(device)
-    head = _causal_lm(model).get_output_embeddings()
     logp_N, entropy_N = token_logprobs(
-        head, hidden_BTH.reshape(B * T, -1), targets_BT.reshape(-1), temperature, with_entropy
+        output_head(model), hidden_BTH.reshape(B * T, -1), targets_BT.reshape(-1), temperature, with_entropy
     )
     entropy_BT = entropy_N.view(B, T) if entropy_N is not None else None
     return PolicyOut(logp_N.view(B, T), entropy_BT)

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.trainer import distributed as D
 from services.trainer.batching import pack_by_count, shard
 from services.trainer.losses import Normaliser, aggregate
-from services.trainer.model import clip_and_step
+from services.trainer.model import clip_and_step, last_hidden, output_head, token_logprobs
 from services.trainer.sft.data import SftExample
 
 
@@ -28,6 +27,9 @@ class SftMicroBatch:
     input_ids_BL: torch.Tensor
     attention_mask_BL: torch.Tensor
     loss_mask_BL: torch.Tensor
+
+    def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids_BL.to(device), "attention_mask": self.attention_mask_BL.to(device)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +56,18 @@ def collate(examples: list[SftExample], pad_id: int) -> SftMicroBatch:
 
 
 def token_nll(model: nn.Module, mb: SftMicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(−log p of each next token, its loss mask), both [B, L−1]: position t predicts token t+1."""
-    device = next(model.parameters()).device
-    out = model(input_ids=mb.input_ids_BL.to(device), attention_mask=mb.attention_mask_BL.to(device), use_cache=False)
-    logits_BTV = out.logits[:, :-1].float()
-    targets_BT = mb.input_ids_BL[:, 1:].to(device)
-    nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), targets_BT, reduction="none")
-    return nll_BT, mb.loss_mask_BL[:, 1:].to(device)
+    """(−log p of each next token, its loss mask), both [B, L−1]: position t predicts token t+1.
+
+    From the hidden states and the output head a chunk of tokens at a time, as the RL trainer's
+    log-probs (:func:`services.trainer.model.token_logprobs`): the whole logits never exist.
+    """
+    hidden_BLH = last_hidden(model, mb)
+    B, L, H = hidden_BLH.shape
+    targets_BT = mb.input_ids_BL[:, 1:].to(hidden_BLH.device)
+    logp_N, _ = token_logprobs(
+        output_head(model), hidden_BLH[:, :-1].reshape(-1, H), targets_BT.reshape(-1), 1.0, with_entropy=False
+    )
+    return -logp_N.view(B, L - 1), mb.loss_mask_BL[:, 1:].to(hidden_BLH.device)
 
 
 def micro_loss(model: nn.Module, mb: SftMicroBatch, batch_trained_tokens: int) -> torch.Tensor:
