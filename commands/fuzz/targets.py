@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from relayrl.net import free_port, port_open
-from relayrl.redis_process import INSTALL_HINT, RedisProcess
 from commands.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from commands.stack.supervisor import Supervisor
+from relayrl.net import free_port, port_open
+from relayrl.redis_process import INSTALL_HINT, RedisProcess
 
 HOST = "127.0.0.1"
 RELAYRL = [sys.executable, "-m", "commands.cli"]

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from relayrl.net import free_port
 from commands.stack.launch import HOST, LocalStack
 from commands.stack.process import ComponentError, ComponentSpec, http_ready
+from relayrl.net import free_port
 
 RULES_FILE = Path(__file__).resolve().parents[2] / "observability" / "alerts" / "relayrl-rules.yaml"
 SCRAPE_INTERVAL_S = 5

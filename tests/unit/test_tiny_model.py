@@ -125,9 +125,9 @@ def test_stack_settings_reject_an_unknown_preset():
 
 
 def test_the_local_stack_builds_its_model_of_the_configured_preset(tmp_path):
-    from relayrl.models.tiny import count_parameters
     from commands.stack.config import StackConfig, StackSettings
     from commands.stack.launch import LocalStack, prepare_model
+    from relayrl.models.tiny import count_parameters
 
     settings = StackSettings(run_id="r", runs_dir=tmp_path, model_preset="small", tiny_arch="llama")
     model_dir = prepare_model(LocalStack(StackConfig(stack=settings), supervisor=None))

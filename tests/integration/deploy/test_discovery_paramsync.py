@@ -39,7 +39,9 @@ def child_env(**env: str) -> dict[str, str]:
 @contextlib.contextmanager
 def process(args: list[str], log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *args], env=env, cwd=REPO, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commands.cli", *args], env=env, cwd=REPO, stdout=out, stderr=out
+        )
         try:
             yield proc
         finally:

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from observability.alerts.chart import RULES_FILE
-from observability.build import DASHBOARDS_DIR
-from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
-from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
 from commands.ctl.config import CtlSettings, env_file_text
 from commands.ctl.deployment import act, gather_status
 from commands.stack.config import StackConfig, StackSettings
 from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.supervisor import supervised
+from observability.alerts.chart import RULES_FILE
+from observability.build import DASHBOARDS_DIR
+from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
+from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
 from tests.integration.observability.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, grafana_to_promql
 from tests.waiting import wait_until
 

@@ -20,8 +20,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
-from relayrl.net import free_port
 from commands.stack.chaos.proxy import FaultyProxy
+from relayrl.net import free_port
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.core import ParamSyncCore
 from services.paramsync.errors import ParamSyncError, VersionUnavailable

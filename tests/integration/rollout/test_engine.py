@@ -13,8 +13,8 @@ import httpx
 import pytest
 import torch
 
-from relayrl.net import free_port
 from commands.stack.progress import read_samples
+from relayrl.net import free_port
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
 from tests.mappings import mapped_files

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from commands.stack.chaos.proxy import FaultyProxy
 from relayrl.redis_process import RedisProcess
 from relayrl.retry import RetryPolicy
-from commands.stack.chaos.proxy import FaultyProxy
 from services.engine.client import EngineClient, EngineLinkError, SamplingParams
 from services.paramsync.client import ParamSyncClient
 from services.queue.config import QueueSettings

@@ -5,11 +5,11 @@ import asyncio
 import pytest
 from pydantic import SecretStr
 
+from commands.stack.progress import read_samples, scrape
 from relayrl.http_app import create_http_app
 from relayrl.metrics import ServiceMetrics
 from relayrl.net import free_port
 from relayrl.serving import start_http_server
-from commands.stack.progress import read_samples, scrape
 
 
 async def test_scrape_reads_counters_and_gauges_and_tolerates_absence():

@@ -11,8 +11,8 @@ import yaml
 from peft import PeftModel, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from relayrl.models.loading import load_causal_lm
 from commands.stack.export import export_policy
+from relayrl.models.loading import load_causal_lm
 from services.trainer import lora
 from tests.integration.trainer.harness import Stack, start_trainer, stop_group
 from tests.integration.trainer.test_service import SMALL, _rows

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from relayrl.config import SettingsError, load_settings
 from commands.ctl.components import ParamsyncReport, QueueReport, ReplicaReport, TrainerReport
 from commands.ctl.config import CtlSettings, env_file_text
 from commands.ctl.deployment import DeploymentStatus, Failure, Outcome
 from commands.ctl.render import print_outcomes, print_status, summary_line
+from relayrl.config import SettingsError, load_settings
 from services.paramsync.manifest import ReplicaVersion
 
 

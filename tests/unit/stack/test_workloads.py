@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.models.loading import load_tokenizer
-from relayrl.models.tiny import init_tiny
 from commands.stack.environment import read_calls
 from commands.stack.workloads import (
     WORKLOADS,
@@ -23,6 +21,8 @@ from commands.stack.workloads import (
     realistic_dataset,
     toy_dataset,
 )
+from relayrl.models.loading import load_tokenizer
+from relayrl.models.tiny import init_tiny
 from relayrl.tasks import score_builtin
 from services.rollout.agent.interactions import load_interactions, pick_interaction
 from services.rollout.config import RolloutSettings
