@@ -213,7 +213,7 @@ async def _update_pauses(url: str, model_dir: Path, device: str) -> dict[str, fl
             before = await _paused_total(http)
             response = await http.post("/update_weights_from_disk", json={"model_path": str(host_dir)})
             response.raise_for_status()
-            pauses["from_disk"] = round(await _paused_total(http) - before, 4)
+            pauses["from_disk"] = round(await _paused_total(http) - before, 6)
         finally:
             shutil.rmtree(host_dir, ignore_errors=True)
         if device == "cuda":
@@ -226,7 +226,7 @@ async def _update_pauses(url: str, model_dir: Path, device: str) -> dict[str, fl
         body = {"serialized_named_tensors": [serialize(bucket)], "load_format": "flattened_bucket"}
         response = await http.post("/update_weights_from_tensor", json=body)
         response.raise_for_status()
-        pauses["from_tensor"] = round(await _paused_total(http) - before, 4)
+        pauses["from_tensor"] = round(await _paused_total(http) - before, 6)
         await load
     return pauses
 

@@ -25,7 +25,7 @@ def test_bench_engine_prints_one_json_line_with_every_figure() -> None:
     result = CliRunner().invoke(app, [*args, "--hf-batch", "2", "--floor-requests", "2"])
 
     assert result.exit_code == 0, result.output
-    figures = json.loads(result.output.strip().splitlines()[-1])
+    figures = json.loads(next(line for line in reversed(result.output.splitlines()) if line.startswith("{")))
     engine = figures["engine"]
     assert engine["output_tokens"] == figures["output_tokens"] > 0
     assert engine["output_tokens_per_s"] > 0
