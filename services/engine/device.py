@@ -15,18 +15,25 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from relayrl.config import SettingsError
-from services.engine.attention import PassInputs
+from services.engine.attention import AttentionBackend, PassInputs
 from services.engine.kv_pool import BlockPool, KVLayout
 
-if TYPE_CHECKING:
-    from services.engine.model_runner import ModelRunner
-
 log = logging.getLogger(__name__)
+
+
+class ModelRunner(Protocol):
+    """What a decode runner uses of :class:`~services.engine.model_runner.ModelRunner` (a protocol,
+    so that this module, which the model runner imports, does not import it back)."""
+
+    device: torch.device
+    attention: AttentionBackend
+
+    def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor: ...
 
 
 class DecodeRunner(Protocol):
