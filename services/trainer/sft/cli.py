@@ -20,11 +20,18 @@ from services.trainer.cli import device_or_exit
 
 def _run_here(**options: Any) -> None:
     """This process is one rank (the only one, or one of torchrun's): run it and report on rank 0."""
+    from relayrl.models.loading import check_model_dir
     from relayrl.service_cli import settings_or_exit
     from services.trainer.sft.config import SftSettings
 
     settings = settings_or_exit(SftSettings, **options)
     device_or_exit(settings)
+    try:
+        # A wrong path is answered before torch and transformers load (seconds on a cold host).
+        check_model_dir(settings.model_dir)
+    except FileNotFoundError as err:
+        typer.echo(f"relayrl sft: {err}", err=True)
+        raise typer.Exit(2) from None
     # Imported once the settings are known good: training pulls in torch and transformers.
     from services.trainer.sft.run import run_sft
 
