@@ -9,6 +9,11 @@ import typer
 app = typer.Typer(help="The Redis Streams trajectory and prompt queues.", no_args_is_help=True)
 
 
+@app.callback()
+def main() -> None:
+    """The queue service: a group even with one command, as ``relayrl queue serve`` names it."""
+
+
 @app.command("serve")
 def serve_command(
     grpc_port: Annotated[int | None, typer.Option(help="Overrides RELAYRL_QUEUE_GRPC_PORT.")] = None,

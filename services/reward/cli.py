@@ -9,6 +9,11 @@ import typer
 app = typer.Typer(help="The reward-model service: batched scoring over HTTP.", no_args_is_help=True)
 
 
+@app.callback()
+def main() -> None:
+    """The reward service: a group even with one command, as ``relayrl reward serve`` names it."""
+
+
 @app.command("serve")
 def serve_command(
     model: Annotated[str | None, typer.Option(help="Hugging Face model directory (RELAYRL_REWARD_MODEL_PATH).")] = None,
