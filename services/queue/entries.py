@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 
 from services.queue.keys import Keys
 
@@ -39,8 +39,9 @@ async def entry_status(redis: aioredis.Redis, keys: Keys, entry_id: str, scan: i
 def entries_router(redis: aioredis.Redis, keys: Keys, scan: int) -> APIRouter:
     router = APIRouter()
 
+    # A Redis stream id (``ms-seq``), so anything else is a 422 rather than Redis's error as a 500.
     @router.get("/entries/{entry_id}")
-    async def entry(entry_id: str) -> dict[str, Any]:
+    async def entry(entry_id: Annotated[str, Path(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$")]) -> dict[str, Any]:
         """Whether the entry is queued, dropped by the queue (with the reason) or gone (acknowledged)."""
         return await entry_status(redis, keys, entry_id, scan)
 
