@@ -17,6 +17,9 @@ from observability.dashboards.common import Board, Query, timeseries_panel
 from relayrl.metrics import key_to_metric_name
 
 UID = "relayrl-trainer"
+# Panels fed only by a trainer on CUDA (perf/mfu/actor needs the device's peak, the allocator's peak
+# is CUDA's): on a CPU stack they evaluate but have no data.
+GPU_ONLY_PANELS = ("MFU", "Peak device memory")
 
 
 def verl(key: str, legend: str | None = None) -> Query:

@@ -6,7 +6,8 @@ through Prometheus' HTTP API, and every panel must return data. The exceptions a
 panels fed by SGLang alone (``SGLANG_ONLY_PANELS``): the built-in CPU engine has no KV cache
 pool to report, so on this machine they must evaluate but cannot have data; and the panels fed
 by multi-turn episodes (``MULTI_TURN_PANELS``), which this single-turn stack does not run (their
-series are read from a real rollout's ``/metrics`` in tests/integration/rollout/test_agent_tool_metrics.py).
+series are read from a real rollout's ``/metrics`` in tests/integration/rollout/test_agent_tool_metrics.py);
+and the trainer's panels fed only on CUDA (``GPU_ONLY_PANELS``: MFU and peak device memory).
 
 ``relayrl ctl`` is checked against the same stack: ``status --all`` names every component,
 and pause/resume reach every rollout replica and the trainer.
@@ -32,6 +33,7 @@ from commands.stack.supervisor import supervised
 from observability.alerts.chart import RULES_FILE
 from observability.build import DASHBOARDS_DIR
 from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
+from observability.dashboards.trainer import GPU_ONLY_PANELS
 from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
 from tests.integration.observability.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, grafana_to_promql
 from tests.waiting import wait_until
@@ -121,8 +123,8 @@ def test_every_panel_query_evaluates_and_every_panel_has_data(observed: Observed
                     failures.append(f"{board['uid']} / {panel['title']} {query.ref_id}: {exc}")
                     continue
                 with_data += result.has_data
-            exempt = (*SGLANG_ONLY_PANELS, *MULTI_TURN_PANELS)
-            needs_data = not (board["uid"] == "relayrl-rollout" and panel["title"] in exempt)
+            exempt = {"relayrl-rollout": (*SGLANG_ONLY_PANELS, *MULTI_TURN_PANELS), "relayrl-trainer": GPU_ONLY_PANELS}
+            needs_data = panel["title"] not in exempt.get(board["uid"], ())
             if needs_data and not with_data:
                 failures.append(f"{board['uid']} / {panel['title']}: no data")
     assert not failures, "\n".join(failures)
