@@ -25,7 +25,10 @@ def test_bench_engine_prints_one_json_line_with_every_figure() -> None:
     result = CliRunner().invoke(app, [*args, "--hf-batch", "2", "--floor-requests", "2"])
 
     assert result.exit_code == 0, result.output
-    figures = json.loads(next(line for line in reversed(result.output.splitlines()) if line.startswith("{")))
+    # stdout alone: transformers' progress bars and warnings go to stderr, interleaved in result.output.
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, result.output
+    figures = json.loads(lines[-1])
     engine = figures["engine"]
     assert engine["output_tokens"] == figures["output_tokens"] > 0
     assert engine["output_tokens_per_s"] > 0
