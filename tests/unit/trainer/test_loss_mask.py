@@ -357,7 +357,9 @@ def test_a_step_ignores_log_probs_and_rewards_on_observation_tokens(tiny_model_d
             adv_estimator=estimator, pg_variant=variant, ppo_mini_batches=2, micro_batch_tokens=16
         )
         metrics = train_step(models, _episode_samples(rewards_seed=seed), settings, pad_id=0)
-        results.append(({k: v for k, v in metrics.items() if not k.startswith(("timing/", "timing_s/"))}, _params(models.actor)))
+        results.append(
+            ({k: v for k, v in metrics.items() if not k.startswith(("timing/", "timing_s/"))}, _params(models.actor))
+        )
     (clean, clean_params), (scrambled, scrambled_params) = results
     assert clean["actor/grad_norm"] > 0
     assert scrambled == pytest.approx(clean, abs=1e-6)
