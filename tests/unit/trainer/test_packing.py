@@ -94,9 +94,9 @@ def test_packed_and_padded_steps_give_the_same_loss_and_gradients(tiny_model_dir
     assert packed[0]["actor/grad_norm"] > 0
     # The two layouts sum in different orders (one packed row against padded rows, and per-thread
     # blocking that differs with the torch threads a test worker gets): fp32 rounding then reaches
-    # 1e-5 on the largest gradients (seen: 1.04e-5 on a 9e-3 element), so the bound scales with them.
+    # 1e-5 on the largest gradients and updated weights (seen: 1.04e-5 on a 9e-3 element), so the bound scales.
     torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(packed[2], padded[2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[2], padded[2], atol=1e-5, rtol=1e-4)
 
 
 def test_the_token_budget_counts_real_tokens_when_packed():
