@@ -13,21 +13,7 @@
 # and 3 of the torch_native engine run; TESTS_TIMEOUT_S, BENCH_TIMEOUT_S, NATIVE_TIMEOUT_S override. Run from anywhere: `bash scripts/gpu-checks/engine.sh`.
 set -uo pipefail
 
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
-# Wheels the GPU image lacks (fastapi, uvicorn, pydantic-settings, ...) travel in .whl (see the device notes).
-if [ -d .whl ]; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1
-
-nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
-"$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-    >>"$OUT/gpu.txt" 2>&1
+source "$(dirname "$0")/common.sh"
 
 timeout "${TESTS_TIMEOUT_S:-240}" "$PYTHON" -m pytest -m gpu -n 0 -q -rfE tests/gpu/engine \
     --junitxml="$OUT/engine-gpu-tests.xml" >"$OUT/engine-gpu-tests.txt" 2>&1

@@ -18,22 +18,7 @@
 # flat. Run from anywhere: `bash scripts/gpu-checks/trainer.sh`.
 set -uo pipefail
 
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
-# Wheels the GPU image lacks (fastapi, uvicorn, pydantic-settings, ...) travel in .whl (see the device notes).
-if [ -d .whl ]; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-
-nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
-"$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-    >>"$OUT/gpu.txt" 2>&1
+source "$(dirname "$0")/common.sh"
 
 timeout "${TESTS_TIMEOUT_S:-300}" "$PYTHON" -m pytest -m gpu -n 0 -q -rfE tests/gpu/trainer \
     --junitxml="$OUT/trainer-gpu-tests.xml" >"$OUT/trainer-gpu-tests.txt" 2>&1
