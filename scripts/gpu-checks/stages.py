@@ -1,0 +1,134 @@
+"""The checks of one GPU session, in the order they run, each with its budget in seconds.
+
+Ordered by value per second of device time: the install first (everything else runs from it), then
+the two headline figures (#46's trainer, #47's engine), whose cost is bounded, then the GPU tests,
+whose length no GPU run has measured yet (their log keeps what finished if they are cut), then the
+figures the issues ask for beyond the headline ones. A session of 540 s rarely reaches the end;
+what does not fit is listed as skipped with its budget, for the next session to pick by name.
+
+Every bench runs through the installed ``relayrl`` with its documented flags; a run whose flags the
+command's ``--help`` does not list (a flag another change is still adding) is reported "not available"
+instead of failing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Kind = Literal["install", "tests", "bench"]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One command of a bench stage: one line of bench.jsonl."""
+
+    name: str
+    args: tuple[str, ...]  # after `relayrl`
+    budget_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    issues: str
+    kind: Kind
+    budget_s: int  # a bench stage's is the sum of its runs'
+    what: str
+    runs: tuple[Run, ...] = field(default=())
+
+
+def _bench(name: str, issues: str, what: str, *runs: Run) -> Stage:
+    return Stage(name, issues, "bench", sum(r.budget_s for r in runs), what, runs)
+
+
+TRAINER = ("bench", "trainer", "--device", "cuda", "--preset", "base", "--workload", "realistic", "--json")
+# A switch's run skips the plain-model baseline (the default run measures it) and takes 3 steps.
+SWITCH = (*TRAINER, "--no-single-process", "--steps", "3")
+ENGINE = ("bench", "engine", "--device", "cuda", "--preset", "base", "--json")
+E2E = ("bench", "e2e", "--workload", "realistic", "--json")
+
+STAGES: tuple[Stage, ...] = (
+    Stage("install", "#50", "install", 90, "scripts/install-offline.sh from the bundle, torch unchanged"),
+    _bench("trainer", "#46", "MFU, FSDP over the plain model, memory by step", Run("default", TRAINER, 150)),
+    # The floors (HF generate, generate_batch) on the first 64 requests: on all 256 they take minutes.
+    _bench(
+        "engine",
+        "#47",
+        "tokens/s against the floors, TTFT, ITL, update pauses",
+        Run("base", (*ENGINE, "--floor-requests", "64"), 180),
+    ),
+    Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
+    _bench(
+        "e2e-cuda",
+        "#50",
+        "the four phases on one GPU: gpu_busy_fraction, pipeline_efficiency",
+        Run(
+            "realistic-base",
+            ("bench", "e2e", "--device", "cuda", "--workload", "realistic", "--preset", "base", "--json"),
+            240,
+        ),
+    ),
+    _bench(
+        "trainer-switches",
+        "#46",
+        "use_torch_compile and enable_gradient_checkpointing on",
+        Run("compile", (*SWITCH, "--use-torch-compile"), 90),
+        Run("ckpt", (*SWITCH, "--enable-gradient-checkpointing"), 75),
+    ),
+    _bench(
+        "rollout-cuda",
+        "#47",
+        "the rollout service over the CUDA engine against the engine alone",
+        Run("default", ("bench", "rollout", "--device", "cuda", "--json"), 90),
+    ),
+    _bench(
+        "openai-cuda",
+        "#47",
+        "the OpenAI endpoint against the native path on the CUDA engine",
+        Run("default", ("bench", "openai", "--device", "cuda", "--json"), 90),
+    ),
+    # No floors here: the base run measured them on the same workload.
+    _bench(
+        "engine-native",
+        "#47",
+        "the torch_native attention backend",
+        Run("torch-native", (*ENGINE, "--attention-backend", "torch_native", "--no-floors"), 120),
+    ),
+    _bench(
+        "trainer-batch",
+        "#46",
+        "use_remove_padding off; ppo_max_token_len_per_gpu 32768",
+        Run("padded", (*SWITCH, "--no-use-remove-padding"), 75),
+        Run("32k", (*SWITCH, "--micro-batch-tokens", "32768"), 75),
+    ),
+    # stack.cpus is auto by default: half the cores to the engine, half to the trainer.
+    _bench(
+        "e2e-cpu",
+        "#50",
+        "the CPU pipeline on 16 cores, stack.cpus auto",
+        Run("realistic-small", (*E2E, "--preset", "small"), 360),
+    ),
+)
+
+
+def select(words: list[str]) -> list[Stage]:
+    """The stages named (``NAME`` or ``NAME=SECONDS``, in the order given), or all of them in order.
+    SECONDS replaces the stage's budget; in a stage of several runs, each run's."""
+    by_name = {s.name: s for s in STAGES}
+    if not words:
+        return list(STAGES)
+    chosen = []
+    for word in words:
+        name, _, seconds = word.partition("=")
+        if name not in by_name:
+            raise SystemExit(f"gpu-checks: unknown stage {name!r}; choose among {', '.join(by_name)}")
+        stage = by_name[name]
+        if seconds:
+            if not seconds.isdigit() or int(seconds) == 0:
+                raise SystemExit(f"gpu-checks: {word!r}: the budget must be a whole number of seconds")
+            runs = tuple(replace(r, budget_s=int(seconds)) for r in stage.runs)
+            total = sum(r.budget_s for r in runs) if runs else int(seconds)
+            stage = replace(stage, budget_s=total, runs=runs)
+        chosen.append(stage)
+    return chosen
