@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, _AREAS[parts[1]]))
 
 
+E2E_SCOPE = "e2e"
+
+
 def xdist_scope(nodeid: str) -> str:
     """The unit of work `make test`'s xdist workers share out (tests of one scope run on one worker).
 
@@ -65,23 +69,36 @@ def xdist_scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     parts = Path(path).parts
     if len(parts) > 1 and parts[1] == "e2e":
-        return "e2e"
+        return E2E_SCOPE
     if len(parts) > 1 and parts[1] == "integration":
         return path
     return nodeid
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    # xdist's own loadgroup cannot group under pytest 9: it tags each node id with its group by
-    # assigning ``item._nodeid``, which pytest 9 no longer reads, so every test went its own way
-    # (e2e stacks ran two at a time, module fixtures were built once per worker).
+def scope_scheduler() -> type:
+    """xdist's LoadScopeScheduling over :func:`xdist_scope`'s scopes, the e2e scope handed out first."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByScope(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
-    return ByScope(config, log)
+        def _assign_work_unit(self, node: Any) -> None:
+            # xdist hands out the scopes with the most tests first, but the e2e scope is the longest to
+            # run whatever its count (whole stacks, one after another): behind modules of many quick
+            # tests it would start late and run on alone at the end while the other worker idles.
+            if E2E_SCOPE in self.workqueue:
+                self.workqueue.move_to_end(E2E_SCOPE, last=False)
+            super()._assign_work_unit(node)
+
+    return ByScope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # xdist's own loadgroup cannot group under pytest 9: it tags each node id with its group by
+    # assigning ``item._nodeid``, which pytest 9 no longer reads, so every test went its own way
+    # (e2e stacks ran two at a time, module fixtures were built once per worker).
+    return scope_scheduler()(config, log)
 
 
 @pytest.fixture(scope="session")
