@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,16 +33,11 @@ from typing import Any
 import yaml
 
 from relayrl.tasks import get_task, make_rows
+from relayrl.workloads import REALISTIC_MAX_TOKENS
+from relayrl.workloads import realistic_length as realistic_budget
 
 # (bits to copy, share of prompts): the toy workload's long tail.
 TOY_LENGTH_MIX = ((1, 0.85), (8, 0.10), (32, 0.05))
-
-REALISTIC_MEDIAN_TOKENS = 64
-REALISTIC_MAX_TOKENS = 512
-# ln(8) / z(0.99) = 0.894 puts the 99th percentile at exactly 8× the median; a little wider keeps
-# it there after the cap at 512.
-REALISTIC_SIGMA = 0.95
-REALISTIC_MIN_TOKENS = 4
 
 # guess 0-6 in three guesses: a binary search wins every game, a guess that ignores the replies a third.
 AGENTIC_DIFFICULTY = 3
@@ -105,12 +99,6 @@ def toy_dataset(path: Path, rows: int, seed: int) -> Path:
             }
         )
     return _write_rows(path, out)
-
-
-def realistic_budget(rng: random.Random) -> int:
-    """One response budget in tokens from the realistic workload's long-tailed distribution."""
-    budget = round(REALISTIC_MEDIAN_TOKENS * math.exp(rng.gauss(0.0, REALISTIC_SIGMA)))
-    return min(max(budget, REALISTIC_MIN_TOKENS), REALISTIC_MAX_TOKENS)
 
 
 def realistic_dataset(path: Path, rows: int, seed: int) -> Path:

@@ -12,8 +12,9 @@ padded share of micro-batch tokens. On CPU the single-process baseline runs with
 threads as the FSDP job had ranks × threads.
 
 Workloads: ``uniform`` draws each response's length between half of ``--response-len`` and all of
-it; ``realistic`` draws it from the long-tailed mix of ``relayrl bench e2e --workload realistic``
-(log-normal, 99th percentile 8× the median) scaled so that its cap is ``--response-len``.
+it; ``realistic`` draws it from the long-tailed mix ``relayrl bench e2e --workload realistic`` uses
+(:mod:`relayrl.workloads`: log-normal, 99th percentile 8× the median) scaled so that its cap is
+``--response-len``.
 
 The perf figures carry verl's names (:mod:`services.trainer.perf`): ``perf/throughput`` (tokens/s
 per device), ``perf/mfu/actor`` (CUDA: 6 · params FLOPs per token over the actor update's time,
@@ -25,7 +26,6 @@ log-prob forward runs). ``memory_allocated_gb_by_step`` is what stays allocated 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import subprocess
@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from relayrl.workloads import realistic_length
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample
 from services.trainer.config import TrainerSettings
@@ -45,9 +46,6 @@ from services.trainer.perf import mfu
 from services.trainer.step import train_step
 
 WORKLOADS = ("uniform", "realistic")
-# The realistic mix of commands/stack/workloads.py: median 1/8 of the cap, σ 0.95 in log space.
-REALISTIC_MEDIAN_SHARE = 1 / 8
-REALISTIC_SIGMA = 0.95
 
 
 @dataclass(frozen=True)
@@ -73,8 +71,7 @@ class BenchConfig:
 def response_length(cfg: BenchConfig, rng: random.Random) -> int:
     """One response's length under ``cfg.workload``."""
     if cfg.workload == "realistic":
-        median = cfg.response_len * REALISTIC_MEDIAN_SHARE
-        return min(max(round(median * math.exp(rng.gauss(0.0, REALISTIC_SIGMA))), 4), cfg.response_len)
+        return realistic_length(rng, cfg.response_len)
     return rng.randint(cfg.response_len // 2, cfg.response_len)
 
 
