@@ -30,8 +30,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,docs,all]'
 	@touch $(STAMP)
 
+# The 25 slowest tests close the report: CI's log then says where the suite's minutes went.
 test: setup
-	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/pytest $(XDIST) -m unit $(PYTEST_ARGS)
