@@ -41,7 +41,7 @@ def small_run(runs_dir: Path, model_dir: Path, max_staleness: int, total_steps: 
             "batch_size": 4,
             "max_new_tokens": 3,
             "total_steps": total_steps,
-            "checkpoint_every": 2,
+            "save_freq": 2,
             "lr": 0.003,
             **trainer,
         },

@@ -1,4 +1,4 @@
-"""`relayrl bench learning` on the demo config, shortened to two seeds of four steps."""
+"""`relayrl bench learning` on the demo config, shortened to two seeds of four steps of a small batch."""
 
 from __future__ import annotations
 
@@ -15,9 +15,20 @@ from tests.e2e.conftest import log_tails
 DEMO = Path(__file__).resolve().parents[2] / "commands" / "stack" / "configs" / "demo.yaml"
 
 
+def _demo_with_a_small_batch(tmp_path: Path) -> Path:
+    """The demo config with 4 prompts of 4 samples per step instead of 16 of 8: what this test checks is
+    the bench around the runs (seeds, run directories, the summary and plot), not what the demo learns."""
+    config = yaml.safe_load(DEMO.read_text())
+    config["trainer"].update(batch_size=4, n_samples=4)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_two_seeds_of_the_demo_run_apart_and_are_summarised_in_one_json_line(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "commands.cli", "bench", "learning", "--config", str(DEMO)]
+    config = _demo_with_a_small_batch(tmp_path)
+    argv = [sys.executable, "-m", "commands.cli", "bench", "learning", "--config", str(config)]
     argv += ["--seeds", "2", "--first-seed", "3", "--steps", "4", "--timeout-s", "240", "--out", str(out), "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -24,7 +24,7 @@ FIGURES = {
 def test_a_short_bench_runs_a_fixed_eta_and_auto_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "commands.cli", "bench", "staleness", "--workload", "toy", "--preset", "tiny"]
-    argv += ["--steps", "4", "--modes", "0,auto", "--adjust-every", "1", "--limit", "2"]
+    argv += ["--steps", "3", "--modes", "0,auto", "--adjust-every", "1", "--limit", "2"]
     argv += ["--timeout-s", "300", "--json", "--json-out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -34,7 +34,7 @@ def test_a_short_bench_runs_a_fixed_eta_and_auto_side_by_side(tmp_path: Path) ->
     assert list(printed["modes"]) == ["0", "auto"]
     for mode, figures in printed["modes"].items():
         assert figures.keys() == FIGURES, mode
-        assert figures["samples_per_s"] > 0 and figures["steps"] == 4
+        assert figures["samples_per_s"] > 0 and figures["steps"] == 3
         assert figures["staleness_violations"] == 0 and figures["lost_groups"] == 0
     assert printed["modes"]["0"]["max_sample_age"] == 0 and printed["modes"]["0"]["eta_last"] == 0
     # auto decided after every step, within [0, limit], and no sample was older than the limit.

@@ -27,7 +27,7 @@ def test_recipe_config_trains(recipe, runs_dir, tiny_model_dir):
     recipe_cfg = StackConfig.from_yaml(CONFIGS / f"{recipe}.yaml")
     config = small_run(runs_dir, tiny_model_dir, max_staleness=1, total_steps=STEPS)
     # The recipe's own settings on top; the small run's sizing (task, batch, lengths) on top of those.
-    config.trainer = {**recipe_cfg.trainer, **config.trainer, "checkpoint_every": 1}
+    config.trainer = {**recipe_cfg.trainer, **config.trainer, "save_freq": 1}
     config.rollout = {**recipe_cfg.rollout, **config.rollout}
     if recipe == "dapo":
         config.rollout["overlong_buffer_len"] = 1
@@ -54,7 +54,7 @@ def test_the_reasoning_recipe_scores_its_held_out_split_before_training_and_trai
     config = small_run(runs_dir, tiny_model_dir, max_staleness=recipe_cfg.stack.max_staleness, total_steps=STEPS)
     # The recipe's task, lengths and validation; the small run's batch, and a short held-out set.
     sizing = {"n_samples": 4, "batch_size": 4, "val_size": 4, "total_steps": STEPS, "test_freq": STEPS}
-    config.trainer = {**recipe_cfg.trainer, **sizing, "checkpoint_every": STEPS}
+    config.trainer = {**recipe_cfg.trainer, **sizing, "save_freq": STEPS}
     config.rollout = {**recipe_cfg.rollout, "max_inflight_prompts": 8}
     with running_stack(config) as stack:
         assert wait_for_trainer(stack, timeout_s=240) == 0
