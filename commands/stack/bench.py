@@ -8,9 +8,17 @@ One invocation runs, one after another on the same workload, preset and CPU spli
 3. **sync**: the full pipeline at η = 0;
 4. **async**: the full pipeline at η = ``--async-staleness``.
 
-``pipeline_efficiency`` is async samples/s over the slower of the two stages alone: 1.0 means
-the pipeline runs at the speed of its bottleneck. Throughput is measured between the first and
-the last training step (start-up excluded); the engine's between its first and last pushed group.
+``pipeline_efficiency`` is async samples/s over the pipeline's limit, named in the JSON
+(``limit``): ``bottleneck``, the slower of the two stages alone, where they compute on separate
+resources (their own CPU sets, or GPUs); ``serial``, ``1 / (1/T + 1/E)`` for trainer T and engine
+E alone, where they share one GPU and so cannot both run at full speed: the two in series. 1.0
+means the pipeline reaches its limit. Throughput is measured between the first and the last
+training step (start-up excluded); the engine's between its first and last pushed group.
+
+With ``--device cuda`` (``stack.device: cuda``, the GPU split of :mod:`commands.stack.gpus`), each
+mode also reports ``gpu_busy_fraction`` (NVML's utilization sampled over the window,
+:mod:`relayrl.gpu_busy`); on every device, the trainer's MFU (its ``perf/mfu/actor``, None where the
+GPU's peak is unknown or on CPU) and the engines' generated tokens/s.
 
 A multi-turn workload (``agentic``) also reports, per mode, ``engine_idle_ratio`` (the share of
 the window with no request at the engine: episodes waiting on the environment hold none) and the
@@ -34,12 +42,15 @@ from typing import Annotated, Any
 import typer
 
 from commands.stack.config import StackConfig, StackSettings
+from commands.stack.cpus import plan_cpus
 from commands.stack.environment import Calls, read_calls
 from commands.stack.launch import LocalStack
 from commands.stack.progress import read_samples
 from commands.stack.report import read_metrics
 from commands.stack.supervisor import Supervisor, supervised
 from commands.stack.workloads import DEFAULT_TOOL_LATENCY_MS, DTYPES, Workload, get_workload, native_bf16
+from relayrl.devices import DeviceName
+from relayrl.gpu_busy import GpuBusyMeter, NvmlGpus
 
 PRESETS = ("tiny", "small", "base")
 # η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
@@ -82,6 +93,23 @@ class ModeResult:
     # The environment's calls that ended in the window (multi-turn workloads; zero otherwise).
     env_calls: Calls
     window_s: float
+    # Tokens the engines generated per second of the window, all engines together.
+    engine_tokens_per_s: float = 0.0
+    # The trainer's perf/mfu/actor over its steps; None where it reports none (CPU, unknown peak).
+    trainer_mfu: float | None = None
+    # NVML's busy share of the stack's GPUs over the window; None on CPU.
+    gpu_busy_fraction: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSplit:
+    """The GPUs of a ``--device cuda`` bench, as its JSON names them."""
+
+    names: tuple[str, ...]
+    # CUDA_VISIBLE_DEVICES of the trainer and of each engine (GpuPlan.describe).
+    split: dict[str, object]
+    # Trainer and an engine compute on one GPU: the stages run in series there.
+    serial: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +146,8 @@ class BenchRun:
     partial_rollout_mode: str | None = None
     # Trainer settings over the workload's (`bench staleness` runs max_staleness auto through it).
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
+    # stack.device: where the trainer and the engines compute.
+    device: DeviceName = "cpu"
 
     @property
     def rollout_mode(self) -> str:
@@ -126,7 +156,13 @@ class BenchRun:
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
         environment = self.workload.environment
         return StackConfig(
-            stack=StackSettings(run_id=name, runs_dir=self.work / "runs", model_dir=self.model_dir, max_staleness=eta),
+            stack=StackSettings(
+                run_id=name,
+                runs_dir=self.work / "runs",
+                model_dir=self.model_dir,
+                max_staleness=eta,
+                device=self.device,
+            ),
             trainer={
                 **self.workload.trainer_settings(self.dataset, steps, self.seed),
                 "param_dtype": self.dtype,
@@ -175,7 +211,10 @@ ROLLOUT_FIGURES = {
 # The engines' own: how long their schedulers took no step for weight updates (a pause to its
 # continue, or an update run between two steps). The rollout's ``paused`` also holds the calls'
 # round trips and the wait for the engine's running step, while the engine still generates.
-ENGINE_FIGURES = {"engine_paused_sum": "relayrl_engine_generation_paused_seconds_sum"}
+ENGINE_FIGURES = {
+    "engine_paused_sum": "relayrl_engine_generation_paused_seconds_sum",
+    "generated_tokens": "relayrl_engine_generated_tokens_total",
+}
 
 
 class Counters:
@@ -237,6 +276,7 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
     cpu = CpuMeter()
     with supervised(None) as supervisor:
         stack = LocalStack(run.config(name, eta, steps), supervisor)
+        gpu = GpuBusyMeter(NvmlGpus(stack.gpus.gpus)) if stack.gpus is not None else None
         stack.start(run.model_dir)
         rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
         engines = Counters(stack.endpoints.engines, ENGINE_FIGURES)
@@ -244,10 +284,13 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
 
         def open_window() -> None:
             cpu.start()
+            if gpu is not None:
+                gpu.start()
             window.update(rollouts.read(), **engines.read(), at=time.monotonic(), unix=time.time())
 
         _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
         cpu_busy = cpu.stop()
+        gpu_busy = gpu.stop() if gpu is not None else None
         end = rollouts.read() | engines.read()
         elapsed = time.monotonic() - window["at"]
         lost = _lost_groups(stack.endpoints.queue_grpc)
@@ -272,7 +315,23 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         steps=len(rows),
         env_calls=env_calls,
         window_s=elapsed,
+        engine_tokens_per_s=(end["generated_tokens"] - window["generated_tokens"]) / elapsed,
+        trainer_mfu=_mean_of(rows[1:], "perf/mfu/actor"),
+        gpu_busy_fraction=gpu_busy,
     )
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the rows that report it; None where none does."""
+    values = [r[key] for r in rows if key in r]
+    return statistics.fmean(values) if values else None
+
+
+def pipeline_limit(engine_samples_per_s: float, trainer_samples_per_s: float, serial: bool) -> tuple[str, float]:
+    """The pipeline's limit, named: the two stages in series where they share one GPU, else the slower one."""
+    if serial:
+        return "serial", 1.0 / (1.0 / engine_samples_per_s + 1.0 / trainer_samples_per_s)
+    return "bottleneck", min(engine_samples_per_s, trainer_samples_per_s)
 
 
 def _prompt_specs(dataset: Path, model_dir: Path, workload: Workload, count: int, seed: int) -> list[Any]:
@@ -381,8 +440,11 @@ def _init_model(work: Path, preset: str) -> Path:
     return model_dir
 
 
-def _by_mode(sync: ModeResult, asynchronous: ModeResult, name: str, digits: int = 3) -> dict[str, float]:
-    return {"sync": round(getattr(sync, name), digits), "async": round(getattr(asynchronous, name), digits)}
+def _by_mode(sync: ModeResult, asynchronous: ModeResult, name: str, digits: int = 3) -> dict[str, float | None]:
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return {"sync": rounded(getattr(sync, name)), "async": rounded(getattr(asynchronous, name))}
 
 
 def result_json(
@@ -397,12 +459,16 @@ def result_json(
     tool_latency_ms: float = 0.0,
     dtype: str = "fp32",
     partial_rollout_mode: str = BENCH_PARTIAL_ROLLOUT_MODE,
+    gpus: GpuSplit | None = None,
 ) -> dict[str, Any]:
-    bottleneck = min(alone.engine_samples_per_s, alone.trainer_samples_per_s)
+    serial = gpus is not None and gpus.serial
+    limit, limit_samples_per_s = pipeline_limit(alone.engine_samples_per_s, alone.trainer_samples_per_s, serial)
     result = {
         "benchmark": "e2e",
         "workload": workload.name,
         "preset": preset,
+        "device": "cpu" if gpus is None else "cuda",
+        "gpus": None if gpus is None else {"names": list(gpus.names), **gpus.split},
         "dtype": dtype,
         "partial_rollout_mode": partial_rollout_mode,
         "steps": steps,
@@ -412,7 +478,9 @@ def result_json(
         "trainer_alone_samples_per_s": round(alone.trainer_samples_per_s, 2),
         "sync_samples_per_s": round(sync.samples_per_s, 2),
         "async_samples_per_s": round(asynchronous.samples_per_s, 2),
-        "pipeline_efficiency": round(asynchronous.samples_per_s / bottleneck, 3),
+        "limit": limit,
+        "limit_samples_per_s": round(limit_samples_per_s, 2),
+        "pipeline_efficiency": round(asynchronous.samples_per_s / limit_samples_per_s, 3),
         "speedup": round(asynchronous.samples_per_s / sync.samples_per_s, 3),
         "trainer_idle_ratio": _by_mode(sync, asynchronous, "trainer_idle_ratio"),
         "rollout_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
@@ -424,6 +492,9 @@ def result_json(
         "padding_ratio": _by_mode(sync, asynchronous, "padding_ratio"),
         "max_step_wait_s": _by_mode(sync, asynchronous, "max_step_wait_s", 2),
         "reward_at_end": _by_mode(sync, asynchronous, "reward_at_end"),
+        "engine_tokens_per_s": _by_mode(sync, asynchronous, "engine_tokens_per_s", 1),
+        "trainer_mfu": _by_mode(sync, asynchronous, "trainer_mfu", 4),
+        "gpu_busy_fraction": _by_mode(sync, asynchronous, "gpu_busy_fraction"),
         "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
         "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
         "lost_groups": sync.lost_groups + asynchronous.lost_groups,
@@ -464,6 +535,9 @@ def render_table(result: dict[str, Any]) -> str:
     table.add_column(f"async (η = {result['async_max_staleness']})", justify="right")
     table.add_row("samples/s", str(result["sync_samples_per_s"]), str(result["async_samples_per_s"]))
     for key in (
+        "engine_tokens_per_s",
+        "trainer_mfu",
+        "gpu_busy_fraction",
         "trainer_idle_ratio",
         "rollout_idle_ratio",
         "cpu_busy_ratio",
@@ -485,18 +559,43 @@ def render_table(result: dict[str, Any]) -> str:
     for key in (
         "engine_alone_samples_per_s",
         "trainer_alone_samples_per_s",
+        "limit",
+        "limit_samples_per_s",
         "pipeline_efficiency",
         "speedup",
         "staleness_violations",
         "lost_groups",
         "generated_lengths",
         "cpu_split",
+        "gpus",
         "tool_latency_ms",
         "episodes",
     ):
         if key in result:
             console.print(f"{key}: {result[key]}")
     return out.getvalue()
+
+
+def _gpu_split(device: str) -> GpuSplit | None:
+    """The GPUs a ``--device cuda`` bench computes on, checked before anything starts (None on cpu); a
+    device this machine lacks, or NVML missing, stops the command with one line."""
+    if device == "cpu":
+        return None
+    if device != "cuda":
+        raise typer.BadParameter(f"unknown device {device!r}; choose cpu or cuda", param_hint="--device")
+    from commands.stack.gpus import device_problem, gpu_plan
+    from relayrl.extras import MissingExtra
+
+    config = StackConfig(stack=StackSettings(device="cuda"))
+    if problem := device_problem(config):
+        raise typer.BadParameter(problem.removeprefix("stack.device: "), param_hint="--device")
+    plan = gpu_plan(config)
+    assert plan is not None
+    try:
+        names = NvmlGpus(plan.gpus).names
+    except (MissingExtra, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--device") from None
+    return GpuSplit(names, plan.describe(), plan.engines_beside_trainer)
 
 
 def _phase(message: str) -> None:
@@ -528,12 +627,19 @@ def bench(
         ),
     ] = None,
     dtype: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Compute dtype of the trainer (FSDP2 param_dtype) and the engine's weights: fp32 or bf16 (fast "
-            "on CPUs with AVX512-BF16 or AMX)."
+            "on CPUs with AVX512-BF16 or AMX); default fp32 on cpu, bf16 on cuda."
         ),
-    ] = "fp32",
+    ] = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="Where the trainer and the engine compute (stack.device): cpu, or cuda (every stage on the"
+            " GPU(s), split as `relayrl up` does; adds gpu_busy_fraction from NVML: pip install 'relayrl[gpu]')."
+        ),
+    ] = "cpu",
     partial_rollout_mode: Annotated[
         str | None,
         typer.Option(
@@ -556,8 +662,10 @@ def bench(
             f"the {chosen.name} workload is single-turn: it has no environment to slow down",
             param_hint="--tool-latency-ms",
         )
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     if dtype not in DTYPES:
         raise typer.BadParameter(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}", param_hint="--dtype")
+    gpus = _gpu_split(device)
     from services.rollout.config import PARTIAL_ROLLOUT_MODES
 
     if partial_rollout_mode not in (None, *PARTIAL_ROLLOUT_MODES):
@@ -568,18 +676,21 @@ def bench(
     latency_ms = DEFAULT_TOOL_LATENCY_MS if tool_latency_ms is None else tool_latency_ms
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
-    from commands.stack.cpus import plan_cpus
-
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
         work = Path(tmp)
         _phase(f"{chosen.name} workload, {preset} preset, {dtype}, CPUs {cpu_split}")
-        if dtype == "bf16" and not native_bf16():
+        if gpus is not None:
+            _phase(f"GPUs {', '.join(gpus.names)}: {gpus.split}; limit {'serial' if gpus.serial else 'bottleneck'}")
+        if dtype == "bf16" and device == "cpu" and not native_bf16():
             _phase("this CPU has no native bf16 (AVX512-BF16 or AMX): torch emulates it, slower than fp32")
         model_dir = _init_model(work, preset)
         dataset = chosen.write_dataset(work / f"{chosen.name}.jsonl", 4096, seed)
         tool_latency = latency_ms if chosen.environment else 0.0
-        run = BenchRun(work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype, partial_rollout_mode)
+        run = BenchRun(
+            work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype, partial_rollout_mode,
+            device="cpu" if gpus is None else "cuda",
+        )  # fmt: skip
         _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
         alone = measure_alone(run, alone_steps)
         _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
@@ -599,6 +710,7 @@ def bench(
         run.tool_latency_ms,
         run.dtype,
         run.rollout_mode,
+        gpus,
     )
     if json_out is not None:
         json_out.write_text(json.dumps(result) + "\n")

@@ -20,12 +20,17 @@ DebugOption = Annotated[bool, typer.Option("--debug", help="Show the traceback o
 def _load_config(path: Path | None, debug: bool = False):
     """The checked config (see ``relayrl check``); a bad one prints one block and exits 2."""
     from commands.stack.check import ConfigError, load_checked
+    from commands.stack.gpus import device_problem
 
     try:
         if path is None:
             with resources.as_file(resources.files("commands.stack") / DEMO_CONFIG) as demo:
                 return load_checked(demo)
-        return load_checked(path)
+        config = load_checked(path)
+        # The machine, not the file: checked here so that configs for a GPU host parse everywhere.
+        if problem := device_problem(config):
+            raise ConfigError(str(path), [problem])
+        return config
     except ConfigError as err:
         if debug:
             raise

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from commands.stack.cpus import CpusSetting
 from commands.stack.restart import RestartMode, RestartPolicy
+from relayrl.devices import DeviceName
 
 SERVICE_SECTIONS = ("queue", "paramsync", "engine", "rollout", "trainer", "reward")
 
@@ -66,6 +67,26 @@ class StackSettings(BaseModel):
         description="CPU sets of the engines and the trainer: 'auto' (half each), 'off' (no pinning, one torch"
         " thread each), or {engines: [ids], trainer: [ids]}; torch threads follow each set's size"
         " (see commands/stack/cpus.py).",
+    )
+    device: DeviceName = Field(
+        "cpu",
+        description="Where the trainer and every engine compute: cpu, or cuda (each section's own device wins;"
+        " `relayrl check` and `up` refuse it where torch sees no CUDA device). See commands/stack/gpus.py for the"
+        " GPU split.",
+    )
+    gpus: list[int] | None = Field(
+        None,
+        description="With device cuda: the GPUs to use (nvidia-smi's ids); empty: this process's"
+        " CUDA_VISIBLE_DEVICES, else every GPU torch counts. Trainer ranks take the first ones, then the engines;"
+        " with fewer GPUs than components they share (said at start).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="With device cuda, on a GPU the trainer shares with engines: the fraction of its memory the"
+        " engines on it take together (verl's rollout.gpu_memory_utilization); the trainer keeps the rest."
+        " Becomes each engine's mem_fraction_static unless the engine section sets that or max_total_tokens.",
     )
     restart: RestartMode = Field(
         "on-failure",

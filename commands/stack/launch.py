@@ -2,7 +2,8 @@
 
     redis-server (unless RELAYRL_REDIS_URL / stack.redis_url names one)
     queue, paramsync
-    engine-0..N-1            built-in CPU engines speaking SGLang's native API
+    engine-0..N-1            built-in engines speaking SGLang's native API (on CPU or on GPUs:
+                             stack.device, split as commands/stack/gpus.py says)
     reward                   the reward service, when the config names a reward model (with the engines)
     rollout-0..N-1           one rollout replica per engine
     trainer                  torchrun with P processes (gloo on CPU)
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from commands.stack.config import StackConfig
 from commands.stack.cpus import plan_cpus
+from commands.stack.gpus import gpu_plan
 from commands.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from commands.stack.supervisor import Supervisor
 from relayrl.net import free_port, port_open
@@ -30,6 +32,7 @@ from relayrl.redis_process import INSTALL_HINT, RedisProcess
 
 HOST = "127.0.0.1"
 RELAYRL = [sys.executable, "-m", "commands.cli"]
+DEVICE_KEY = "RELAYRL_ENGINE_DEVICE"
 
 
 @dataclass
@@ -67,8 +70,13 @@ class LocalStack:
         self.endpoints = Endpoints()
         self.trainer: ManagedProcess | None = None
         self.cpus = plan_cpus(self.settings.cpus, self.settings.rollout_replicas, self.settings.trainer_procs)
+        self.gpus = gpu_plan(config)
 
     # -- plan ---------------------------------------------------------------------------
+
+    def gpu_line(self) -> str | None:
+        """The line said at start when components share GPUs (see commands/stack/gpus.py)."""
+        return self.gpus.sharing_line(self.settings.trainer_procs) if self.gpus is not None else None
 
     def route(self, target: str, address: str) -> str:
         """The host:port at which other components reach ``target`` listening on ``address``
@@ -103,9 +111,11 @@ class LocalStack:
         wiring: dict[str, str],
         ready_url: str | None,
         cpus: tuple[int, ...] | None = None,
+        defaults: dict[str, str] | None = None,
     ) -> ComponentSpec:
-        # Section values first, the stack's wiring last: ports and addresses must stay consistent.
-        env = {**self._shared_env(), **self.config.section_env(service), **wiring}
+        # The stack's defaults (the device) under the section's values, its wiring over them: ports
+        # and addresses must stay consistent, a device the section names must win.
+        env = {**self._shared_env(), **(defaults or {}), **self.config.section_env(service), **wiring}
         if service == "rollout" and self.settings.import_dirs:
             # The modules the config names (tools, interactions, rewards) import from its folder, as in
             # `relayrl check`; only the rollout loads them, so no other service sees that folder first.
@@ -144,8 +154,14 @@ class LocalStack:
         if training:
             self.start_training(model_dir)
         if generation:
-            # Rollouts watch their engine's health and lease nothing until it is up: all start at once.
-            self.supervisor.start_all([*self._engine_specs(model_dir), *self._rollout_specs()])
+            # Rollouts watch their engine's health and lease nothing until it is up: all start at once,
+            # but engines sharing a GPU one by one (each measures the memory the ones before it hold).
+            engines = self._engine_specs(model_dir)
+            if self.gpus is not None and self.gpus.serial_start:
+                for spec in engines:
+                    self.supervisor.start(spec)
+                engines = []
+            self.supervisor.start_all([*engines, *self._rollout_specs()])
         self.supervisor.record_restarts()
         self._write_ctl_env()
 
@@ -220,12 +236,30 @@ class LocalStack:
                 "RELAYRL_ENGINE_SEED": str(int(self.config.engine.get("seed", 0)) + i),
                 "RELAYRL_ENGINE_TORCH_THREADS": str(self.cpus.engine_threads),
             }
-            if "shared_weights_dir" not in self.config.engine:
-                # The replicas receive versions there and never change a file the engine serves.
+            if "shared_weights_dir" not in self.config.engine and self._engine_device(i).get(DEVICE_KEY) != "cuda":
+                # The replicas receive versions there and never change a file the engine serves. Not on
+                # CUDA: a version is copied to the device there anyway, and CUDA graphs need the
+                # parameters to keep their addresses.
                 wiring["RELAYRL_ENGINE_SHARED_WEIGHTS_DIR"] = self._weights_shm_dir()
             argv = [*RELAYRL, "engine", "serve", "--model", str(model_dir), "--port", str(port)]
-            specs.append(self._spec(f"engine-{i}", argv, "engine", wiring, f"{url}/health", self.cpus.engine_cpus))
+            specs.append(
+                self._spec(
+                    f"engine-{i}",
+                    argv,
+                    "engine",
+                    wiring,
+                    f"{url}/health",
+                    self.cpus.engine_cpus,
+                    self._engine_device(i),
+                )
+            )
         return specs
+
+    def _engine_device(self, index: int) -> dict[str, str]:
+        """The engine's device settings under its section's (whose own device wins)."""
+        if self.gpus is None:
+            return {}
+        return {DEVICE_KEY: str(self.config.engine.get("device", "cuda")), **self.gpus.engine_env(index)}
 
     def _weights_shm_dir(self) -> str:
         """The memory directory the rollout replicas receive versions into (their weights_shm_dir)."""
@@ -278,6 +312,9 @@ class LocalStack:
 
     def start_training(self, model_dir: Path) -> None:
         """Launches the trainer (for a stack started with ``training=False``, later)."""
+        self.trainer = self.supervisor.start(self._trainer_spec(model_dir))
+
+    def _trainer_spec(self, model_dir: Path) -> ComponentSpec:
         _, http_port, wiring = self._ports("RELAYRL_TRAINER")
         self.endpoints.trainer_http = f"http://{HOST}:{http_port}"
         wiring |= {
@@ -293,9 +330,8 @@ class LocalStack:
             "--standalone", "--nproc-per-node", str(self.settings.trainer_procs),
             "-m", "services.trainer",
         ]  # fmt: skip
-        self.trainer = self.supervisor.start(
-            self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus)
-        )
+        device = {} if self.gpus is None else {"RELAYRL_TRAINER_DEVICE": "cuda", **self.gpus.trainer_env()}
+        return self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus, device)
 
     @property
     def restarts_file(self) -> Path:

@@ -53,6 +53,8 @@ def run_stack(
             model_dir = prepare_model(stack)
             started_at = time.time()
             console.print(f"[bold]RelayRL[/] run [cyan]{stack.run_id}[/] in {stack.run_dir}")
+            if line := stack.gpu_line():
+                console.print(line)
             stack.start(model_dir)
             _print_endpoints(console, stack)
             if monitor:

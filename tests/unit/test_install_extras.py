@@ -14,6 +14,8 @@ from relayrl.extras import MissingExtra
 
 REPO = Path(__file__).resolve().parents[2]
 CALL = re.compile(r'require\(\s*"([\w.]+)",\s*"(\w+)"')
+# Import names that differ from the name of the distribution that installs them.
+DISTRIBUTIONS = {"pynvml": "nvidia-ml-py"}
 
 
 def _missing(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
@@ -36,10 +38,10 @@ def test_every_extra_the_code_names_exists_and_installs_that_package() -> None:
         for path in (REPO / folder).rglob("*.py")
         for module, extra in CALL.findall(path.read_text())
     }
-    assert {extra for _, extra in calls} >= {"trackers", "k8s", "plots", "parquet"}
+    assert {extra for _, extra in calls} >= {"trackers", "k8s", "plots", "parquet", "gpu"}
     for package, extra in calls:
         names = {re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0].lower() for line in optional[extra]}
-        assert package in names, f"relayrl[{extra}] does not install {package}"
+        assert DISTRIBUTIONS.get(package, package) in names, f"relayrl[{extra}] does not install {package}"
     # `make setup` installs `all`: every extra the code names is in it.
     assert {extra for _, extra in calls} <= set(re.findall(r"\w+", optional["all"][0].partition("[")[2]))
 

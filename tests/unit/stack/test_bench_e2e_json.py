@@ -1,0 +1,87 @@
+"""``relayrl bench e2e``'s JSON: the per-mode figures each run adds and the limit its efficiency is
+measured against, serial where trainer and engine share one GPU, the bottleneck otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commands.stack.bench import AloneResult, GpuSplit, ModeResult, pipeline_limit, render_table, result_json
+from commands.stack.environment import Calls
+from commands.stack.workloads import get_workload
+
+
+def _mode(samples_per_s: float, gpu_busy: float | None, mfu: float | None) -> ModeResult:
+    return ModeResult(
+        samples_per_s=samples_per_s,
+        trainer_idle_ratio=0.1,
+        rollout_idle_ratio=0.2,
+        cpu_busy_ratio=0.5,
+        weight_version_s=0.4,
+        paused_per_version_s=0.01,
+        engine_paused_per_version_s=0.005,
+        queue_share_of_step=0.02,
+        padding_ratio=0.3,
+        max_step_wait_s=1.5,
+        reward_at_end=0.7,
+        staleness_violations=0,
+        lost_groups=0,
+        steps=10,
+        env_calls=Calls(0, 0.0),
+        window_s=30.0,
+        engine_tokens_per_s=1234.56,
+        trainer_mfu=mfu,
+        gpu_busy_fraction=gpu_busy,
+    )
+
+
+ALONE = AloneResult(
+    engine_samples_per_s=12.0, trainer_samples_per_s=6.0, generated_lengths={"median": 64.0}, episodes={}
+)
+ONE_GPU = GpuSplit(("NVIDIA H200",), {"trainer": ["0"], "engines": ["0"], "shared": True}, serial=True)
+
+
+def test_the_serial_limit_is_the_two_stages_in_series_and_the_bottleneck_the_slower():
+    assert pipeline_limit(12.0, 6.0, serial=True) == ("serial", pytest.approx(4.0))
+    assert pipeline_limit(12.0, 6.0, serial=False) == ("bottleneck", 6.0)
+    # Equal stages in series reach half of either.
+    assert pipeline_limit(5.0, 5.0, serial=True)[1] == pytest.approx(2.5)
+
+
+def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_figures():
+    result = result_json(
+        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.6, 0.21), _mode(3.8, 0.93, 0.25),
+        {"engines": [0], "trainer": [1]}, dtype="bf16", gpus=ONE_GPU,
+    )  # fmt: skip
+    assert result["device"] == "cuda"
+    assert result["gpus"] == {"names": ["NVIDIA H200"], "trainer": ["0"], "engines": ["0"], "shared": True}
+    assert (result["limit"], result["limit_samples_per_s"]) == ("serial", 4.0)
+    assert result["pipeline_efficiency"] == 0.95
+    assert result["gpu_busy_fraction"] == {"sync": 0.6, "async": 0.93}
+    assert result["trainer_mfu"] == {"sync": 0.21, "async": 0.25}
+    assert result["engine_tokens_per_s"] == {"sync": 1234.6, "async": 1234.6}
+    assert result["weight_version_s"] == {"sync": 0.4, "async": 0.4}
+    json.loads(json.dumps(result))  # one JSON line
+    table = render_table(result)
+    assert "gpu_busy_fraction" in table and "limit: serial" in table
+
+
+def test_on_cpu_the_limit_is_the_bottleneck_and_gpu_figures_are_none():
+    result = result_json(
+        get_workload("realistic"), "small", 10, 2, ALONE, _mode(3.0, None, None), _mode(5.4, None, None),
+        {"engines": [0], "trainer": [1]},
+    )  # fmt: skip
+    assert (result["device"], result["gpus"]) == ("cpu", None)
+    assert (result["limit"], result["limit_samples_per_s"], result["pipeline_efficiency"]) == ("bottleneck", 6.0, 0.9)
+    assert result["gpu_busy_fraction"] == {"sync": None, "async": None}
+    assert result["trainer_mfu"] == {"sync": None, "async": None}
+    assert "gpu_busy_fraction" in render_table(result)
+
+
+def test_gpus_of_their_own_keep_the_bottleneck_limit():
+    own = GpuSplit(("A", "B"), {"trainer": ["0"], "engines": ["1"], "shared": False}, serial=False)
+    result = result_json(
+        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.5, 0.2), _mode(5.4, 0.9, 0.2), {}, gpus=own
+    )
+    assert (result["limit"], result["pipeline_efficiency"]) == ("bottleneck", 0.9)
