@@ -6,14 +6,15 @@ import asyncio
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Request, status
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Request, status
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.engine.lora import read_adapter
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence
 from services.engine.state import EngineState
+from services.engine.streaming import DONE, SampleStream, event, sse_events
 
 
 class _SGLangBody(BaseModel):
@@ -194,15 +195,33 @@ def sglang_router(state: EngineState) -> APIRouter:
 
     @router.api_route("/generate", methods=["POST", "PUT"])
     async def generate(obj: GenerateReqInput) -> Any:
-        if obj.stream:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "stream=true is not supported by the built-in engine")
         try:
             sequences, single = sequences_of(obj, asyncio.get_running_loop())
             if obj.lora_path is not None:
                 await scheduler.call(lambda: acquire_adapters(sequences))
         except ValueError as exc:
-            # SGLang's /generate answers a bad request (such as a prompt longer than the context) this way.
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=status.HTTP_400_BAD_REQUEST)
+            # SGLang's /generate answers a bad request (such as a prompt longer than the context) this way;
+            # a streamed one as an event of the stream, which SGLang has already begun.
+            error = {"error": {"message": str(exc)}}
+            if obj.stream:
+                return StreamingResponse(iter([event(error), DONE]), media_type="text/event-stream")
+            return JSONResponse(error, status_code=status.HTTP_400_BAD_REQUEST)
+        if obj.stream:
+            batched = not (single and len(sequences) == 1)
+            settings = state.settings
+            streams = [
+                SampleStream(
+                    seq,
+                    state.decode_text,
+                    i if batched else None,
+                    settings.incremental_streaming_output,
+                    settings.stream_interval,
+                )
+                for i, seq in enumerate(sequences)
+            ]
+            scheduler.submit(sequences)
+            events = sse_events(streams, lambda chunk: state.record_finished([chunk]))
+            return StreamingResponse(events, media_type="text/event-stream")
         scheduler.submit(sequences)
         try:
             results = await asyncio.gather(*(s.future for s in sequences))

@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache: two candidates behind one small interface.
+"""Attention over the paged KV cache: three candidates behind one small interface.
 
 The model stays the Hugging Face model: its attention layers call the function registered here
 (``attn_implementation = "relayrl_paged"``) with each layer's queries and the new tokens' keys and
@@ -14,6 +14,13 @@ layer) and attends with it per layer:
   whose KV blocks are the sequence's pages (the design of ``torch.nn.attention.experimental.
   _paged_attention``): no gather, and its plan's tensors keep fixed shapes, so a decode step can
   be replayed from a CUDA graph. Compiled on CUDA; on CPU it runs eagerly (slow, for tests).
+- ``triton``: a Triton kernel (``triton_attention.py``) for passes of one query per row (decode
+  steps), reading the pages in place with each KV head's query group together; longer passes
+  (prefill) take ``torch_native``'s path. Its decode plan has fixed shapes, so decode steps replay
+  from CUDA graphs. CUDA only (on CPU Triton runs only in its interpreter, which the tests use).
+
+A backend that can be captured in a CUDA graph says so (``graphable``): its decode plan reads
+nothing back to the host and keeps its shapes from step to step.
 
 A token at position ``p`` of a row sees the row's tokens ``[0, p]``; padding tokens of a batched
 pass sit at position 0 and write to the pool's scratch block.
@@ -51,6 +58,7 @@ class PassInputs:
 
 class AttentionBackend(Protocol):
     name: str
+    graphable: bool
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> Any: ...
 
@@ -63,6 +71,8 @@ class GatherSDPA:
     """``torch_native``: SDPA over each sequence's blocks gathered into a dense tensor."""
 
     name = "torch_native"
+    # The gather's width is the longest row of the step, read back to the host.
+    graphable = False
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> tuple[torch.Tensor, torch.Tensor]:
         width = int(inputs.lengths_B.max())
@@ -87,6 +97,7 @@ class FlexPaged:
     """``flex_attention``: the pool read in place through a block mask over its pages."""
 
     name = "flex_attention"
+    graphable = True
 
     def __init__(self, compiled: bool) -> None:
         from torch.nn.attention.flex_attention import flex_attention
@@ -148,12 +159,55 @@ def _paged_mask(logical_BP: torch.Tensor, positions_BL: torch.Tensor, page: int)
     return mask_mod
 
 
+class TritonPaged:
+    """``triton``: a Triton kernel for decode steps, SDPA over gathered blocks for longer passes."""
+
+    name = "triton"
+    graphable = True
+
+    def __init__(self) -> None:
+        from services.engine import triton_attention
+
+        self._kernel = triton_attention
+        self._prefill = GatherSDPA()
+
+    def plan(self, pool: BlockPool, inputs: PassInputs) -> Any:
+        if inputs.positions_BL.shape[1] == 1:
+            return inputs
+        return self._prefill.plan(pool, inputs)
+
+    def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
+        if not isinstance(plan, PassInputs):
+            return self._prefill.attend(plan, pool, layer, query_BHLD, scale)
+        return self._kernel.paged_decode(
+            query_BHLD, pool.keys[layer], pool.values[layer], plan.tables_BN, plan.positions_BL, pool.block_size, scale
+        )
+
+
 def backend_named(name: str, device: torch.device) -> AttentionBackend:
     if name == "torch_native":
         return GatherSDPA()
     if name == "flex_attention":
         return FlexPaged(compiled=device.type == "cuda")
-    raise ValueError(f"unknown attention backend {name!r}; choose torch_native or flex_attention")
+    if name == "triton":
+        return _triton(device)
+    raise ValueError(f"unknown attention backend {name!r}; choose torch_native, flex_attention or triton")
+
+
+def _triton(device: torch.device) -> AttentionBackend:
+    """The triton backend, or one line naming the setting where it cannot run."""
+    from relayrl.config import SettingsError
+
+    def refused(why: str) -> SettingsError:
+        return SettingsError("EngineSettings", [f"RELAYRL_ENGINE_ATTENTION_BACKEND=triton: {why}"])
+
+    try:
+        backend = TritonPaged()
+    except ImportError as exc:
+        raise refused(f"Triton is not installed ({exc}); choose flex_attention or torch_native") from None
+    if device.type != "cuda" and not backend._kernel.interpreted():
+        raise refused(f"Triton kernels run on CUDA, not {device.type}; choose torch_native or flex_attention")
+    return backend
 
 
 @dataclass(frozen=True, slots=True)

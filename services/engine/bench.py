@@ -3,38 +3,46 @@ generation loops on the same model and requests, in one run.
 
 The workload is nano-vllm's ``bench.py``: ``requests`` prompts of random token ids, each prompt's
 length and its output length uniform in ``[min_len, max_len]`` (100-1024 by default), a fixed
-seed, EOS ignored. Three paths run it one after the other:
+seed, EOS ignored. The paths run it one after the other:
 
 - ``engine``: every request sent at once to an engine process (``relayrl engine serve``) through
-  its HTTP API (``/generate``), greedy; output tokens/s over the wall time of the whole set, time
-  to first token (the engine's ``first_token_latency``: arrival to first sampled token) and
-  inter-token latency (each request's ``(e2e - ttft) / (tokens - 1)``) at p50 and p99, the KV
-  blocks the run held at most, and the engine's peak GPU memory.
+  its HTTP API, streamed (``/generate`` with ``stream: true``, SGLang's server-sent events),
+  greedy. Output tokens/s over the wall time of the whole set; time to first token (from sending
+  a request to its first chunk with a token) and inter-token latency (each later chunk's gap
+  over the tokens it brings, counted once per token, as SGLang's ``bench_serving`` counts it) at
+  p50 and p99, as the client sees them; the KV blocks the run held at most; the engine's peak GPU
+  memory (None on CPU). The engine streams with SGLang's ``incremental_streaming_output`` (each
+  chunk only its new tokens, so a chunk costs the same at the first token and the thousandth) and
+  ``stream_interval`` chunks. With several ``attention`` backends, one engine process runs the
+  workload per backend (``engines``), and ``engine`` is the fastest.
 - ``hf_generate`` (the floor): ``model.generate`` in static batches of ``hf_batch`` left-padded
   prompts, SDPA attention;
 - ``generate_batch`` (the other floor): transformers' continuous batching (its own paged cache,
-  over SDPA; transformers 5.23 takes ``sdpa`` for what ``paged|sdpa`` named).
+  over SDPA: 5.17 switches ``sdpa`` to ``paged|sdpa`` itself, 5.23 takes ``sdpa``), skipped with
+  the reason where the installed transformers has none.
 
 Both floors take one output length for all (``generate_batch`` has no per-request length): the
-workload's mean, so their total output equals the engine's within rounding. Then the weight
-update pause of each route, measured by the engine (``relayrl_engine_generation_paused_seconds``)
-while requests are running: ``update_weights_from_disk`` from a safetensors file in ``/dev/shm``
-(paramsync's host buffers), and ``update_weights_from_tensor`` with one flattened bucket per
-handle (CUDA IPC on a GPU; shared memory on CPU).
+workload's mean, so their total output equals the engine's within rounding. Then, on each engine,
+the weight update pause of each route, measured by the engine
+(``relayrl_engine_generation_paused_seconds``) while requests are running:
+``update_weights_from_disk`` from a safetensors file in ``/dev/shm`` (paramsync's host buffers),
+and ``update_weights_from_tensor`` with one flattened bucket per handle (CUDA IPC on a GPU; shared
+memory on CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +72,43 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
+@dataclass(slots=True)
+class StreamTiming:
+    """What the client saw of one streamed request: its tokens, the time to its first one, and
+    one inter-token gap per later token."""
+
+    tokens: int = 0
+    ttft_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+
+
+def read_stream(lines: Sequence[tuple[float, bytes]], sent_at: float) -> StreamTiming:
+    """Times one streamed ``/generate`` from its event lines, each with the time it arrived.
+
+    Chunks are incremental (``incremental_streaming_output``): each brings its new ``output_ids``.
+    A chunk of ``k`` tokens that came ``gap`` seconds after the previous one counts ``k`` gaps of
+    ``gap / k`` (SGLang's ``bench_serving``).
+    """
+    timing = StreamTiming()
+    last = sent_at
+    for arrived, line in lines:
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(f"the engine's stream failed: {chunk['error']}")
+        new = len(chunk["output_ids"])
+        if new == 0:
+            continue
+        if timing.tokens == 0:
+            timing.ttft_s = arrived - sent_at
+        else:
+            timing.itl_s.extend([(arrived - last) / new] * new)
+        timing.tokens += new
+        last = arrived
+    return timing
+
+
 def run_bench(
     preset: str,
     device: str,
@@ -74,6 +119,7 @@ def run_bench(
     floors: bool,
     settings: dict[str, str],
     floor_requests: int = 0,
+    attention: Sequence[str] = ("auto",),
 ) -> dict[str, Any]:
     from relayrl.models.tiny import init_tiny, preset_spec
 
@@ -92,19 +138,27 @@ def run_bench(
             "max_len": max_len,
             "output_tokens": sum(work.output_lens),
         }
-        with _engine(model_dir, device, settings) as url:
-            result["engine"] = asyncio.run(_engine_run(url, work))
-            result["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
+        engines: dict[str, dict[str, Any]] = {}
+        for backend in attention:
+            with _engine(model_dir, device, {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}) as url:
+                figures = asyncio.run(_engine_run(url, work))
+                figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
+            engines[figures["attention_backend"]] = figures
+        best = max(engines.values(), key=lambda figures: figures["output_tokens_per_s"])
+        result["engine"] = best
+        result["engines"] = engines
+        result["weight_update_pause_s"] = best["weight_update_pause_s"]
         if floors:
             # The floors may run the first floor_requests requests only: their rate, not their total, is compared.
             part = Workload(work.prompts[: floor_requests or None], work.output_lens[: floor_requests or None])
             result["floor_requests"] = len(part.prompts)
             result["hf_generate"] = _hf_generate(model_dir, device, dtype, part, hf_batch)
             result["generate_batch"] = _generate_batch(model_dir, device, dtype, part)
-            engine_rate = result["engine"]["output_tokens_per_s"]
             for floor in ("hf_generate", "generate_batch"):
                 rate = result[floor].get("output_tokens_per_s")
-                result[f"ratio_vs_{floor}"] = round(engine_rate / rate, 2) if rate else None
+                for figures in engines.values():
+                    figures[f"ratio_vs_{floor}"] = round(figures["output_tokens_per_s"] / rate, 2) if rate else None
+                result[f"ratio_vs_{floor}"] = best[f"ratio_vs_{floor}"]
         return result
 
 
@@ -121,7 +175,12 @@ def _engine(model_dir: Path, device: str, settings: dict[str, str]) -> Iterator[
     from services.engine.launch import launch_engine, wait_engine_healthy
 
     port = free_port()
-    env = {"RELAYRL_ENGINE_DEVICE": device, "RELAYRL_ENGINE_MAX_RUNNING_REQUESTS": "256", **settings}
+    env = {
+        "RELAYRL_ENGINE_DEVICE": device,
+        "RELAYRL_ENGINE_MAX_RUNNING_REQUESTS": "256",
+        "RELAYRL_ENGINE_INCREMENTAL_STREAMING_OUTPUT": "true",
+        **settings,
+    }
     if device == "cuda":
         env["RELAYRL_ENGINE_MAX_PREFILL_TOKENS"] = env.get("RELAYRL_ENGINE_MAX_PREFILL_TOKENS", "16384")
     process = launch_engine(model_dir, port, stderr=subprocess.PIPE, settings=env)
@@ -139,30 +198,33 @@ def _engine(model_dir: Path, device: str, settings: dict[str, str]) -> Iterator[
 
 
 async def _engine_run(url: str, work: Workload) -> dict[str, Any]:
-    import httpx
+    import aiohttp
 
-    limits = httpx.Limits(max_connections=len(work.prompts) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
+    # aiohttp reads hundreds of concurrent streams with less of the bench's own time per chunk than httpx.
+    connector = aiohttp.TCPConnector(limit=len(work.prompts) + 8)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
 
-        async def one(prompt: list[int], output_len: int) -> dict[str, Any]:
+        async def one(prompt: list[int], output_len: int) -> StreamTiming:
             params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
-            response = await http.post("/generate", json={"input_ids": prompt, "sampling_params": params})
-            response.raise_for_status()
-            return response.json()["meta_info"]
+            body = {"input_ids": prompt, "sampling_params": params, "stream": True}
+            lines: list[tuple[float, bytes]] = []
+            sent_at = time.perf_counter()
+            async with http.post("/generate", json=body) as response:
+                response.raise_for_status()
+                async for line in response.content:
+                    lines.append((time.perf_counter(), line.rstrip(b"\r\n")))
+            return read_stream(lines, sent_at)
 
         # A warm-up request: the first pass pays one-off costs (kernels, compilation) no request should carry.
         await one(work.prompts[0][:16], 4)
         started = time.perf_counter()
-        metas = await asyncio.gather(*(one(p, n) for p, n in zip(work.prompts, work.output_lens, strict=True)))
+        timings = await asyncio.gather(*(one(p, n) for p, n in zip(work.prompts, work.output_lens, strict=True)))
         wall = time.perf_counter() - started
-        info = (await http.get("/get_model_info")).json()
-    tokens = sum(meta["completion_tokens"] for meta in metas)
-    ttft = [meta["first_token_latency"] for meta in metas]
-    itl = [
-        (meta["e2e_latency"] - meta["first_token_latency"]) / (meta["completion_tokens"] - 1)
-        for meta in metas
-        if meta["completion_tokens"] > 1
-    ]
+        async with http.get("/get_model_info") as response:
+            info = await response.json()
+    tokens = sum(timing.tokens for timing in timings)
+    ttft = [timing.ttft_s for timing in timings if timing.tokens]
+    itl = [gap for timing in timings for gap in timing.itl_s]
     peak = info.get("peak_device_memory_bytes")
     return {
         "output_tokens": tokens,
@@ -176,6 +238,7 @@ async def _engine_run(url: str, work: Workload) -> dict[str, Any]:
         "kv_blocks_total": info["kv_total_blocks"],
         "kv_block_size": info["kv_block_size"],
         "attention_backend": info["attention_backend"],
+        "cuda_graph": bool(info["cuda_graph_batch_sizes"]),
         "peak_gpu_memory_gib": round(peak / 2**30, 2) if peak else None,
     }
 
@@ -287,8 +350,11 @@ def _generate_batch(model_dir: Path, device: str, dtype: str, work: Workload) ->
     """transformers' continuous batching (``generate_batch``: its own paged cache over SDPA), every output
     ``work.mean_output`` tokens."""
     import torch
-    from transformers import GenerationConfig
+    import transformers
+    from transformers import GenerationConfig, GenerationMixin
 
+    if not hasattr(GenerationMixin, "generate_batch"):
+        return {"skipped": f"transformers {transformers.__version__} has no generate_batch"}
     try:
         model = _load(model_dir, device, dtype, "sdpa")
         config = GenerationConfig(

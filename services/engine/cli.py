@@ -63,26 +63,56 @@ def bench(
     floor_requests: Annotated[
         int, typer.Option(help="Run the floors on the first N requests only (their tokens/s is compared); 0: all.")
     ] = 0,
-    attention_backend: Annotated[
-        str, typer.Option(help="The engine's attention backend (auto, torch_native, flex_attention).")
+    attention: Annotated[
+        str,
+        typer.Option(
+            "--attention",
+            "--attention-backend",
+            help="The engine's attention backends, comma-separated (auto, torch_native, flex_attention): each runs"
+            " the workload in one engine process of its own, in this run; the fastest is reported as engine.",
+        ),
     ] = "auto",
     cuda_graph: Annotated[bool, typer.Option(help="Decode from CUDA graphs on cuda.")] = True,
+    cuda_graph_max_bs: Annotated[
+        int, typer.Option(min=1, help="The largest decode batch replayed from a CUDA graph (the engine's setting).")
+    ] = 256,
+    stream_interval: Annotated[
+        int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
+    ] = 1,
 ) -> None:
-    """nano-vllm's workload through the engine's HTTP API, with HF generate and generate_batch as floors, one run."""
+    """nano-vllm's workload streamed through the engine's HTTP API, with HF generate and generate_batch as floors,
+    one run."""
     import json
+    from typing import get_args
 
     from relayrl.devices import cuda_unavailable_reason
     from services.engine.bench import run_bench
+    from services.engine.config import AttentionBackend, EngineSettings
 
     if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
+        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
     if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
-        raise typer.BadParameter(f"--device cuda: {reason}")
-    settings = {
-        "RELAYRL_ENGINE_ATTENTION_BACKEND": attention_backend,
-        "RELAYRL_ENGINE_DISABLE_CUDA_GRAPH": str(not cuda_graph).lower(),
+        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+    backends = [name.strip() for name in attention.split(",") if name.strip()]
+    known = get_args(AttentionBackend)
+    # auto is a backend named by device: with that backend also listed, the two would be one run twice.
+    resolved = {
+        EngineSettings.model_construct(device=device, attention_backend=name).resolved_attention_backend()
+        for name in backends
+        if name in known
     }
-    result = run_bench(preset, device, requests, min_len, max_len, hf_batch, floors, settings, floor_requests)
+    if not backends or any(name not in known for name in backends) or len(resolved) < len(backends):
+        raise typer.BadParameter(
+            f"{attention!r}: give a comma-separated list of distinct {', '.join(known)}", param_hint="--attention"
+        )
+    settings = {
+        "RELAYRL_ENGINE_DISABLE_CUDA_GRAPH": str(not cuda_graph).lower(),
+        "RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS": str(cuda_graph_max_bs),
+        "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
+    }
+    result = run_bench(
+        preset, device, requests, min_len, max_len, hf_batch, floors, settings, floor_requests, attention=backends
+    )
     typer.echo(json.dumps(result))
 
 

@@ -10,7 +10,7 @@ from pydantic import Field
 from relayrl.config import ServiceSettings
 from relayrl.devices import Device
 
-AttentionBackend = Literal["auto", "torch_native", "flex_attention"]
+AttentionBackend = Literal["auto", "torch_native", "flex_attention", "triton"]
 
 
 class EngineSettings(ServiceSettings):
@@ -50,8 +50,8 @@ class EngineSettings(ServiceSettings):
     attention_backend: AttentionBackend = Field(
         "auto",
         description="Attention over the paged KV cache (SGLang's name): torch_native (SDPA over each sequence's"
-        " gathered blocks) or flex_attention (torch's flex_attention with a block mask over the pages);"
-        " auto: torch_native on cpu, flex_attention on cuda.",
+        " gathered blocks), flex_attention (torch's flex_attention with a block mask over the pages) or triton"
+        " (a Triton kernel for decode steps, cuda only); auto: torch_native on cpu, flex_attention on cuda.",
     )
     disable_cuda_graph: bool = Field(
         False, description="cuda only: decode eagerly instead of replaying CUDA graphs (SGLang's name)."
@@ -106,6 +106,17 @@ class EngineSettings(ServiceSettings):
         " serves it, which the rollout replica keeps for its weights_shm_dir (it reuses only files older than"
         " the version the engine holds). Empty: every update is copied into the parameters.",
     )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="A streamed /generate (stream: true) sends a chunk after the first token and then every this"
+        " many tokens (SGLang's name): larger values cost the engine fewer chunks at the price of coarser streaming.",
+    )
+    incremental_streaming_output: bool = Field(
+        False,
+        description="A streamed /generate's chunks hold only what is new since the previous chunk (text,"
+        " output_ids, output_token_logprobs) instead of everything so far (SGLang's name and default).",
+    )
     health_generate_timeout_s: float = Field(
         20.0, gt=0, description="Longest time /health_generate waits for its one-token generation."
     )
@@ -120,7 +131,7 @@ class EngineSettings(ServiceSettings):
         """``page_size``, with 0 resolved for the device."""
         return self.page_size or (128 if self.device == "cuda" else 16)
 
-    def resolved_attention_backend(self) -> Literal["torch_native", "flex_attention"]:
+    def resolved_attention_backend(self) -> Literal["torch_native", "flex_attention", "triton"]:
         """``attention_backend``, with auto resolved for the device."""
         if self.attention_backend != "auto":
             return self.attention_backend

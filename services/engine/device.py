@@ -72,8 +72,9 @@ class _Static:
 class CudaGraphDecode:
     """Decode steps replayed from CUDA graphs captured at :func:`graph_batch_sizes` (see the module docstring).
 
-    Only the flex_attention backend is captured (the torch_native gather's width changes every
-    step); a larger batch, or any other backend, decodes eagerly.
+    Only a backend whose decode plan keeps its shapes is captured (``graphable``: flex_attention,
+    triton; the torch_native gather's width changes every step); a larger batch, or any other
+    backend, decodes eagerly.
     """
 
     def __init__(self, max_bs: int, max_blocks_per_seq: int) -> None:
@@ -91,7 +92,7 @@ class CudaGraphDecode:
     ) -> torch.Tensor:
         batch = input_ids.shape[0]
         size = next((s for s in self.sizes if s >= batch), None)
-        if size is None or self.disabled or runner.attention.name != "flex_attention":
+        if size is None or self.disabled or not runner.attention.graphable:
             return runner.forward_logits(input_ids, positions, inputs)
         static = self._static or self._allocate(runner)
         width = inputs.tables_BN.shape[1]
@@ -115,8 +116,8 @@ class CudaGraphDecode:
         A capture that fails (an operation CUDA graphs cannot hold, in some torch or transformers
         version) leaves the engine serving eagerly rather than not at all; the log says why.
         """
-        if runner.attention.name != "flex_attention":
-            log.info("decode runs eagerly: CUDA graphs need the flex_attention backend, not %s", runner.attention.name)
+        if not runner.attention.graphable:
+            log.info("decode runs eagerly: CUDA graphs cannot hold the %s backend's steps", runner.attention.name)
             return
         try:
             for size in reversed(self.sizes):
@@ -195,15 +196,24 @@ def kv_pool_for(
         tokens = max_total_tokens
     else:
         free, total = torch.cuda.mem_get_info(layout.device)
-        room = free - total * (1 - mem_fraction_static)
-        tokens = int(max(room, 0) // layout.bytes_per_token)
-        if tokens < context_length:
-            raise SettingsError(
-                "EngineSettings",
-                [
-                    f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={mem_fraction_static} leaves no room for the KV cache:"
-                    f" {max(room, 0) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB after the weights hold"
-                    f" {tokens} tokens, fewer than one context ({context_length}); raise it or lower context_length"
-                ],
-            )
+        tokens = cache_tokens(free, total, mem_fraction_static, layout.bytes_per_token, context_length)
     return BlockPool(layout, block_size, -(-tokens // block_size) + 1)
+
+
+def cache_tokens(free: int, total: int, mem_fraction_static: float, bytes_per_token: int, context_length: int) -> int:
+    """Tokens of KV cache that ``mem_fraction_static`` leaves on a GPU with ``free`` of ``total``
+    bytes free once the weights are loaded (SGLang's rule: the free memory less the part of the
+    card kept for others); :class:`~relayrl.config.SettingsError` naming the setting when that is
+    not one context."""
+    room = max(free - total * (1 - mem_fraction_static), 0)
+    tokens = int(room // bytes_per_token)
+    if tokens < context_length:
+        raise SettingsError(
+            "EngineSettings",
+            [
+                f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={mem_fraction_static} leaves no room for the KV cache:"
+                f" {room / 2**30:.2f} GiB of {total / 2**30:.1f} GiB after the weights hold"
+                f" {tokens} tokens, fewer than one context ({context_length}); raise it or lower context_length"
+            ],
+        )
+    return tokens

@@ -79,6 +79,10 @@ class Sequence:
     # Prompt tokens the prefix cache gave at admission, and the cache's epoch then.
     cached_tokens: int = 0
     cache_epoch: int = -1
+    # A streamed request (``stream: true``): called on the sequence's event loop after its first
+    # token and every ``stream_interval`` tokens after it (SGLang's rule), while it runs.
+    on_tokens: Callable[[], None] | None = None
+    stream_interval: int = 1
 
     @property
     def all_ids(self) -> list[int]:
@@ -270,6 +274,8 @@ class Scheduler:
             chosen.append(torch.stack([token.double(), logprob.double()]))
         # One copy from the device for the whole batch; token ids survive the float64 round trip.
         picks = torch.stack(chosen).tolist()
+        # Streams are told once per step and event loop: one wake-up of the loop, not one per sequence.
+        streamed: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
         for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):
             token = int(token_f)
             if seq.first_token_at is None:
@@ -281,6 +287,10 @@ class Scheduler:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self._finish(seq, reason)
+            elif seq.on_tokens is not None and (len(seq.output_ids) - 1) % seq.stream_interval == 0:
+                streamed.setdefault(seq.loop, []).append(seq.on_tokens)
+        for loop, callbacks in streamed.items():
+            loop.call_soon_threadsafe(_call_each, callbacks)
 
     def _finish_reason(self, seq: Sequence, token: int) -> dict[str, Any] | None:
         if (token in self.eos_token_ids and not seq.config.ignore_eos) or token in seq.config.stop_token_ids:
@@ -376,6 +386,11 @@ class Scheduler:
 
     def set_weight_version(self, version: str) -> None:
         self.weight_version = version
+
+
+def _call_each(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

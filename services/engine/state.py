@@ -83,7 +83,7 @@ class EngineState:
         self.runner = self._runner(settings)
         self.scheduler = Scheduler(
             runner=self.runner,
-            decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            decode_text=self.decode_text,
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
             max_prefill_tokens=settings.max_prefill_tokens,
@@ -124,6 +124,9 @@ class EngineState:
         if isinstance(decoder, CudaGraphDecode):
             decoder.capture_all(runner)
         return runner
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

@@ -1,5 +1,5 @@
 """The paged KV cache gives every row the logits of a lone forward pass, whatever joins or leaves,
-with either attention backend, and gives every block back."""
+with either attention backend (triton's in ``test_triton.py``), and gives every block back."""
 
 from __future__ import annotations
 

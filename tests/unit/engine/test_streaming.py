@@ -1,0 +1,82 @@
+"""The pieces of the engine's streaming and of its bench that need no engine process: the text of a
+growing output decoded a few tokens at a time, the bench's reading of a stream's timing, and the
+KV cache's room on a GPU (device-independent arithmetic)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from relayrl.config import SettingsError
+from services.engine.bench import read_stream
+from services.engine.device import cache_tokens
+from services.engine.streaming import IncrementalText
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    from relayrl.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+def test_incremental_text_equals_the_whole_decode_and_never_shows_half_a_character(tokenizer) -> None:
+    text = "héllo wörld ✓ done"
+    ids = tokenizer(text)["input_ids"]
+    incremental = IncrementalText(lambda part: tokenizer.decode(part, skip_special_tokens=True))
+
+    seen = [incremental.update(ids[: i + 1]) for i in range(len(ids))]
+
+    assert seen[-1] == text
+    assert all("\ufffd" not in part for part in seen)
+    # Each step's text extends the previous one: a client appending deltas gets the whole text.
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(seen))
+
+
+def _line(chunk: dict | str) -> bytes:
+    return b"data: " + (chunk.encode() if isinstance(chunk, str) else json.dumps(chunk).encode())
+
+
+def test_a_streams_timing_counts_each_token_once_and_spreads_a_chunks_gap_over_its_tokens() -> None:
+    lines = [
+        (1.5, _line({"text": "a", "output_ids": [7], "meta_info": {"finish_reason": None}})),
+        (1.5, b""),
+        (1.7, _line({"text": "bc", "output_ids": [8, 9], "meta_info": {"finish_reason": None}})),
+        (2.0, _line({"text": "d", "output_ids": [10], "meta_info": {"finish_reason": {"type": "length"}}})),
+        (2.0, _line("[DONE]")),
+    ]
+
+    timing = read_stream(lines, sent_at=1.0)
+
+    assert timing.tokens == 4
+    assert timing.ttft_s == pytest.approx(0.5)
+    assert timing.itl_s == pytest.approx([0.1, 0.1, 0.3])
+
+
+def test_a_stream_that_reports_an_error_fails_the_bench() -> None:
+    with pytest.raises(RuntimeError, match="bad prompt"):
+        read_stream([(1.0, _line({"error": {"message": "bad prompt"}}))], sent_at=0.0)
+
+
+GIB = 2**30
+
+
+def test_the_kv_cache_gets_the_free_memory_less_what_the_fraction_keeps_for_others() -> None:
+    # 80 GiB card, 70 GiB free after the weights; 0.9 keeps 8 GiB for others: 62 GiB of cache.
+    tokens = cache_tokens(70 * GIB, 80 * GIB, 0.9, bytes_per_token=12 * 1024, context_length=32768)
+
+    assert tokens == 62 * GIB // (12 * 1024)
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.5])
+def test_a_fraction_that_leaves_less_than_one_context_names_the_setting_on_one_line(fraction: float) -> None:
+    # 80 GiB card with 41 GiB free: 0.5 keeps 40 GiB for others, leaving 1 GiB < one 128k context at 12 KiB a token.
+    with pytest.raises(SettingsError) as err:
+        cache_tokens(41 * GIB, 80 * GIB, fraction, bytes_per_token=12 * 1024, context_length=131072)
+
+    line = err.value.one_line()
+    assert "\n" not in line
+    assert f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={fraction}" in line and "no room for the KV cache" in line

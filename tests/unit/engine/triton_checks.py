@@ -1,0 +1,56 @@
+"""The triton attention backend's checks, run by ``test_triton.py`` in a process of their own with
+``TRITON_INTERPRET=1`` set before Triton is imported (Triton's own library functions are compiled
+or interpreted as they are defined, at its import). Prints one line per check that passed."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tests.unit.engine.models import random_causal_lm
+from tests.unit.engine.test_attention import HEAD_DIM, HEADS, KV_HEADS, PAGE, check_against_dense
+from tests.unit.engine.test_model_runner import Running, runner_of
+
+CHECKS = [
+    "decode equals dense attention",
+    "prefill equals dense attention",
+    "qwen head groups over several tiles equal dense attention",
+    "qwen2 runner equals lone passes",
+    "llama runner equals lone passes",
+    "a forked row continues as its original",
+]
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    torch.set_num_threads(1)
+    for queries, check in ((1, CHECKS[0]), (3, CHECKS[1])):
+        check_against_dense("triton", queries, [5, 11, 1 + queries], HEADS, KV_HEADS, HEAD_DIM, PAGE)
+        print(check)
+    # Qwen2.5-0.5B's heads (14 query heads in 2 groups of 7, 64 dims); rows shorter and longer than a 64-token tile.
+    check_against_dense("triton", 1, [150, 64, 2, 65], heads=14, kv_heads=2, head_dim=64, page=16)
+    print(CHECKS[2])
+    for arch, check in (("qwen2", CHECKS[3]), ("llama", CHECKS[4])):
+        model = random_causal_lm(arch)
+        running = Running(runner_of(model, "triton"))
+        running.join([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19]])
+        running.assert_lone(model)
+        for _ in range(6):
+            running.step()
+            running.assert_lone(model)
+        print(check)
+    running = Running(runner_of(model, "triton"))
+    running.join([[3, 1, 4, 1, 5, 9, 2, 6]])
+    running.slots.append(running.runner.kv.fork(running.slots[0]))
+    running.ids.append(list(running.ids[0]))
+    running.logits.append(running.logits[0])
+    for _ in range(3):
+        running.step()
+        running.assert_lone(model)
+    torch.testing.assert_close(running.logits[0], running.logits[1])
+    print(CHECKS[5])
+
+
+if __name__ == "__main__":
+    main()
