@@ -1,6 +1,7 @@
 """``relayrl bench rollout``: generation throughput through the rollout service vs. straight to the engine.
 
-Both paths run in one process against the same built-in engine process (tiny model, CPU), with
+Both paths run in one process against the same built-in engine process (tiny model, on ``device``:
+``--device cuda`` measures the issue's target of the rollout over the CUDA engine), with
 the same prompts, sample count, token budget and concurrency: ``direct`` (the requests sent
 straight to the engine's ``/generate``) and ``service`` (prompts released to a real queue
 service backed by a private redis-server, leased, generated, scored and pushed by a replica,
@@ -38,23 +39,39 @@ class BenchResult:
     rounds: int
     service_tokens: int
     direct_tokens: int
+    # Where the engine says it computes (its /get_model_info), e.g. cuda:0.
+    engine_device: str
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
 
+def check_device(device: str) -> None:
+    """A bench's ``--device``: cpu, or cuda where a GPU is usable; otherwise one line naming the option."""
+    import typer
+
+    from relayrl.devices import cuda_unavailable_reason
+
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
+    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
+        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+
+
 @contextlib.contextmanager
-def tiny_engine_and_redis(prefix: str, preset: str = "tiny") -> Iterator[tuple[str, Path, str]]:
+def tiny_engine_and_redis(prefix: str, preset: str = "tiny", device: str = "cpu") -> Iterator[tuple[str, Path, str]]:
     """What one bench run against the built-in engine needs: a model of ``preset`` served by an
-    engine process, and a private redis-server; yields (engine URL, model directory, redis URL)."""
+    engine process on ``device`` (bf16 on cuda, as the engine serves it), and a private
+    redis-server; yields (engine URL, model directory, redis URL)."""
     from relayrl.models.tiny import init_tiny, preset_spec
     from relayrl.redis_process import RedisProcess
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        model_dir = init_tiny(Path(tmp) / "model", preset_spec(preset))
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        model_dir = init_tiny(Path(tmp) / "model", preset_spec(preset, dtype=dtype))
         redis = RedisProcess(data_dir=Path(tmp) / "redis").start()
         port = free_port()
-        engine = start_engine(model_dir, port)
+        engine = start_engine(model_dir, port, device)
         try:
             yield f"http://127.0.0.1:{port}", model_dir, redis.url
         finally:
@@ -62,12 +79,13 @@ def tiny_engine_and_redis(prefix: str, preset: str = "tiny") -> Iterator[tuple[s
             redis.stop()
 
 
-def start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_engine(model_dir: Path, port: int, device: str = "cpu") -> subprocess.Popen[bytes]:
     from services.engine.launch import launch_engine, wait_engine_healthy
 
-    proc = launch_engine(model_dir, port)
+    proc = launch_engine(model_dir, port, settings={"RELAYRL_ENGINE_DEVICE": device})
     try:
-        wait_engine_healthy(proc, f"http://127.0.0.1:{port}", timeout_s=120)
+        # On cuda the engine captures its decode graphs before it answers.
+        wait_engine_healthy(proc, f"http://127.0.0.1:{port}", timeout_s=120 if device == "cpu" else 600)
     except TimeoutError:
         proc.kill()
         raise
@@ -148,6 +166,8 @@ async def _through_service(
 async def _measure(
     engine_url: str, redis_url: str, prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int
 ) -> BenchResult:
+    from services.engine.client import EngineClient
+
     token_lists = [[5 + (i % 50), 6, 7, 8, 9] for i in range(prompts)]
     await _direct(engine_url, token_lists[:inflight], n, 4, inflight)  # warm-up
     direct_rates, service_rates, direct_tokens, service_tokens = [], [], 0, 0
@@ -160,6 +180,8 @@ async def _measure(
         service_rates.append(tokens / seconds)
         service_tokens += tokens
     direct_rate, service_rate = statistics.median(direct_rates), statistics.median(service_rates)
+    async with EngineClient(engine_url) as engine:
+        info = await engine.model_info()
     return BenchResult(
         tokens_per_s=round(service_rate, 1),
         direct_tokens_per_s=round(direct_rate, 1),
@@ -171,9 +193,12 @@ async def _measure(
         rounds=rounds,
         service_tokens=service_tokens,
         direct_tokens=direct_tokens,
+        engine_device=str(info["device"]),
     )
 
 
-def run_bench(prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int) -> BenchResult:
-    with tiny_engine_and_redis("relayrl-bench-rollout-") as (url, _, redis_url):
+def run_bench(
+    prompts: int, n: int, max_new_tokens: int, inflight: int, rounds: int, device: str = "cpu"
+) -> BenchResult:
+    with tiny_engine_and_redis("relayrl-bench-rollout-", device=device) as (url, _, redis_url):
         return asyncio.run(_measure(url, redis_url, prompts, n, max_new_tokens, inflight, rounds))

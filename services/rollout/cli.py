@@ -49,11 +49,13 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option(help="Response budget per sample, tokens.")] = 64,
     inflight: Annotated[int, typer.Option(help="Prompts in flight (requests in flight = inflight × n).")] = 8,
     rounds: Annotated[int, typer.Option(help="Alternating direct/service rounds; medians are reported.")] = 3,
+    device: Annotated[str, typer.Option(help="Where the engine runs: cpu or cuda (RELAYRL_ENGINE_DEVICE).")] = "cpu",
 ) -> None:
     """Tokens/s through the rollout service vs. the same requests sent straight to the engine, same run."""
     import json
 
-    from services.rollout.bench import run_bench
+    from services.rollout.bench import check_device, run_bench
 
-    result = run_bench(prompts, n, max_new_tokens, inflight, rounds)
+    check_device(device)
+    result = run_bench(prompts, n, max_new_tokens, inflight, rounds, device)
     typer.echo(json.dumps(result.to_dict()))
