@@ -57,6 +57,8 @@ class GroupHeader:
     response_lengths: tuple[int, ...]
     # The η its prompt was admitted under; None: judged by the pull's bound.
     max_staleness: int | None = None
+    # The prompt lease it answers ("<prompt key>.<delivery>"); empty for a group no lease produced.
+    lease_id: str = ""
 
     @property
     def response_tokens(self) -> int:
@@ -117,6 +119,7 @@ def _slow_inspection(payload: bytes) -> Inspection:
         is_eval=msg.is_eval,
         response_lengths=tuple(len(t.response_token_ids) for t in msg.trajectories),
         max_staleness=msg.max_staleness if msg.HasField("max_staleness") else None,
+        lease_id=msg.lease_id,
     )
     return Inspection(header, [])
 
@@ -205,6 +208,7 @@ def _fast_header(payload: bytes) -> GroupHeader | None:
         is_eval=view.is_eval,
         response_lengths=tuple(per_sample),
         max_staleness=view.max_staleness if view.HasField("max_staleness") else None,
+        lease_id=view.lease_id,
     )
 
 

@@ -16,7 +16,10 @@ unfinished, or handed to two replicas at once. A lease first moves expired lease
 ``waiting`` (re-issue), then takes up to ``max_prompts`` keys with score <= held_version.
 Prompts a replica may not start stay in ``waiting``; nothing is lost. A lease id is
 ``<key>.<delivery>``; completing any lease of a prompt finishes the prompt (its group was
-pushed), so a late completion by a replica whose lease had expired still counts once. A
+pushed), so a late completion by a replica whose lease had expired still counts once. The push
+of a group that carries its lease id completes the prompt itself, in the transaction that stores
+the group (:mod:`services.queue.trajectories`): a replica that loses the answer to its push or
+to its ``complete`` and gives the lease back cannot have the prompt generated a second time. A
 replica renews the leases of prompts still in flight (``renew``); a lease that was re-issued
 meanwhile is not renewed, which tells the replica to drop that prompt. A replica that will not
 push a group for its lease (the group was stale, or generation failed) gives the lease back
@@ -73,23 +76,32 @@ return out
 """
 )
 
-# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons. ARGV: prompt keys.
-_COMPLETE_LUA = """
-local done = 0
-for _, k in ipairs(ARGV) do
-  if redis.call('HDEL', KEYS[5], k) == 1 then
-    redis.call('ZREM', KEYS[1], k)
-    redis.call('ZREM', KEYS[2], k)
-    redis.call('HDEL', KEYS[3], k)
-    redis.call('HDEL', KEYS[6], k)
-    redis.call('HDEL', KEYS[7], k)
-    redis.call('HDEL', KEYS[8], k)
-    done = done + 1
-  end
+# Finishes prompt k; 1 when it was unfinished, 0 when it was finished (completed or dropped) already.
+# KEYS[1..8]: waiting, leased, min_start, stats, data, deliveries, owner, abandons. Shared by
+# _COMPLETE_LUA and the push (services.queue.trajectories), which completes a group's prompt with it.
+COMPLETE_PROMPT_LUA = """
+local function complete_prompt(k)
+  if redis.call('HDEL', KEYS[5], k) == 0 then return 0 end
+  redis.call('ZREM', KEYS[1], k)
+  redis.call('ZREM', KEYS[2], k)
+  redis.call('HDEL', KEYS[3], k)
+  redis.call('HDEL', KEYS[6], k)
+  redis.call('HDEL', KEYS[7], k)
+  redis.call('HDEL', KEYS[8], k)
+  return 1
 end
+"""
+
+# KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons. ARGV: prompt keys.
+_COMPLETE_LUA = (
+    COMPLETE_PROMPT_LUA
+    + """
+local done = 0
+for _, k in ipairs(ARGV) do done = done + complete_prompt(k) end
 if done > 0 then redis.call('HINCRBY', KEYS[4], 'completed', done) end
 return done
 """
+)
 
 
 # KEYS: leased, deliveries, owner. ARGV: expires_at, replica, then key and delivery pairs.
@@ -179,18 +191,8 @@ class PromptQueue:
         self._redis = redis
         self._settings = settings
         self._bells = bells
-        k = Keys(settings.run_id)
-        self._keys = k
-        self._script_keys = [
-            k.prompts_waiting,
-            k.prompts_leased,
-            k.prompt_min_start,
-            k.prompt_stats,
-            k.prompt_data,
-            k.prompt_deliveries,
-            k.prompt_owner,
-            k.prompt_abandons,
-        ]
+        self._keys = Keys(settings.run_id)
+        self._script_keys = script_keys(self._keys)
         self._requeue = redis.register_script(_REQUEUE_LUA)
         self._lease = redis.register_script(_LEASE_LUA)
         self._complete = redis.register_script(_COMPLETE_LUA)
@@ -322,6 +324,26 @@ class PromptQueue:
             abandoned_by_reason=by_reason("abandoned:"),
             dropped_by_reason=by_reason("dropped:"),
         )
+
+
+def script_keys(k: Keys) -> list[str]:
+    """KEYS[1..8] of the prompt scripts (and of :data:`COMPLETE_PROMPT_LUA`), in their order."""
+    return [
+        k.prompts_waiting,
+        k.prompts_leased,
+        k.prompt_min_start,
+        k.prompt_stats,
+        k.prompt_data,
+        k.prompt_deliveries,
+        k.prompt_owner,
+        k.prompt_abandons,
+    ]
+
+
+def prompt_key(lease_id: str) -> str:
+    """The prompt key of a lease id; empty for anything else (a group no lease produced)."""
+    match = LEASE_ID.match(lease_id)
+    return match.group(1) if match else ""
 
 
 def _parse_lease_ids(lease_ids: list[str]) -> list[tuple[str, str]]:

@@ -18,6 +18,14 @@ Redis layout (keys in :mod:`services.queue.keys`):
   overshoot capacity. Payloads never pass through Lua: copying 0.5 MB into the Lua VM and
   out again cost Redis three times the CPU of the appends themselves. A reservation expires
   after ``RESERVATION_TTL_MS``, so a service that dies between the two steps frees it.
+- The same transaction completes the prompt of each group that carries its lease id
+  (``_PUSHED_LUA``), and deletes again a group whose prompt was finished already: another group
+  answered it, or it was dropped. Pushed first and completed in a second call, a prompt whose
+  ``complete`` (or push reply) was lost in a Redis restart or a network cut was given back and
+  generated again, and its second group stayed one group more than the trainer released for:
+  a surplus that never drains, since every drop is made up for, and that the trainer met as one
+  or more stale groups at every step for the rest of the run. ``produced`` counts the groups
+  kept; the deleted ones count in ``duplicates`` (never as a drop, which the trainer replaces).
 - An ack is one Lua script: ``XACK`` and, only for entries that were pending, ``XDEL``.
   Acknowledged entries are trimmed at once and nothing else is ever trimmed, so ``XLEN`` is
   exactly queued + pending groups (what capacity bounds) and no unacknowledged entry can be
@@ -66,6 +74,7 @@ from services.queue.errors import BadRequest, QueueFull
 from services.queue.groupcheck import GroupHeader, inspect_group
 from services.queue.keys import TRAINER_GROUP, Keys
 from services.queue.lengths import LengthSummary, LengthWindow
+from services.queue.prompts import COMPLETE_PROMPT_LUA, prompt_key, script_keys
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +98,40 @@ if redis.call('XLEN', KEYS[1]) + held + tonumber(ARGV[2]) > tonumber(ARGV[1]) th
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3] .. ':' .. ARGV[2])
 return 1
 """
+
+# Runs in the push's MULTI right after its XADDs. KEYS: the prompt scripts' eight
+# (services.queue.prompts.script_keys), prompt seq, stream, stats, room bell. ARGV: the prompt key
+# of each group appended, in order ('' for a group without a lease). Completes each group's prompt;
+# a group whose prompt is finished already (completed or dropped: its key is at most the last one
+# released and has no data) is a duplicate and is deleted. Returns the duplicates' positions (1-based).
+_PUSHED_LUA = (
+    COMPLETE_PROMPT_LUA
+    + """
+local n = #ARGV
+local released = tonumber(redis.call('GET', KEYS[9]) or '0')
+local done, dups = 0, {}
+for i = 1, n do
+  local k = ARGV[i]
+  if k ~= '' then
+    if complete_prompt(k) == 1 then
+      done = done + 1
+    elseif tonumber(k) <= released then
+      table.insert(dups, i)
+    end
+  end
+end
+if done > 0 then redis.call('HINCRBY', KEYS[4], 'completed', done) end
+if #dups > 0 then
+  -- Only duplicates read entries back into Lua: the last n are the ones this MULTI appended.
+  local appended = redis.call('XREVRANGE', KEYS[10], '+', '-', 'COUNT', n)
+  for _, i in ipairs(dups) do redis.call('XDEL', KEYS[10], appended[n - i + 1][1]) end
+  redis.call('HINCRBY', KEYS[11], 'duplicates', #dups)
+  redis.call('PUBLISH', KEYS[12], #dups)
+end
+if n > #dups then redis.call('HINCRBY', KEYS[11], 'produced', n - #dups) end
+return dups
+"""
+)
 
 # KEYS: stream, stats, consumers, room bell. ARGV: group, consumer, now, then entry ids. Stamps
 # the consumer as alive; deletes only what this call acknowledged, and rings pushes waiting for room.
@@ -269,7 +312,7 @@ class TrajectoryQueue:
         while True:
             rung = self._bells.waiter(self._keys.room_bell)
             if await self._reserve_script(keys=keys, args=[cap, len(entries), token, RESERVATION_TTL_MS]):
-                entry_ids = await self._append(entries, f"{token}:{len(entries)}")
+                entry_ids = await self._append(entries, f"{token}:{len(entries)}", headers)
                 for header in headers:
                     if not header.is_eval:
                         self._lengths.add(header.response_lengths)
@@ -282,15 +325,27 @@ class TrajectoryQueue:
                 )
             await wait_for_ring(rung, min(left, self._settings.poll_interval_s))
 
-    async def _append(self, entries: list[dict[str, Any]], reservation: str) -> list[str]:
-        """Appends the entries and frees their reservation in one transaction: all or none."""
+    async def _append(self, entries: list[dict[str, Any]], reservation: str, headers: list[GroupHeader]) -> list[str]:
+        """Appends the entries, completes their prompts and frees their reservation in one
+        transaction: all or none. Entries answering a prompt finished already are deleted in it."""
+        k = self._keys
         pipe = self._redis.pipeline(transaction=True)
         for fields in entries:
-            pipe.xadd(self._keys.trajectories, fields)
-        pipe.zrem(self._keys.push_reservations, reservation)
-        pipe.hincrby(self._keys.stats, "produced", len(entries))
+            pipe.xadd(k.trajectories, fields)
+        pipe.zrem(k.push_reservations, reservation)
+        keys = [*script_keys(k), k.prompt_seq, k.trajectories, k.stats, k.room_bell]
+        # EVAL, not EVALSHA: a pipeline holding a registered script first asks SCRIPT EXISTS.
+        pipe.eval(_PUSHED_LUA, len(keys), *keys, *(prompt_key(h.lease_id) for h in headers))
         replies = await pipe.execute()
-        return [_text(i) for i in replies[: len(entries)]]
+        entry_ids = [_text(i) for i in replies[: len(entries)]]
+        for position in replies[-1]:
+            header = headers[int(position) - 1]
+            log.warning(
+                "group %s answers lease %s, whose prompt was finished already: not stored (a duplicate)",
+                header.group_id,
+                header.lease_id,
+            )
+        return entry_ids
 
     async def _validated(self, payloads: list[bytes]) -> list[GroupHeader]:
         headers, problems = [], []

@@ -1,0 +1,110 @@
+"""A Redis SIGKILL between a replica's push and its ``complete``: the prompt still yields one group.
+
+Issue #52's chaos run: the push stored the group, the ``complete`` after it failed while Redis
+restarted, the replica gave the lease back (as ``RolloutLoop.process`` does after a failed
+delivery), and the prompt was generated a second time. Its second group was one more than the
+trainer released for; since the trainer makes up for every drop, that surplus never drained and
+came back as stale drops at every step for the rest of the run (649 of 5,398 groups). The push now
+completes the prompt in the transaction that stores the group, and stores no group for a prompt
+finished already.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from relayrl.redis_process import RedisProcess
+from relayrl.schema import Group, PromptSpec, Sample
+from relayrl.stalls import StallWatch
+from services.queue.client import PromptLease, QueueClient
+from services.queue.config import QueueSettings
+from services.queue.errors import QueueUnavailable
+from services.queue.server import start_queue_server
+from services.rollout.leases import LeaseKeeper, ReplicaQueue
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.state import ReplicaState
+
+REPLICA = "replica-0"
+log = logging.getLogger(__name__)
+
+
+class RedisKilledBeforeComplete:
+    """The replica's queue, with redis-server SIGKILLed once: after the first push was stored, before
+    the ``complete`` that follows it reaches the queue."""
+
+    def __init__(self, client: QueueClient, redis: RedisProcess) -> None:
+        self._client = client
+        self._redis = redis
+        self.killed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
+        if not self.killed:
+            self.killed = True
+            self._redis.kill()
+        return await self._client.complete(replica_id, lease_ids)
+
+
+def _prompt(i: int) -> PromptSpec:
+    return PromptSpec(prompt_id=f"lost/{i}", prompt_token_ids=[5 + i, 6, 7], n_samples=2, max_staleness=1)
+
+
+def _group(lease: PromptLease) -> Group:
+    sample = Sample(
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3, 4],
+        behavior_logprobs=[-0.5] * 2,
+        policy_versions=[0] * 2,
+        reward=1.0,
+    )
+    return Group.answering(lease.prompt, [sample, sample], lease.lease_id)
+
+
+def _keeper(queue: ReplicaQueue) -> LeaseKeeper:
+    metrics = RolloutMetrics()
+    stalls = StallWatch(metrics.stalled, 60.0, log)
+    return LeaseKeeper(ReplicaState(REPLICA, metrics), queue, metrics, stalls, block_timeout_s=0.0, push_timeout_s=5.0)
+
+
+async def test_a_prompt_whose_complete_died_with_redis_is_not_generated_again(tmp_path) -> None:
+    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
+    server = None
+    try:
+        settings = QueueSettings(redis_url=redis.url, run_id="lost-complete", lease_timeout_s=60.0)
+        server = await start_queue_server(settings)
+        async with QueueClient(server.grpc_address) as client:
+            await client.release([_prompt(i) for i in range(3)])
+            first, *others = await client.lease(REPLICA, 3, held_version=0)
+            assert len(others) == 2
+
+            killing = RedisKilledBeforeComplete(client, redis)
+            with pytest.raises(QueueUnavailable):
+                await _keeper(killing).deliver(first, _group(first))
+            assert killing.killed
+            redis.start()
+            # What the replica does with a delivery that failed: the lease goes back at once.
+            await _keeper(client).give_back(first, "generation_error")
+
+            stats = await client.prompt_stats()
+            assert (stats.total_completed, stats.waiting, stats.leased) == (1, 0, 2), stats
+            assert await client.lease(REPLICA, 3, held_version=0) == []
+
+            for lease in others:
+                await _keeper(client).deliver(lease, _group(lease))
+            # A group for the first prompt from a lease re-issued meanwhile is not stored either.
+            await client.push([_group(first)])
+
+            pulled = await client.pull("trainer-0", current_version=1, max_staleness=1, max_groups=10)
+            assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1", "lost/2"]
+            queue_stats = await client.stats()
+            assert queue_stats.total_produced == 3
+            assert (queue_stats.queue_size, queue_stats.pending) == (0, 3)
+            assert (await client.prompt_stats()).total_completed == 3
+    finally:
+        if server is not None:
+            await server.stop()
+        redis.stop()
