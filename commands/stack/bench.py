@@ -55,6 +55,9 @@ from relayrl.gpu_busy import GpuBusyMeter, NvmlGpus
 PRESETS = ("tiny", "small", "base")
 # η of the stage-alone phase: high enough that the backlog never goes stale while training on it.
 UNBOUNDED_STALENESS = 1_000_000
+DEFAULT_READY_TIMEOUT_S = StackSettings.model_fields["ready_timeout_s"].default
+# An engine on CUDA compiles flex_attention and captures its decode graphs before it is ready.
+CUDA_READY_TIMEOUT_S = 600.0
 
 
 class CpuMeter:
@@ -162,6 +165,7 @@ class BenchRun:
                 model_dir=self.model_dir,
                 max_staleness=eta,
                 device=self.device,
+                ready_timeout_s=CUDA_READY_TIMEOUT_S if self.device == "cuda" else DEFAULT_READY_TIMEOUT_S,
             ),
             trainer={
                 **self.workload.trainer_settings(self.dataset, steps, self.seed),
