@@ -35,6 +35,8 @@ def test_up_runs_the_gpu_example_for_a_few_steps_on_one_gpu(tmp_path: Path) -> N
     config["stack"] |= {"runs_dir": str(tmp_path / "runs"), "run_id": "gpu", "gpus": [int(visible_gpus()[0])]}
     # A few steps from the untrained small model, validated once at the end.
     config["trainer"] |= {"total_steps": STEPS, "val_before_train": False, "test_freq": STEPS, "dataset_size": 256}
+    # Few decode graphs keep the engine's start short; larger batches decode eagerly.
+    config["engine"] |= {"cuda_graph_max_bs": 16}
     path = tmp_path / "long_add_gpu.yaml"
     path.write_text(yaml.safe_dump(config))
     done = subprocess.run(
