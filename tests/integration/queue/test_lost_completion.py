@@ -93,10 +93,10 @@ async def test_a_prompt_whose_complete_died_with_redis_is_not_generated_again(tm
             assert (stats.total_completed, stats.waiting, stats.leased) == (1, 0, 2), stats
             assert await client.lease(REPLICA, 3, held_version=0) == []
 
-            for lease in others:
-                await _keeper(client).deliver(lease, _group(lease))
-            # A group for the first prompt from a lease re-issued meanwhile is not stored either.
-            await client.push([_group(first)])
+            await _keeper(client).deliver(others[0], _group(others[0]))
+            # A group for the first prompt (from a lease re-issued meanwhile) is not stored either, not
+            # even beside a group that is.
+            await client.push([_group(first), _group(others[1])])
 
             pulled = await client.pull("trainer-0", current_version=1, max_staleness=1, max_groups=10)
             assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1", "lost/2"]
