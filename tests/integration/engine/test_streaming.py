@@ -32,7 +32,7 @@ class Engine:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.process = launch_engine(model_dir, port, stderr=subprocess.DEVNULL, settings=settings)
-        wait_engine_healthy(self.process, self.url, timeout_s=60)
+        wait_engine_healthy(self.process, self.url, timeout_s=180)
 
 
 @pytest.fixture(scope="module")
