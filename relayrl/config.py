@@ -51,6 +51,9 @@ class ServiceSettings(BaseSettings):
     """
 
     service_name: ClassVar[str] = "service"
+    # Former names still accepted, each mapped to the setting that replaced it (the subclass's
+    # validator gives the value to that one); setting one logs a line naming the new setting.
+    former_names: ClassVar[dict[str, str]] = {}
 
     model_config = SettingsConfigDict(
         env_prefix=GLOBAL_PREFIX,
@@ -84,6 +87,10 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("INFO", description="Python logging level name.")
     log_format: str = Field("text", pattern="^(text|json)$", description="'text' for people, 'json' for log shippers.")
 
+    def former_names_set(self) -> dict[str, str]:
+        """The former names this instance was given, each with the name that replaced it."""
+        return {old: new for old, new in self.former_names.items() if old in self.model_fields_set}
+
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
@@ -107,6 +114,14 @@ def env_var_name(settings_cls: type[BaseSettings], field_name: str) -> str:
         return str(alias.choices[0])
     prefix = settings_cls.model_config.get("env_prefix", "")
     return f"{prefix}{field_name}".upper()
+
+
+def former_name_line(settings_cls: type[BaseSettings], old: str, new: str) -> str:
+    """The warning for a variable set under its former name, naming both variables."""
+    return (
+        f"{env_var_name(settings_cls, old)} is deprecated: it is the former name of"
+        f" {env_var_name(settings_cls, new)} ({new}), which it sets; rename it"
+    )
 
 
 def load_settings(settings_cls: type[S], **overrides: Any) -> S:

@@ -5,12 +5,15 @@ line on stderr naming every bad variable."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 import typer
 
-from relayrl.config import ServiceSettings, SettingsError, env_var_name, load_settings
+from relayrl.config import ServiceSettings, SettingsError, env_var_name, former_name_line, load_settings
 from relayrl.logs import setup_logging
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -34,4 +37,6 @@ def settings_or_exit(settings_cls: type[S], required: dict[str, str] | None = No
         typer.echo(err.one_line(), err=True)
         raise typer.Exit(2) from None
     setup_logging(settings_cls.service_name, settings.log_level, settings.log_format)
+    for old, new in settings.former_names_set().items():
+        log.warning(former_name_line(settings_cls, old, new))
     return settings

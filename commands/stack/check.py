@@ -8,11 +8,13 @@ built, as the rollout does at start), and fixed ports must be free.
 
 One path rule: every input path in the file (``stack.model_dir``, datasets, the reward file,
 the reward model, tool and interaction configs, ``rollout.tokenizer_path``) is relative to the
-config file's folder, and modules the config names (tool and interaction classes,
+config file's folder, except ``builtin:<task>``, a dataset or interaction config the package ships
+(``relayrl.tasks``); modules the config names (tool and interaction classes,
 ``module:function`` rewards) import from that folder first, then from the working directory; the
 rollouts get the same folders on their ``PYTHONPATH`` (``stack.import_dirs``). Each problem is one
-line naming the YAML key as written. Only light imports here (no torch): the check answers in well
-under two seconds.
+line naming the YAML key as written. A setting under a former name (``trainer.checkpoint_every``)
+still works, with one warning line naming the setting that replaced it. Only light imports here (no
+torch): the check answers in well under two seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import logging
 import os
 import socket
 import sys
@@ -33,6 +36,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from commands.stack.config import SERVICE_SECTIONS, StackConfig, StackSettings
+
+log = logging.getLogger(__name__)
 
 # Each section's settings model; imported lazily so a section's import cost is paid once.
 SETTINGS_MODELS: dict[str, str] = {
@@ -99,7 +104,7 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
             config.trainer[name] = str(_resolve(value, base))
     for name in ROLLOUT_PATHS:
         value = config.rollout.get(name)
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and value and not value.startswith("builtin:"):
             config.rollout[name] = str(_resolve(value, base))
     if config.stack.model_dir is not None:
         config.stack.model_dir = _resolve(str(config.stack.model_dir), base)
@@ -128,7 +133,23 @@ def check_config(config: StackConfig, base: Path, source: str = "config") -> Sta
         problems.append(f"stack.model_dir: {config.stack.model_dir} is not a Hugging Face model directory")
     if problems:
         raise ConfigError(source, problems)
+    for line in _former_name_lines(config):
+        log.warning(line)
     return config
+
+
+def _former_name_lines(config: StackConfig) -> list[str]:
+    """A line for each setting written under a former name, naming the one that replaced it."""
+    lines = []
+    for section in SERVICE_SECTIONS:
+        former = getattr(settings_model(section), "former_names", {})
+        for old in getattr(config, section):
+            if old in former:
+                new = former[old]
+                lines.append(
+                    f"{section}.{old}: deprecated, the former name of {section}.{new}, which it sets; rename it"
+                )
+    return lines
 
 
 def _resolve(value: str, base: Path) -> Path:
@@ -335,7 +356,7 @@ def _agent_problems(config: StackConfig) -> list[str]:
         value = config.rollout.get(name)
         if not value:
             continue
-        if not Path(value).is_file():
+        if not value.startswith("builtin:") and not Path(value).is_file():
             problems.append(f"rollout.{name}: no such file {value}")
             continue
         try:

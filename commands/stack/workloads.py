@@ -70,7 +70,7 @@ class Workload:
             "batch_size": self.batch_size,
             "max_new_tokens": self.max_new_tokens,
             "total_steps": steps,
-            "checkpoint_every": steps,
+            "save_freq": steps,
             "lr": self.lr,
             "seed": seed,
         }

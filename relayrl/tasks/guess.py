@@ -5,8 +5,9 @@ any secret in exactly ``difficulty`` guesses and the game allows that many: a po
 every game by reading the interaction's replies (a guess that ignores them wins about a third of
 the games at difficulty 3). Each model turn is one guess, a number and nothing else;
 :class:`GuessInteraction` (verl's interaction interface, named in
-``relayrl/tasks/guess_interaction.yaml``) answers ``higher``, ``lower`` or ``say a number``,
-and ends the game on a right guess or when no guesses are left.
+``relayrl/tasks/guess_interaction.yaml``, which a config names ``builtin:guess``) answers
+``higher``, ``lower`` or ``say a number``, and ends the game on a right guess or when no guesses
+are left.
 
 The secret and the number of guesses travel in the row's ``extra_info.interaction_kwargs``; the
 ground truth is the secret, and :func:`score` gives 1.0 when the episode's last model turn (what

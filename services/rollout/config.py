@@ -176,7 +176,8 @@ class RolloutSettings(ServiceSettings):
     multi_turn_interaction_config_path: str = Field(
         "",
         description="verl multi_turn.interaction_config_path: YAML of `interaction: - name, class_name, config`;"
-        " a row talks to the one its extra_info.interaction_kwargs.name picks.",
+        " a row talks to the one its extra_info.interaction_kwargs.name picks. builtin:<task> is the one a"
+        " built-in task ships with (builtin:guess).",
     )
     multi_turn_tool_concurrency: int = Field(
         64, ge=1, description="Tool and interaction calls running at once on this replica, over all episodes."

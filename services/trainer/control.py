@@ -49,7 +49,7 @@ def control_router(
 
     @router.post("/checkpoint")
     async def checkpoint() -> dict[str, Any]:
-        """Checkpoint at the next step that ends on a publish boundary (see TrainerSettings.checkpoint_every)."""
+        """Checkpoint at the next step that ends on a publish boundary (see TrainerSettings.save_freq)."""
         control.checkpoint_requested.set()
         return {"checkpoint_requested": True}
 

@@ -513,9 +513,8 @@ def staleness_rule(s: TrainerSettings) -> StalenessRule:
 def replay_config(s: TrainerSettings, ctx: D.DistContext) -> dict[str, Any]:
     """What ``relayrl replay`` needs to re-run this trainer exactly: its settings (the model directory
     made absolute) and the parallelism its arithmetic depended on."""
-    # Former names are left out: their values live on under the current names, and both set is an error.
-    former = {name for name in ("micro_batch_tokens", "checkpoint_every") if name in type(s).model_fields}
-    settings = s.model_dump(mode="json", exclude={"api_token", *former})
+    # Former names are left out: their values live on under the names that replaced them.
+    settings = s.model_dump(mode="json", exclude={"api_token", *s.former_names})
     settings["model_dir"] = str(s.model_dir.resolve())
     return {
         "settings": settings,

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from relayrl.tasks.interaction_configs import interaction_config_file
 from services.rollout.agent.loading import import_class, read_yaml
 
 
@@ -52,7 +53,9 @@ INTERACTION_METHODS = ("start_interaction", "generate_response", "calculate_scor
 
 
 def load_interactions(path: str | Path) -> dict[str, Any]:
-    """The interactions of an interaction-config YAML, by name (the class name when none is given)."""
+    """The interactions of an interaction-config YAML, by name (the class name when none is given);
+    ``builtin:<task>`` is the config a built-in task ships with."""
+    path = interaction_config_file(path)
     interactions: dict[str, Any] = {}
     for i, entry in enumerate(read_yaml(path, "interaction")):
         where = f"{path}: interaction[{i}]"

@@ -26,7 +26,7 @@ def test_auto_raises_eta_to_its_limit_and_each_group_keeps_the_bound_it_was_admi
             tiny_model_dir,
             run_dir,
             total_steps=8,
-            checkpoint_every=4,
+            save_freq=4,
             # Thresholds a waiting trainer always meets, and drift never does: η rises at every decision.
             staleness_initial=0,
             max_staleness_limit=2,

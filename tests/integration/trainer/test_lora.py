@@ -26,7 +26,7 @@ def _adapter_names(model_dir) -> set[str]:
 
 
 def _train(stack: Stack, model_dir, run_dir, log, total_steps: int) -> None:
-    env = stack.trainer_env(model_dir, run_dir, total_steps=total_steps, checkpoint_every=2, **LORA)
+    env = stack.trainer_env(model_dir, run_dir, total_steps=total_steps, save_freq=2, **LORA)
     proc = start_trainer(env, log, nproc=2)
     try:
         assert proc.wait(180) == 0, log.read_text()[-3000:]

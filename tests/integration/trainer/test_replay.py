@@ -46,7 +46,7 @@ def test_a_run_killed_by_sigkill_replays_bit_for_bit_up_to_its_last_consumed_bat
             run_dir,
             max_staleness=1,
             total_steps=200,
-            checkpoint_every=2,
+            save_freq=2,
             keep_checkpoints=2,
             trajectory_log_keep="all",
             seed=3,

@@ -56,7 +56,7 @@ def test_on_policy_run_trains_only_current_version_groups(redis_server, tiny_mod
             run_dir,
             max_staleness=0,
             total_steps=3,
-            checkpoint_every=3,
+            save_freq=3,
             test_freq=3,
             val_before_train=True,
             val_size=2,
@@ -93,7 +93,7 @@ def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, ti
             run_dir,
             max_staleness=1,
             total_steps=total,
-            checkpoint_every=1,
+            save_freq=1,
             # Synchronous checkpoints: each is durable before its version is published, which is what
             # keeps "one version per step" across the kill below. With async_save a version published
             # while its checkpoint was still being written may be lost, and the resumed trainer goes on
@@ -159,7 +159,7 @@ def test_a_step_acknowledged_before_a_crash_stays_on_the_run_record(redis_server
     whose groups were acknowledged must already be written, or those groups count as lost."""
     run_dir = tmp_path / "run"
     with Stack(redis_server.url, f"t{uuid.uuid4().hex[:6]}") as stack:
-        env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=4, checkpoint_every=2, **SMALL)
+        env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=4, save_freq=2, **SMALL)
         with (tmp_path / "first.log").open("ab") as log_file:
             first = subprocess.run(
                 [sys.executable, "-c", DIES_AFTER_ACK], env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
@@ -203,7 +203,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_sigterm_checkpoints_and_ppo_with_critic_resumes(redis_server, tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    ppo = dict(adv_estimator="gae", use_kl_loss="true", pg_variant="vanilla", checkpoint_every=1, **SMALL)
+    ppo = dict(adv_estimator="gae", use_kl_loss="true", pg_variant="vanilla", save_freq=1, **SMALL)
     with Stack(redis_server.url, f"t{uuid.uuid4().hex[:6]}") as stack:
         env = stack.trainer_env(tiny_model_dir, run_dir, max_staleness=1, total_steps=50, **ppo)
         proc = start_trainer(env, tmp_path / "first.log")

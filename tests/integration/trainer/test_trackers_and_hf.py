@@ -18,7 +18,7 @@ from tests.integration.trainer.harness import Stack, start_trainer, stop_group
 STEPS = 2
 SETTINGS = dict(
     total_steps=STEPS,
-    checkpoint_every=STEPS,
+    save_freq=STEPS,
     batch_size=2,
     n_samples=2,
     max_new_tokens=4,

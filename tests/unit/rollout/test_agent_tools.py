@@ -15,8 +15,6 @@ from services.rollout.agent.interactions import load_interactions, pick_interact
 from services.rollout.agent.parser import CallError, ToolCall
 from services.rollout.agent.tools import BaseTool, load_tools
 
-REPO = Path(__file__).resolve().parents[3]
-
 
 class AddTool(BaseTool):
     """Adds two numbers; ``offset`` comes from the row's execute_kwargs; rewards a correct call."""
@@ -136,7 +134,8 @@ async def test_long_tool_answers_are_cut(tools: dict[str, Any]) -> None:
 
 
 async def test_the_guess_interaction_answers_higher_lower_and_ends_the_game() -> None:
-    interactions = load_interactions(REPO / "relayrl" / "tasks" / "guess_interaction.yaml")
+    # builtin:guess is the task's shipped config, as a recipe names it.
+    interactions = load_interactions("builtin:guess")
     (row,) = make_rows("guess", 1, seed=1, difficulty=3)
     assert row["extra_info"]["interaction_kwargs"]["name"] == "guess"
     kwargs = {**row["extra_info"]["interaction_kwargs"], "secret": 3, "max_turns": 3}

@@ -45,8 +45,8 @@ def _problems(tmp_path: Path, text: str) -> str:
             id="misspelled sections and stack keys",
         ),
         pytest.param(
-            "trainer:\n  sync_every: 2\n  checkpoint_every: 3\n",
-            ["trainer: checkpoint_every (3) must be a multiple of sync_every (2)"],
+            "trainer:\n  sync_every: 2\n  save_freq: 3\n",
+            ["trainer: save_freq (3) must be a multiple of sync_every (2)"],
             id="a cross-field rule, by its section",
         ),
         pytest.param(

@@ -12,7 +12,16 @@ def test_staleness_bound_is_the_shared_variable(monkeypatch):
 
 
 def test_checkpoints_must_fall_on_publish_boundaries():
-    with pytest.raises(SettingsError, match="multiple of sync_every"):
+    with pytest.raises(SettingsError, match=r"save_freq \(3\) must be a multiple of sync_every \(2\)"):
+        load_settings(TrainerSettings, sync_every=2, save_freq=3)
+
+
+def test_the_former_name_of_save_freq_still_sets_it_and_is_named_in_its_errors():
+    assert load_settings(TrainerSettings).save_freq == 8
+    settings = load_settings(TrainerSettings, sync_every=2, checkpoint_every=4)
+    assert settings.save_freq == 4 and settings.former_names_set() == {"checkpoint_every": "save_freq"}
+    assert load_settings(TrainerSettings, save_freq=4).former_names_set() == {}
+    with pytest.raises(SettingsError, match=r"checkpoint_every \(3\) must be a multiple of sync_every \(2\)"):
         load_settings(TrainerSettings, sync_every=2, checkpoint_every=3)
 
 
