@@ -182,11 +182,13 @@ class TrainerSettings(ServiceSettings):
     ppo_micro_batch_size_per_gpu: int = Field(
         8, ge=1, description="Sequences per micro-batch when use_dynamic_bsz is false."
     )
-    use_remove_padding: bool = Field(
-        True,
+    use_remove_padding: bool | None = Field(
+        None,
         description="verl's name: each micro-batch's sequences go one after another in one row, positions"
         " restarting at each, attention confined to each (no padding; ppo_max_token_len_per_gpu then counts real"
-        " tokens); false pads every sequence to the longest of its micro-batch.",
+        " tokens); false pads every sequence to the longest of its micro-batch. Unset: on with cuda, off with cpu,"
+        " where sdpa confines attention with a dense mask as long as the row squared (the demo's 3.6k-token rows"
+        " of 28-token samples trained 6x slower packed than padded).",
     )
     attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager"] = Field(
         "auto",
@@ -466,6 +468,11 @@ class TrainerSettings(ServiceSettings):
         if self.attn_implementation != "auto":
             return self.attn_implementation
         return "flex_attention" if self.device == "cuda" else "sdpa"
+
+    @property
+    def resolved_use_remove_padding(self) -> bool:
+        """``use_remove_padding``, unset resolved by the device."""
+        return self.device == "cuda" if self.use_remove_padding is None else self.use_remove_padding
 
     @property
     def needs_reference(self) -> bool:

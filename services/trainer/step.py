@@ -102,7 +102,7 @@ def plan_mini_batch(samples: list[TrainSample], index: list[int], s: TrainerSett
     lengths = [samples[i].length for i in index]
     mine = [index[j] for j in shard(len(index), lengths, D.get_rank(), D.world_size())]
     my_lengths = [samples[i].length for i in mine]
-    packed = s.use_remove_padding
+    packed = s.resolved_use_remove_padding
     if s.use_dynamic_bsz:
         budget = s.ppo_max_token_len_per_gpu
         bins = pack_tokens(my_lengths, budget) if packed else pack(my_lengths, budget)
