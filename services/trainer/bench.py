@@ -4,9 +4,10 @@ work in one process without FSDP, measured in the same run on the same synthetic
 Each step: rank 0 builds a batch and broadcasts it (``wait_s``: what the trainer spends
 getting data in hand, here without a queue), ``train_step`` (``forward_backward_s``, with the
 proximal log-prob pass only under ``--recompute-old-log-prob always``, ``optimizer_s``), then
-the streamed gather of a publish, bucket by bucket as the trainer does it (``gather_s``, also as
-verl's ``timing_s/update_weights``: what training pays for a publish; the upload runs beside
-training and is measured by the weights benchmark, not here). ``tokens_per_s`` counts real
+the streamed gather of a publish, bucket by bucket and cast to the rollout's dtype (bf16 on cuda)
+as the trainer does it (``gather_s``, also as verl's ``timing_s/update_weights``: what training
+pays for a publish; the upload runs beside training and is measured by the weights benchmark, not
+here). ``tokens_per_s`` counts real
 (unpadded) prompt+response tokens over forward_backward + optimizer time; ``padding_ratio`` is the
 padded share of micro-batch tokens. On CPU the single-process baseline runs with as many torch
 threads as the FSDP job had ranks × threads.
@@ -106,10 +107,8 @@ def make_batch(cfg: BenchConfig, step: int, vocab: int) -> list[TrainSample]:
 
 def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
     """Runs warm-up + ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
-    from services.trainer.gather import BucketGather
     from services.trainer.perf import StepPerf, max_memory_allocated_gb, reset_peak_memory
-    from services.trainer.staging import host_staging
-    from services.trainer.trainer import build_models, stream_weights
+    from services.trainer.trainer import build_models, publish_gather, stream_weights
 
     ctx = D.init_distributed(cfg.device) if fsdp else D.local_context(cfg.device)
     settings = TrainerSettings(
@@ -123,7 +122,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
     )
     models = build_models(settings, ctx, fsdp=fsdp)
     perf = StepPerf.of(models.actor, ctx.device, ctx.world_size, settings.mfu_peak_tflops)
-    gather = BucketGather(settings.update_weights_bucket_megabytes * 1024 * 1024, staging=host_staging(ctx.device))
+    gather = publish_gather(settings, ctx.device)
     vocab = min(models.actor.config.vocab_size, 50000)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device == "cuda" and not fsdp)
     totals = {

@@ -130,6 +130,15 @@ class TrainerSettings(ServiceSettings):
         "param_dtype); master weights, gradient reduction, the optimizer and log-probs stay fp32. auto: bf16 on "
         "cuda, fp32 on cpu. bf16 on cpu is fast only where the CPU has native bf16 (AVX512-BF16 or AMX).",
     )
+    rollout_dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Dtype a published version carries (verl's actor_rollout_ref.rollout.dtype): the engine's"
+        " weight dtype (SGLang's --dtype, the engine's RELAYRL_ENGINE_DTYPE), so the engine loads the bytes as"
+        " sent. Each bucket is cast where it was gathered (the GPU on cuda) before its copy to host memory;"
+        " bf16 halves what travels. auto: bf16 on cuda, fp32 on cpu, as the engine's own auto; set it when the"
+        " engine's dtype differs from that (a CPU trainer feeding a GPU engine, say). The master weights and"
+        " checkpoints stay fp32.",
+    )
     seed: int = Field(0, description="Seed of data shuffling and of torch.")
 
     # --- data ----------------------------------------------------------------------------
@@ -452,6 +461,14 @@ class TrainerSettings(ServiceSettings):
     def bf16_compute(self) -> bool:
         """Whether FSDP2 gathers and computes in bf16: ``param_dtype``, ``auto`` resolved by the device."""
         return self.param_dtype == "bf16" or (self.param_dtype == "auto" and self.device == "cuda")
+
+    @property
+    def resolved_rollout_dtype(self) -> str:
+        """``rollout_dtype`` as a torch dtype name, ``auto`` resolved by the device."""
+        names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+        if self.rollout_dtype == "auto":
+            return "bfloat16" if self.device == "cuda" else "float32"
+        return names[self.rollout_dtype]
 
     @property
     def auto_staleness(self) -> bool:

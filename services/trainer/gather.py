@@ -4,7 +4,8 @@ verl's FSDP weight sync gathers one bucket of parameters at a time (its
 ``update_weights_bucket_megabytes``) instead of the whole state dict, so no rank ever holds a
 second full copy of the model. Here every rank walks the sharded state dict in the same order and
 all-gathers each tensor (``DTensor.full_tensor``) where the weights live, with the process group's
-own device (NCCL: the GPU; gloo: the CPU). Rank 0 copies each bucket once to host memory
+own device (NCCL: the GPU; gloo: the CPU). Rank 0 casts each bucket to the rollout's dtype there
+(``rollout_dtype``: the engine loads what it is sent, bf16 on a GPU), copies it once to host memory
 (:mod:`services.trainer.staging`: pinned and overlapped with the next bucket's gather on CUDA) and
 hands it on as private CPU tensors; the other ranks drop theirs at once.
 """
@@ -48,9 +49,23 @@ def published_items(actor: torch.nn.Module) -> Items:
     return [(name, t) for name, t in state_items(actor) if name not in aliases]
 
 
-def weight_specs(items: Items) -> list[TensorSpec]:
-    """Every tensor's name, dtype and full shape, known before anything is gathered."""
-    return [open_spec(name, t) for name, t in items]
+def published_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``tensor`` is published in: ``dtype`` (the rollout's) for floating-point weights,
+    its own otherwise (integer buffers, or no cast asked for)."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def weight_specs(items: Items, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+    """Every tensor's name, dtype (as published, see :func:`published_dtype`) and full shape,
+    known before anything is gathered."""
+    specs = []
+    for name, t in items:
+        cast = published_dtype(t, dtype)
+        spec = open_spec(name, t)
+        if cast != t.dtype:
+            spec = TensorSpec(name, str(cast).removeprefix("torch."), spec.shape, t.numel() * cast.itemsize, "")
+        specs.append(spec)
+    return specs
 
 
 class BucketGather:
@@ -60,15 +75,25 @@ class BucketGather:
     With ``share_host_memory`` (a CPU trainer), row-sharded tensors are gathered through memory
     the ranks share when they all run on one host (:class:`~services.trainer.host_gather.HostGather`,
     found at the first gather), else by an all-gather. ``staging`` copies each of rank 0's buckets to
-    the host (default: at once, for weights on the CPU).
+    the host (default: at once, for weights on the CPU). With ``dtype`` (the rollout's, for a
+    publish), rank 0 casts each gathered floating-point tensor where it was gathered, before the
+    copy to the host, which then moves (and the upload sends) the cast bytes only; buckets are still
+    sized by the gathered bytes.
     """
 
-    def __init__(self, bucket_bytes: int, share_host_memory: bool = False, staging: HostStaging | None = None) -> None:
+    def __init__(
+        self,
+        bucket_bytes: int,
+        share_host_memory: bool = False,
+        staging: HostStaging | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
         self.share_host_memory = share_host_memory
         self.staging = staging if staging is not None else SyncStaging()
+        self.dtype = dtype
         self._host: HostGather | None = None
         self._lock = threading.Lock()
         self.live_bytes = 0
@@ -160,8 +185,12 @@ class BucketGather:
                 full = tensor if part.is_whole else tensor[part.start : part.stop]
             if is_main:
                 # Gathered bytes are new memory already; a plain tensor (or its rows) is the live parameter.
-                gathered = row_sharded or hasattr(tensor, "full_tensor")
-                kept.append(Gathered(full, gathered and full is not tensor))
+                private = (row_sharded or hasattr(tensor, "full_tensor")) and full is not tensor
+                cast = published_dtype(full, self.dtype)
+                if cast != full.dtype:
+                    # On the gathering device: the host copy moves the cast bytes, and a cast is new memory.
+                    full, private = full.to(cast), True
+                kept.append(Gathered(full, private))
         return kept
 
 

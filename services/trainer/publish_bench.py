@@ -10,7 +10,9 @@ the bench starts the stack. Then for each line ``{"version": v}`` every rank per
 each version differs, as after an optimizer step), and the job publishes; rank 0 answers one
 :class:`~commands.stack.weights_figures.PublishedVersion` as a JSON line. ``{"stop": true}`` ends
 the job. No optimizer and no data: the step is the perturbation alone, so the bench times the
-weight path and nothing else.
+weight path and nothing else. The publish takes the trainer's settings from the environment
+(``RELAYRL_TRAINER_ROLLOUT_DTYPE=bf16`` publishes bf16 versions, ``..._UPDATE_WEIGHTS_BUCKET_MEGABYTES``
+the bucket size).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def publish_version(
     record = publisher.records[-1]
     if not record.ok:
         raise RuntimeError(f"publishing version {version} to paramsync failed: {record.error}")
-    model_bytes = sum(spec.num_bytes for spec in weight_specs(published_items(actor)))
+    model_bytes = sum(spec.num_bytes for spec in weight_specs(published_items(actor), gather.dtype))
     return PublishedVersion(
         version, step_end, metrics["timing/gather_s"], record.seconds, model_bytes, gather.bucket_bytes
     )
@@ -124,9 +126,9 @@ def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
     from services.trainer import distributed as D
     from services.trainer import lora
     from services.trainer.config import ALL_LINEAR, TrainerSettings
-    from services.trainer.gather import BucketGather
     from services.trainer.links import IoThread, Publisher
     from services.trainer.model import load_actor, shard_model
+    from services.trainer.trainer import publish_gather
 
     ctx = D.init_distributed("cpu")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -134,11 +136,9 @@ def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
     if lora_rank:
         actor = lora.add_adapter(actor, lora.LoraSpec(lora_rank, LORA_ALPHA, ALL_LINEAR))
     actor = shard_model(actor, bf16=ctx.device.type == "cuda")
-    # The trainer's default bucket size: the bench measures the publish a run gets.
-    gather = BucketGather(
-        TrainerSettings.model_fields["update_weights_bucket_megabytes"].default << 20,
-        share_host_memory=ctx.device.type == "cpu",
-    )
+    # The trainer's publish as RELAYRL_TRAINER_* sets it (bucket size, rollout_dtype): the bench
+    # measures the publish a run with those settings gets.
+    gather = publish_gather(TrainerSettings(device=ctx.device.type), ctx.device)
     io = sink = link = publisher = None
     finished = False
     try:

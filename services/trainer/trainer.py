@@ -117,7 +117,8 @@ def stream_weights(
     """
     started = time.perf_counter()
     items = published_items(actor)
-    handoff = publisher.begin_streamed(version, weight_specs(items), step) if publisher is not None else None
+    specs = weight_specs(items, gather.dtype)
+    handoff = publisher.begin_streamed(version, specs, step) if publisher is not None else None
     for bucket in gather.buckets(items):
         if handoff is not None:
             handoff.put(bucket)
@@ -133,6 +134,17 @@ def stream_weights(
         if upload_s is not None:
             metrics["timing/upload_s"] = upload_s
     return metrics
+
+
+def publish_gather(s: TrainerSettings, device: torch.device) -> BucketGather:
+    """The gather a publish runs: ``update_weights_bucket_megabytes`` buckets, cast to the rollout's
+    dtype on ``device`` and staged to host memory as the device does it."""
+    return BucketGather(
+        s.update_weights_bucket_megabytes * 1024 * 1024,
+        share_host_memory=device.type == "cpu",
+        staging=host_staging(device),
+        dtype=getattr(torch, s.resolved_rollout_dtype),
+    )
 
 
 def save_hf_model(actor: torch.nn.Module, base_dir: Path, out_dir: Path) -> None:
@@ -214,11 +226,7 @@ class Trainer:
             # it: every attempt running to sync_timeout, plus the backoff between them.
             handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
             self.publisher = Publisher(io, sink, handoff_s)
-        self.gather = BucketGather(
-            settings.update_weights_bucket_megabytes * 1024 * 1024,
-            share_host_memory=ctx.device.type == "cpu",
-            staging=host_staging(ctx.device),
-        )
+        self.gather = publish_gather(settings, ctx.device)
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s

@@ -4,8 +4,8 @@ Each test runs the trainer's own code path in a torchrun job of one rank on the 
 bf16 compute unless said otherwise), through tests/gpu/trainer/worker.py:
 
 - a GRPO and a PPO step on CUDA take the fp32 CPU step, within bf16's tolerance;
-- publish → paramsync → fetch: the version is the trained weights byte for byte (the NCCL gather,
-  pinned staging on a copy stream, the streamed upload);
+- publish → paramsync → fetch: the version is the bf16 cast of the trained weights byte for byte
+  (the NCCL gather, the cast on the GPU, pinned staging on a copy stream, the streamed upload);
 - a checkpoint taken on CUDA and resumed in a new process continues bit for bit;
 - ``base`` (Qwen2.5-0.5B's shape) trains 20 steps of a long-tailed batch, each followed by a
   publish's gather, with allocated memory flat after the second;
@@ -53,7 +53,7 @@ def test_a_step_on_cuda_takes_the_fp32_cpu_step_within_bf16_tolerance(tiny_model
     assert cuda["metrics"]["actor/grad_norm"] > 0
 
 
-def test_publish_fetch_on_cuda_gives_the_trained_bytes(tiny_model_dir, tmp_path):
+def test_publish_fetch_on_cuda_gives_the_bf16_cast_of_the_trained_bytes(tiny_model_dir, tmp_path):
     async def publish_and_fetch():
         async with running_service() as (address, _), ParamSyncClient(address) as ps:
             saved = await asyncio.to_thread(
@@ -63,10 +63,12 @@ def test_publish_fetch_on_cuda_gives_the_trained_bytes(tiny_model_dir, tmp_path)
 
     saved, fetched = asyncio.run(publish_and_fetch())
     assert saved["staging"] == "CudaStaging"
+    assert saved["dtype"] == torch.bfloat16  # rollout_dtype auto on cuda, as the engine's dtype auto
     weights = saved["weights"]
     assert list(fetched.tensors) == [n for n in weights if n != "lm_head.weight"]  # tied: sent once
     for name, got in fetched.tensors.items():
-        want = weights[name].cpu().contiguous()
+        # The fp32 master weights cast on the GPU: the same bytes as a cast on the CPU.
+        want = weights[name].cpu().to(torch.bfloat16).contiguous()
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
     assert saved["peak"] <= 3 * 16 * 1024  # the upload's bucket, the handed-on one, the staged one

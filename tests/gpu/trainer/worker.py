@@ -6,7 +6,8 @@ trainer's own code path: ``build_models``, ``train_step``, ``stream_weights``, t
 - ``step DEVICE MODEL ESTIMATOR``: one GRPO (grpo) or PPO (gae) step; writes the metrics and the
   weights after it.
 - ``publish MODEL ADDRESS BUCKET_BYTES``: one step, then version 1 published to paramsync at ADDRESS
-  with the device's staging (pinned host buffers, a copy stream); writes the trained weights.
+  in the rollout's dtype (bf16 on cuda, cast on the GPU) with the device's staging (pinned host
+  buffers, a copy stream); writes the trained (fp32) weights.
 - ``resume MODEL ROOT PHASE``: PHASE ``through`` trains 4 steps with a checkpoint after the 2nd,
   ``resumed`` loads that checkpoint and trains steps 3 and 4; each writes the last two steps'
   metrics and the final weights.
@@ -33,7 +34,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.gather import BucketGather
 from services.trainer.staging import host_staging
 from services.trainer.step import train_step
-from services.trainer.trainer import build_models, gather_weights, stream_weights
+from services.trainer.trainer import build_models, gather_weights, publish_gather, stream_weights
 from tests.integration.trainer.fsdp_worker import batch
 
 
@@ -57,7 +58,9 @@ def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[s
     s = _settings(model_dir, "cuda")
     models = build_models(s, ctx)
     train_step(models, batch(0), s, pad_id=0)
-    gather = BucketGather(int(bucket_bytes), staging=host_staging(ctx.device))
+    # rollout_dtype auto: bf16 on cuda, each bucket cast on the GPU before its pinned copy.
+    dtype = getattr(torch, s.resolved_rollout_dtype)
+    gather = BucketGather(int(bucket_bytes), staging=host_staging(ctx.device), dtype=dtype)
     io = IoThread()
 
     async def client() -> ParamSyncClient:
@@ -68,7 +71,12 @@ def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[s
     publisher.drain()
     record = publisher.records[-1]
     assert record.ok, record.error
-    return {"weights": _weights(models), "staging": type(gather.staging).__name__, "peak": gather.peak_live_bytes}
+    return {
+        "weights": _weights(models),
+        "staging": type(gather.staging).__name__,
+        "peak": gather.peak_live_bytes,
+        "dtype": dtype,
+    }
 
 
 def resume(out: str, model_dir: str, root: str, phase: str) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def memory(out: str, model_dir: str, steps: str) -> dict[str, Any]:
     ctx = D.init_distributed("cuda")
     s = TrainerSettings(model_dir=Path(model_dir), device="cuda", ppo_max_token_len_per_gpu=16384)
     models = build_models(s, ctx)
-    gather = BucketGather(s.update_weights_bucket_megabytes << 20, staging=host_staging(ctx.device))
+    gather = publish_gather(s, ctx.device)
     shape = BenchConfig(preset="base", workload="realistic", batch_groups=4, n_samples=8, prompt_len=128)
     shape = replace(shape, response_len=2048)
     allocated, losses = [], []

@@ -1,0 +1,58 @@
+"""One rank of a publish in each rollout dtype (launched by torchrun from test_publish_dtype.py).
+
+``python -m ... MODEL_DIR PARAMSYNC_ADDRESS OUT``: every rank trains one step, then the job
+publishes the same trained weights twice through the trainer's own publish (``publish_gather``:
+the bucketed gather through the ranks' shared memory, cast on the device, hand-off, upload):
+version 1 with ``rollout_dtype: fp32``, version 2 with ``rollout_dtype: bf16``. Rank 0 writes the
+full fp32 state dict it trained to, the names a version holds and each version's gather metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from services.trainer import distributed as D
+from services.trainer.config import TrainerSettings
+from services.trainer.gather import published_items
+from services.trainer.links import IoThread, Publisher
+from services.trainer.step import train_step
+from services.trainer.trainer import build_models, gather_weights, publish_gather, stream_weights
+from tests.integration.trainer.fsdp_worker import batch
+
+
+def main(model_dir: str, address: str, out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = D.init_distributed("cpu")
+    settings = TrainerSettings(model_dir=Path(model_dir), lr=1e-3, ppo_max_token_len_per_gpu=24)
+    models = build_models(settings, ctx)
+    train_step(models, batch(0), settings, pad_id=0)
+    publisher = io = None
+    if ctx.is_main:
+        from services.paramsync.client import ParamSyncClient
+
+        io = IoThread()
+        sink = io.call(_client(ParamSyncClient, address))
+        publisher = Publisher(io, sink)
+    metrics = {}
+    for version, dtype in ((1, "fp32"), (2, "bf16")):
+        gather = publish_gather(settings.model_copy(update={"rollout_dtype": dtype}), ctx.device)
+        metrics[dtype] = stream_weights(models.actor, gather, publisher, version=version, step=1)
+        metrics[dtype]["shared"] = gather.shares_host_memory
+    weights = gather_weights(models.actor)
+    if publisher is not None:
+        publisher.drain()
+        assert all(r.ok for r in publisher.records), [r.error for r in publisher.records]
+        published = [name for name, _ in published_items(models.actor)]
+        torch.save({"weights": dict(weights), "published": published, "metrics": metrics}, out)
+    D.shutdown()
+
+
+async def _client(cls, address: str):
+    return cls(address)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
