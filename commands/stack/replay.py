@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from services.trainer.replay import CUDA_TOLERANCE
+
 
 def replay(
     run: Annotated[Path, typer.Argument(help="The run directory (runs/<run_id>) of a finished or crashed run.")],
@@ -35,12 +37,23 @@ def replay(
     out: Annotated[
         Path | None, typer.Option(help="Output directory (default replays/<run name>-<UTC time>; never inside RUN).")
     ] = None,
+    tolerance: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Largest max_rel_diff (per tensor, ‖replayed − original‖ / ‖original‖) accepted where the replay"
+            " cannot be bit for bit: a CUDA run without deterministic algorithms, or replayed on another GPU model"
+            f" or torch. Default {CUDA_TOLERANCE:g}.",
+        ),
+    ] = None,
 ) -> None:
     """Re-run a run's trainer from its config, a starting checkpoint and its trajectory log: no engine, no queue.
 
     Prints one JSON line (the report): each checkpoint of the run within the replayed steps with the SHA-256 of
-    its actor weights and the replay's, and whether they are equal (on CPU they are, bit for bit). Exits 1 when
-    one differs; bad input stops with one line naming what is missing. Nothing in RUN is written.
+    its actor weights and the replay's, their largest differences, and whether they match. They must be equal
+    bit for bit on CPU, and on CUDA when the run had deterministic: true (same GPU model and torch); otherwise
+    within --tolerance of max_rel_diff. Exits 1 when one does not match; bad input stops with one line naming
+    what is missing. Nothing in RUN is written.
     """
     from services.trainer.replay import EXTRA_METRICS, ReplayError, plan_replay, run_replay
 
@@ -55,9 +68,11 @@ def replay(
     except ReplayError as err:
         typer.echo(f"relayrl replay: {err}", err=True)
         raise typer.Exit(2) from None
-    report = run_replay(plan, out_dir, wanted, tuple(dump_step or [plan.until_step]))
+    report = run_replay(plan, out_dir, wanted, tuple(dump_step or [plan.until_step]), tolerance)
     typer.echo(json.dumps(report))
-    if not report["all_equal"]:
-        differ = [c["step"] for c in report["checkpoints"] if not c["equal"]]
-        typer.echo(f"relayrl replay: the replayed weights differ from checkpoints at steps {differ}", err=True)
+    if not report["reproduced"]:
+        differ = [c["step"] for c in report["checkpoints"] if not c["within"]]
+        bound = report["tolerance"]
+        how = "differ from" if bound is None else f"are beyond {bound['measure']} {bound['value']:g} of"
+        typer.echo(f"relayrl replay: the replayed weights {how} the checkpoints at steps {differ}", err=True)
         raise typer.Exit(1)

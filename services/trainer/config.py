@@ -139,6 +139,13 @@ class TrainerSettings(ServiceSettings):
         " engine's dtype differs from that (a CPU trainer feeding a GPU engine, say). The master weights and"
         " checkpoints stay fp32.",
     )
+    deterministic: bool = Field(
+        False,
+        description="torchtitan's name: torch's deterministic algorithms (use_deterministic_algorithms, raising on"
+        " an op that has none; CUBLAS_WORKSPACE_CONFIG=:4096:8), set before CUDA starts, so `relayrl replay`"
+        " of a CUDA run reproduces its checkpoints bit for bit (docs/replay.md). Costs some speed on a GPU;"
+        " a CPU run is deterministic without it.",
+    )
     seed: int = Field(0, description="Seed of data shuffling and of torch.")
 
     # --- data ----------------------------------------------------------------------------

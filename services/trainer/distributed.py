@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.net import free_port
+from services.trainer import determinism
 
 # Rank 0 may wait a long time for data (a paused trainer, slow rollouts) while the other
 # ranks sit in a broadcast; gloo's default 30 minutes would kill the job.
@@ -33,8 +34,11 @@ class DistContext:
         return self.rank == 0
 
 
-def init_distributed(device: str) -> DistContext:
-    """Joins (or forms) the process group: NCCL on CUDA, gloo on CPU."""
+def init_distributed(device: str, deterministic: bool = False) -> DistContext:
+    """Joins (or forms) the process group: NCCL on CUDA, gloo on CPU. ``deterministic`` (the
+    trainer's setting) turns torch's deterministic algorithms on first, before CUDA starts."""
+    if deterministic:
+        determinism.enable()
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

@@ -3,9 +3,14 @@
 What the run kept: its trainer settings and parallelism (``trajectories/config.json``), its starting
 weights (the model directory and seed, or a checkpoint ``step_M``) and the trajectory log, every
 batch the trainer consumed in order (:mod:`services.trainer.trajectory_log`). Replay feeds those
-batches to the same ``train_step`` with no engine and no queue. On CPU the arithmetic is the
-same, so the weights after each step equal the original's bit for bit: each checkpoint the run
-still holds is compared by the SHA-256 of its actor weights.
+batches to the same ``train_step`` with no engine and no queue, with the original's settings,
+``deterministic`` included. Each checkpoint the run still holds is compared with the replayed
+weights at its step, by the SHA-256 of the actor's weights and by their largest relative difference.
+
+Which comparison applies (:func:`comparison_for`): bit for bit on CPU, where the arithmetic is the
+same; on CUDA bit for bit too when the original ran with deterministic algorithms on the same GPU
+model and torch; otherwise within a tolerance of ``max_rel_diff`` (:data:`CUDA_TOLERANCE` unless
+given), since kernels that add in a varying order leave the weights a little apart.
 
 Nothing in the run directory is written: the replay's metrics, report and dumps go to its own
 output directory, which may not lie inside the run.
@@ -16,14 +21,23 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 EXTRA_METRICS = ("entropy", "ratios")
+# The default bound on max_rel_diff where a CUDA replay cannot be bit for bit (docs/replay.md). A
+# varying summation order changes gradients by rounding only; AdamW turns that into a small share
+# of each step's update, a whole update only where a near-zero gradient flips sign. At RL's learning
+# rates (1e-6 to 1e-5) that is estimated at 1e-5 to 1e-4 of a tensor's norm over a hundred steps,
+# while a replay of other data or settings is apart by the updates' own size. An estimate, not yet
+# measured on a GPU.
+CUDA_TOLERANCE = 1e-3
+TOLERANCE_MEASURE = "max_rel_diff"
 
 
 class ReplayError(Exception):
@@ -75,6 +89,11 @@ def plan_replay(run_dir: Path, from_step: int | None = None, until_step: int | N
     if config.get("world_size", 1) != 1:
         ranks = config["world_size"]
         raise ReplayError(f"{run_dir}: trained by {ranks} ranks; replay runs one rank, so it would not be exact")
+    if config["settings"].get("device") == "cuda":
+        from relayrl.devices import cuda_unavailable_reason
+
+        if (reason := cuda_unavailable_reason()) is not None:
+            raise ReplayError(f"{run_dir}: trained on cuda, and here {reason}")
     checkpoints = _checkpoints(run_dir)
     _check_log_matches(log_dir, records, checkpoints)
     start = _start_step(run_dir, config, first, last, checkpoints, from_step)
@@ -136,6 +155,65 @@ def _check_log_matches(log_dir: Path, records: list[Any], checkpoints: dict[int,
             raise ReplayError(f"{log_dir}: does not match checkpoint {path.name}: it trained other groups by that step")
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """How replayed weights are held against the original's: ``bitwise`` (equal hashes) or
+    ``tolerance`` (``max_rel_diff`` at most ``tolerance``), and why."""
+
+    mode: Literal["bitwise", "tolerance"]
+    reason: str
+    tolerance: float | None = None
+
+    def holds(self, equal: bool, max_rel_diff: float) -> bool:
+        if self.mode == "bitwise":
+            return equal
+        assert self.tolerance is not None
+        return max_rel_diff <= self.tolerance
+
+    def report(self) -> dict[str, Any]:
+        tolerance = None if self.tolerance is None else {"measure": TOLERANCE_MEASURE, "value": self.tolerance}
+        return {"comparison": self.mode, "comparison_reason": self.reason, "tolerance": tolerance}
+
+
+def comparison_for(config: dict[str, Any], device_name: str, torch_version: str, tolerance: float | None) -> Comparison:
+    """The comparison a replay on ``device_name`` with ``torch_version`` owes the run of ``config``."""
+    settings = config["settings"]
+    if settings.get("device", "cpu") == "cpu":
+        return Comparison("bitwise", "cpu: the same arithmetic in the same order")
+    limit = CUDA_TOLERANCE if tolerance is None else tolerance
+    if not config.get("deterministic_algorithms", settings.get("deterministic", False)):
+        return Comparison("tolerance", "the original ran on cuda without deterministic algorithms", limit)
+    original_gpu = config.get("device_name", "")
+    if original_gpu != device_name:
+        return Comparison(
+            "tolerance", f"trained on {original_gpu or 'an unrecorded GPU'}, replayed on {device_name}", limit
+        )
+    original_torch = config.get("torch_version", "")
+    if original_torch != torch_version:
+        return Comparison("tolerance", f"trained with torch {original_torch}, replayed with {torch_version}", limit)
+    return Comparison("bitwise", "cuda with deterministic algorithms, on the same GPU model and torch")
+
+
+def weight_difference(original: dict[str, Any], replayed: dict[str, Any]) -> tuple[float, float]:
+    """(largest |replayed − original| of any element, largest ‖replayed − original‖₂ / ‖original‖₂ of
+    any tensor), in float64. A tensor that should be zero and is not, or any NaN or infinity, counts
+    as infinitely apart: NaN would otherwise slip through every comparison with a tolerance."""
+    import torch
+
+    max_abs = max_rel = 0.0
+    for name, want in original.items():
+        want64 = want.detach().to("cpu", torch.float64)
+        diff = replayed[name].detach().to("cpu", torch.float64) - want64
+        if not diff.numel():
+            continue
+        norm, scale = float(diff.norm()), float(want64.norm())
+        if not math.isfinite(norm):
+            return math.inf, math.inf
+        max_abs = max(max_abs, float(diff.abs().max()))
+        max_rel = max(max_rel, norm / scale if scale else (math.inf if norm else 0.0))
+    return max_abs, max_rel
+
+
 def weights_digest(state: Iterable[tuple[str, Any]]) -> str:
     """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
     import torch
@@ -154,14 +232,31 @@ def _full_actor_state(actor: Any) -> dict[str, Any]:
     return get_model_state_dict(actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def checkpoint_actor_digest(path: Path, like: dict[str, Any]) -> str:
-    """The digest of the actor weights checkpoint ``path`` holds (read into tensors shaped as ``like``)."""
+def checkpoint_actor_state(path: Path, like: dict[str, Any]) -> dict[str, Any]:
+    """The actor weights checkpoint ``path`` holds, read into tensors shaped as ``like``."""
     import torch
     import torch.distributed.checkpoint as dcp
 
     template = {"actor": {name: torch.empty_like(t) for name, t in like.items()}}
     dcp.load(template, checkpoint_id=str(path))
-    return weights_digest(template["actor"].items())
+    return template["actor"]
+
+
+def compare_checkpoint(step: int, path: Path, replayed: dict[str, Any], comparison: Comparison) -> dict[str, Any]:
+    """One checkpoint's line of the report: both hashes, the differences, and whether the comparison holds."""
+    original = checkpoint_actor_state(path, replayed)
+    digests = weights_digest(original.items()), weights_digest(replayed.items())
+    max_abs, max_rel = weight_difference(original, replayed)
+    equal = digests[0] == digests[1]
+    return {
+        "step": step,
+        "original": digests[0],
+        "replayed": digests[1],
+        "equal": equal,
+        "max_abs_diff": max_abs,
+        "max_rel_diff": max_rel,
+        "within": comparison.holds(equal, max_rel),
+    }
 
 
 def dump_step(models: Any, samples: list[Any], groups: list[Any], s: Any, pad_id: int, step: int, out: Path) -> dict:
@@ -221,12 +316,21 @@ def _original_step_s(run_dir: Path, steps: set[int]) -> float | None:
     return statistics.fmean(rows.values()) if rows else None
 
 
-def run_replay(plan: ReplayPlan, out_dir: Path, extra: tuple[str, ...] = (), dump_steps: tuple[int, ...] = ()) -> dict:
-    """Replays ``plan`` into ``out_dir`` (metrics.jsonl, report.json, dumps); returns the report."""
+def run_replay(
+    plan: ReplayPlan,
+    out_dir: Path,
+    extra: tuple[str, ...] = (),
+    dump_steps: tuple[int, ...] = (),
+    tolerance: float | None = None,
+) -> dict:
+    """Replays ``plan`` into ``out_dir`` (metrics.jsonl, report.json, dumps); returns the report.
+    ``tolerance`` bounds ``max_rel_diff`` where the comparison cannot be bit for bit (default
+    :data:`CUDA_TOLERANCE`)."""
     import torch
 
     from relayrl.models.loading import load_tokenizer
     from services.trainer import checkpoint as ckpt
+    from services.trainer import determinism
     from services.trainer import distributed as D
     from services.trainer.batching import samples_from_groups
     from services.trainer.config import TrainerSettings
@@ -236,8 +340,11 @@ def run_replay(plan: ReplayPlan, out_dir: Path, extra: tuple[str, ...] = (), dum
     settings = TrainerSettings.model_validate(plan.config["settings"])
     torch.set_num_threads(int(plan.config.get("torch_threads", torch.get_num_threads())))
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = D.init_distributed(settings.device)
+    # The original's deterministic setting too, enabled before CUDA starts.
+    ctx = D.init_distributed(settings.device, settings.deterministic)
     try:
+        device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+        comparison = comparison_for(plan.config, device_name, torch.__version__, tolerance)
         models = build_models(settings, ctx)
         if plan.start_step:
             root = plan.run_dir / "checkpoints"
@@ -261,9 +368,8 @@ def run_replay(plan: ReplayPlan, out_dir: Path, extra: tuple[str, ...] = (), dum
                 metrics_file.write(json.dumps(row, sort_keys=True) + "\n")
                 if record.step in plan.checkpoints:
                     state = _full_actor_state(models.actor)
-                    original = checkpoint_actor_digest(plan.checkpoints[record.step], state)
-                    replayed = weights_digest(state.items())
-                    compared.append({"step": record.step, "original": original, "replayed": replayed})
+                    compared.append(compare_checkpoint(record.step, plan.checkpoints[record.step], state, comparison))
+        deterministic = determinism.enabled()
     finally:
         D.shutdown()
     steps = len(plan.records)
@@ -273,8 +379,12 @@ def run_replay(plan: ReplayPlan, out_dir: Path, extra: tuple[str, ...] = (), dum
         "from_step": plan.start_step,
         "until_step": plan.until_step,
         "steps": steps,
-        "checkpoints": [{**c, "equal": c["original"] == c["replayed"]} for c in compared],
-        "all_equal": all(c["original"] == c["replayed"] for c in compared),
+        "device": device_name,
+        "deterministic": deterministic,
+        **comparison.report(),
+        "checkpoints": compared,
+        "all_equal": all(c["equal"] for c in compared),
+        "reproduced": all(c["within"] for c in compared),
         "replay_steps_per_s": steps / train_s if train_s > 0 else 0.0,
         "original_steps_per_s": 1 / original_s if original_s else None,
         "out_dir": str(out_dir),

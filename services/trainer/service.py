@@ -38,7 +38,7 @@ async def _open_links(s: TrainerSettings):
 
 
 def run_service(settings: TrainerSettings) -> TrainerState:
-    ctx = D.init_distributed(settings.device)
+    ctx = D.init_distributed(settings.device, settings.deterministic)
     control = Control()
     install_stop_handlers(control)
     io = queue = sink = servers = None

@@ -18,8 +18,8 @@ import torch
 from relayrl.stalls import StallWatch
 from services.paramsync.table import lag_deadline_s
 from services.trainer import checkpoint as ckpt
+from services.trainer import determinism, lora, rollbacks
 from services.trainer import distributed as D
-from services.trainer import lora, rollbacks
 from services.trainer.batching import TrainSample, samples_from_groups
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
@@ -520,7 +520,8 @@ def staleness_rule(s: TrainerSettings) -> StalenessRule:
 
 def replay_config(s: TrainerSettings, ctx: D.DistContext) -> dict[str, Any]:
     """What ``relayrl replay`` needs to re-run this trainer exactly: its settings (the model directory
-    made absolute) and the parallelism its arithmetic depended on."""
+    made absolute, ``deterministic`` among them) and what its arithmetic depended on: the
+    parallelism, torch, and on CUDA the GPU model (a replay elsewhere compares within a tolerance)."""
     # Former names are left out: their values live on under the names that replaced them.
     settings = s.model_dump(mode="json", exclude={"api_token", *s.former_names})
     settings["model_dir"] = str(s.model_dir.resolve())
@@ -529,6 +530,9 @@ def replay_config(s: TrainerSettings, ctx: D.DistContext) -> dict[str, Any]:
         "world_size": ctx.world_size,
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
+        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
+        # What this process computed with, as torch reports it (the setting asks; this is the answer).
+        "deterministic_algorithms": determinism.enabled(),
     }
 
 
