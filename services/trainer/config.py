@@ -203,8 +203,8 @@ class TrainerSettings(ServiceSettings):
         description="verl's name: each micro-batch's sequences go one after another in one row, positions"
         " restarting at each, attention confined to each (no padding; ppo_max_token_len_per_gpu then counts real"
         " tokens); false pads every sequence to the longest of its micro-batch. Unset: on with cuda, off with cpu,"
-        " where sdpa confines attention with a dense mask as long as the row squared (the demo's 3.6k-token rows"
-        " of 28-token samples trained 6x slower packed than padded).",
+        " where sdpa confines attention with a dense mask as long as the row squared (short samples, as in the"
+        " demo's, train several times slower packed than padded).",
     )
     attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager"] = Field(
         "auto",
