@@ -72,7 +72,8 @@ def test_a_run_killed_by_sigkill_replays_bit_for_bit_up_to_its_last_consumed_bat
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert (report["from_step"], report["until_step"]) == (0, logged[-1].step)
     kept = sorted(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
-    assert [c["step"] for c in report["checkpoints"]] == kept and len(kept) == 2
+    # keep_checkpoints=2, and a third while the kill lands between a save's switch and its pruning.
+    assert [c["step"] for c in report["checkpoints"]] == kept and len(kept) in (2, 3)
     assert all(c["original"] == c["replayed"] for c in report["checkpoints"]), report["checkpoints"]
     assert _tree(run_dir) == before, "a replay wrote into the run directory"
 
