@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from commands.stack.progress import REWARD_KEY
 from relayrl.net import free_port
@@ -38,6 +39,8 @@ def _rows(count: int) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 
+# The suite's 300 s per test, plus room: the journey runs the stack twice (on a loaded machine it took 294 s).
+@pytest.mark.timeout(420)
 def test_up_trains_on_a_users_files_quietly_resumes_where_it_was_stopped_reports_and_exports(tmp_path, tiny_model_dir):
     project = tmp_path / "project"
     project.mkdir()
