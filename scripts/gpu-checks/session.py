@@ -73,17 +73,19 @@ class Session:
         self.host: dict[str, object] = {}
 
     # -- time ---------------------------------------------------------------------------------
-    def left_s(self) -> float:
-        return self.budget_s - RESERVE_S - (time.monotonic() - self.started)
+    def left_s(self) -> int:
+        return round(self.budget_s - RESERVE_S - (time.monotonic() - self.started))
 
     # -- the environment every command runs in ------------------------------------------------
-    def env(self) -> dict[str, str]:
+    def env(self, checkout: bool = True) -> dict[str, str]:
         env = dict(os.environ)
         # The checkout's code, not the bundle's copy of it: the two differ when the tree moved on after
         # `make bundle`. The venv brings the dependencies (and its bin/ the relayrl and redis-server).
-        env["PYTHONPATH"] = str(REPO) + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
+        # Not for the install: pip would take the checkout's relayrl as installed already.
+        if checkout:
+            env["PYTHONPATH"] = str(REPO) + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
         env["PATH"] = f"{self.venv / 'bin'}:{env.get('PATH', '')}" if self.installed else env.get("PATH", "")
-        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="300")
+        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         # Marks every process this session starts (children inherit it), for _end_stragglers.
         env[MARK] = str(os.getpid())
         return env
@@ -98,7 +100,7 @@ class Session:
 
     # -- running one command ------------------------------------------------------------------
     def call(
-        self, argv: list[str], timeout_s: float, stdout: Path, stderr: Path | None = None
+        self, argv: list[str], timeout_s: float, stdout: Path, stderr: Path | None = None, checkout: bool = True
     ) -> tuple[int, float, bool]:
         """Runs argv in its own process group; at timeout_s - GRACE_S the group gets SIGINT, at timeout_s
         SIGKILL. Returns (exit code, seconds, timed out)."""
@@ -107,7 +109,7 @@ class Session:
             proc = subprocess.Popen(
                 argv,
                 cwd=REPO,
-                env=self.env(),
+                env=self.env(checkout),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err if stderr else subprocess.STDOUT,
@@ -130,10 +132,12 @@ class Session:
         _end_stragglers()
         return proc.returncode, round(time.monotonic() - start, 1), timed_out
 
-    def output(self, argv: list[str], timeout_s: float = 60) -> str:
-        """A short command's stdout, stripped ("" when it fails)."""
+    def output(self, argv: list[str], checkout: bool = True, **env: str) -> str:
+        """A short command's stdout, stripped, or "" when it fails."""
         try:
-            done = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                argv, cwd=REPO, env={**self.env(checkout), **env}, capture_output=True, text=True, timeout=60
+            )
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return done.stdout.strip() if done.returncode == 0 else ""
@@ -143,15 +147,13 @@ class Session:
         bundle = _bundle()
         outcome.file = "install.json"
         record: dict[str, object] = {"bundle": str(bundle) if bundle else None, "python": sys.version.split()[0]}
-        host_python = sys.executable
-        record["torch_before"] = self.output([host_python, "-c", "import torch; print(torch.__version__)"])
         record["network"] = _network()
         if bundle is None:
             outcome.status, outcome.detail = "failed", f"no dist/bundle-py{PY}[.tar.gz]; see README.md"
         else:
             record["bundle_mib"] = round(_size(bundle) / 2**20, 1)
             argv = ["bash", "scripts/install-offline.sh", str(bundle), str(self.venv)]
-            rc, seconds, timed_out = self.call(argv, stage.budget_s, self.logs / "install.log")
+            rc, seconds, timed_out = self.call(argv, stage.budget_s, self.logs / "install.log", checkout=False)
             outcome.rc, outcome.seconds = rc, seconds
             self.installed = rc == 0
             outcome.status = "ok" if rc == 0 else ("timed out" if timed_out else "failed")
@@ -159,17 +161,20 @@ class Session:
                 outcome.detail = _tail(self.logs / "install.log", 5)
         if self.installed:
             venv_python = str(self.venv / "bin/python")
-            record["torch_after"] = self.output([venv_python, "-c", "import torch; print(torch.__version__)"])
-            record["torch_unchanged"] = record["torch_after"] == record["torch_before"]
-            # Without the checkout on the path: the installed wheel answers.
-            bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            version = subprocess.run(
-                [str(self.venv / "bin/relayrl"), "--version"], cwd="/", env=bare, capture_output=True, text=True
+            # install-offline.sh prints torch's version from the host's Python and then from the venv
+            # (and fails if they differ); importing torch takes seconds, so it is read from there.
+            said = dict(
+                re.findall(
+                    r"^install-offline: torch (before|after): (\S+)$", _tail(self.logs / "install.log", 50), re.M
+                )
             )
-            record["relayrl_version"] = version.stdout.strip() or version.stderr.strip()[-300:]
+            record["torch_before"], record["torch_after"] = said.get("before"), said.get("after")
+            record["torch_unchanged"] = "before" in said and said.get("after") == said["before"]
+            # Without the checkout on the path: the installed wheel answers.
+            record["relayrl_version"] = self.output([str(self.venv / "bin/relayrl"), "--version"], checkout=False)
             record["redis_server"] = self.output([str(self.venv / "bin/redis-server"), "--version"])
             record["installed"] = _installed(venv_python)
-            if not record["torch_unchanged"] or version.returncode != 0:
+            if not record["torch_unchanged"] or not record["relayrl_version"]:
                 outcome.status = "failed"
         _write_json(self.out / "install.json", record)
 
@@ -205,7 +210,7 @@ class Session:
             command = " ".join(_words(run.args))
             return {**line, "status": "not available", "reason": f"relayrl {command} has no {missing}"}
         if self.left_s() < run.budget_s:
-            return {**line, "status": "skipped", "reason": f"{self.left_s():.0f} s left of the session's budget"}
+            return {**line, "status": "skipped", "reason": f"{self.left_s()} s left of the session's budget"}
         name = f"{stage.name}.{run.name}"
         rc, seconds, timed_out = self.call(argv, run.budget_s, self.logs / f"{name}.out", self.logs / f"{name}.err")
         line.update(rc=rc, seconds=seconds, status="ok" if rc == 0 else ("timed out" if timed_out else "failed"))
@@ -218,7 +223,8 @@ class Session:
         """The first --flag of args that the command's --help does not list."""
         words = tuple(_words(args))
         if words not in self.helps:
-            self.helps[words] = self.output([*self.relayrl(), *words, "--help"])
+            # Wide enough that no option's name is wrapped in the help's table.
+            self.helps[words] = self.output([*self.relayrl(), *words, "--help"], COLUMNS="300")
         if not self.helps[words]:
             return None  # --help itself fails: the run will, and say why
         shown = set(re.findall(r"--[a-z0-9][a-z0-9-]*", self.helps[words]))
@@ -237,9 +243,10 @@ class Session:
             self.outcomes.append(outcome)
             if worst_case_s(stage, self.left_s()) == 0:
                 outcome.status = "skipped"
-                outcome.detail = f"{max(self.left_s(), 0):.0f} s left of the session's budget"
+                outcome.detail = f"{max(self.left_s(), 0)} s left of the session's budget"
                 continue
             self.write_summary()
+            print(f"gpu-checks: {stage.name} ({stage.issues}), {self.left_s()} s left", flush=True)
             getattr(self, stage.kind)(stage, outcome)
             self.write_summary()
             self.pack_logs()

@@ -49,7 +49,7 @@ ENGINE = ("bench", "engine", "--device", "cuda", "--preset", "base", "--json")
 E2E = ("bench", "e2e", "--workload", "realistic", "--json")
 
 STAGES: tuple[Stage, ...] = (
-    Stage("install", "#50", "install", 90, "scripts/install-offline.sh from the bundle, torch unchanged"),
+    Stage("install", "#50", "install", 150, "scripts/install-offline.sh from the bundle, torch unchanged"),
     _bench("trainer", "#46", "MFU, FSDP over the plain model, memory by step", Run("default", TRAINER, 150)),
     # The floors (HF generate, generate_batch) on the first 64 requests: on all 256 they take minutes.
     _bench(
@@ -88,12 +88,13 @@ STAGES: tuple[Stage, ...] = (
         "the OpenAI endpoint against the native path on the CUDA engine",
         Run("default", ("bench", "openai", "--device", "cuda", "--json"), 90),
     ),
-    # No floors here: the base run measured them on the same workload.
+    # The other attention candidates, each in an engine of its own, on the same workload (the base
+    # run measured auto, flex_attention on CUDA, and the floors).
     _bench(
-        "engine-native",
+        "engine-backends",
         "#47",
-        "the torch_native attention backend",
-        Run("torch-native", (*ENGINE, "--attention-backend", "torch_native", "--no-floors"), 120),
+        "the torch_native and triton attention backends",
+        Run("torch-native-triton", (*ENGINE, "--attention", "torch_native,triton", "--no-floors"), 180),
     ),
     _bench(
         "trainer-batch",
