@@ -37,13 +37,21 @@ connections stay open between requests however many episodes are in flight. Unde
 took most of the rollout's event loop, and keeping only a few open made the engine accept and
 tear down a connection per request; a loopback ``/generate`` of 2 tokens, 64 in flight, cost
 1.6-2.1 ms of the rollout's CPU and 1.8-2.3 ms of the engine's under httpx, 0.4 and 1.5 ms here.
+
+Probes (``/health``, ``/health_generate``) have their own session, one fresh connection each, so
+a probe never waits for a pooled connection behind generations (a replica with as many requests
+in flight as the pool holds would see its busy engine as down), and what it reports is what
+that one connection saw: a probe cut off without an answer is a failed probe, even where aiohttp
+would reach the engine by sending it again (see :func:`_count_connection`).
 """
 
 from __future__ import annotations
 
 import json as jsonlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import aiohttp
@@ -55,6 +63,14 @@ PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
 # Idle connections are closed before SGLang's server closes them (uvicorn's timeout_keep_alive,
 # 5 s there), so a request never goes out on a connection the server is closing.
 _KEEP_ALIVE_S = 4.0
+
+
+async def _count_connection(_: aiohttp.ClientSession, context: SimpleNamespace, __: Any) -> None:
+    """Counts the connections one probe opened. aiohttp sends a GET again, unasked, on a new
+    connection when the first was cut without an answer (``ClientSession._request``; no switch
+    turns that off: aio-libs/aiohttp#10790). A probe in flight when a partition heals is cut and
+    then answered, so the replica would never see the partition; its first connection decides."""
+    context.trace_request_ctx["connections"] += 1
 
 
 class EngineError(RuntimeError):
@@ -216,6 +232,7 @@ class EngineClient:
         self._max_connections = max_connections
         # Made at the first call: an aiohttp session belongs to the event loop it is made on.
         self._session: aiohttp.ClientSession | None = None
+        self._probe_session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -225,10 +242,19 @@ class EngineClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
+    def _probes(self) -> aiohttp.ClientSession:
+        if self._probe_session is None:
+            trace = aiohttp.TraceConfig()
+            trace.on_connection_create_start.append(_count_connection)
+            connector = aiohttp.TCPConnector(force_close=True)
+            self._probe_session = aiohttp.ClientSession(connector=connector, trace_configs=[trace])
+        return self._probe_session
+
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._probe_session):
+            if session is not None:
+                await session.close()
+        self._session = self._probe_session = None
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -469,9 +495,13 @@ class EngineClient:
         return await self._probe("/health_generate", timeout_s=30.0)
 
     async def _probe(self, path: str, timeout_s: float) -> bool:
+        # ceil_threshold: aiohttp rounds a timeout of 5 s or more up to the loop clock's next whole
+        # second, which let the 5 s health probe wait up to 6.
+        timeout = aiohttp.ClientTimeout(total=timeout_s, ceil_threshold=math.inf)
+        attempts = {"connections": 0}
         try:
-            async with self._http().get(self._url(path), timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                return response.status == 200
+            async with self._probes().get(self._url(path), timeout=timeout, trace_request_ctx=attempts) as response:
+                return response.status == 200 and attempts["connections"] == 1
         except (aiohttp.ClientError, TimeoutError):
             return False
 

@@ -1,6 +1,7 @@
 """Engine calls lost with the link (a connection reset mid-call, as a network partition does) while
 a replica switches weights: the engine must not be left paused, and the announced version must
-still load though paramsync announces nothing newer (the trainer waits for this replica's groups)."""
+still load though paramsync announces nothing newer (the trainer waits for this replica's groups).
+The health probe must see such a link as down, however busy the client is."""
 
 from __future__ import annotations
 
@@ -123,3 +124,43 @@ async def test_an_engine_found_paused_after_a_partition_is_told_to_continue(
     finally:
         await proxy.close()
         await queue.stop()
+
+
+async def test_a_health_probe_cut_off_by_a_partition_reports_the_engine_down(
+    start_engine: Callable[..., EngineProcess],
+) -> None:
+    engine = start_engine()
+    proxy = FaultyProxy("engine", "127.0.0.1", engine.port)
+    port = await proxy.start()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{port}") as client:
+            assert await client.health()
+            partition = asyncio.create_task(proxy.partition(2.0))
+            await wait_until_async(lambda: proxy.partitioned, what="the partition")
+            # Held by the partition, then cut when it heals; sent again, it would find the engine.
+            probe = await client.health()
+            await partition
+            assert not probe, "a probe whose connection the partition cut reported the engine up"
+            assert await client.health()
+    finally:
+        await proxy.close()
+
+
+async def test_a_health_probe_does_not_wait_behind_generations_for_a_connection(
+    start_engine: Callable[..., EngineProcess],
+) -> None:
+    engine = start_engine()
+    async with EngineClient(engine.url) as direct, EngineClient(engine.url, max_connections=1) as client:
+        await direct.pause_generation("in_place")
+        # The client's only pooled connection, held by a generate the paused engine keeps waiting.
+        held = asyncio.create_task(client.generate([5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True)))
+
+        async def held_in_the_engine() -> bool:
+            return not await direct.flush_cache()  # refused while a request waits
+
+        try:
+            await wait_until_async(held_in_the_engine, what="the generate waiting in the engine")
+            assert await client.health(), "the probe waited for the connection a generate holds"
+        finally:
+            await direct.continue_generation()
+        assert len((await held)[0].output_ids) == 4
