@@ -112,6 +112,13 @@ def bench(
         raise typer.BadParameter(f"unknown mode {recompute_old_log_prob!r}; choose auto or always")
     if device not in BENCH_DEFAULTS:
         raise typer.BadParameter(f"unknown device {device!r}; choose cpu or cuda")
+    from relayrl.devices import available_device
+
+    try:
+        available_device(device)  # before torchrun: without a GPU it would fail in its worker spec, late and long
+    except ValueError as exc:
+        typer.echo(f"--device: {exc}", err=True)
+        raise typer.Exit(2) from None
     from services.trainer.bench import WORKLOADS, BenchConfig, run_bench
 
     if workload not in WORKLOADS:
