@@ -140,9 +140,9 @@ class LeaseKeeper:
                     held.task.cancel()
 
     async def deliver(self, lease: Lease, group: Group) -> None:
-        """Pushes the group, then completes its lease."""
+        """Pushes the group; the queue completes its lease in the transaction that stores it, so no
+        answer lost after that (a Redis restart, a cut link) can have the prompt generated twice."""
         await self.queue.push([group], timeout_s=self.push_timeout_s)
-        await self.queue.complete(self.replica_id, [lease.lease_id])
 
     async def give_back(self, lease: Lease, reason: str, min_start_version: int = 0) -> None:
         """Returns a lease whose group will not be pushed, so its prompt is leased again at once.

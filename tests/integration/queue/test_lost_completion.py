@@ -1,12 +1,12 @@
-"""A Redis SIGKILL between a replica's push and its ``complete``: the prompt still yields one group.
+"""A Redis SIGKILL right after a replica's push was stored: the prompt still yields one group.
 
 Issue #52's chaos run: the push stored the group, the ``complete`` after it failed while Redis
 restarted, the replica gave the lease back (as ``RolloutLoop.process`` does after a failed
 delivery), and the prompt was generated a second time. Its second group was one more than the
 trainer released for; since the trainer makes up for every drop, that surplus never drained and
 came back as stale drops at every step for the rest of the run (649 of 5,398 groups). The push now
-completes the prompt in the transaction that stores the group, and stores no group for a prompt
-finished already.
+completes the prompt in the transaction that stores the group (the replica makes no ``complete``
+call of its own), and stores no group for a prompt finished already.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ REPLICA = "replica-0"
 log = logging.getLogger(__name__)
 
 
-class RedisKilledBeforeComplete:
-    """The replica's queue, with redis-server SIGKILLed once: after the first push was stored, before
-    the ``complete`` that follows it reaches the queue."""
+class PushReplyLostWithRedis:
+    """The replica's queue, with redis-server SIGKILLed once right after the first push was stored:
+    the push's answer never reaches the replica, which sees the queue unavailable."""
 
     def __init__(self, client: QueueClient, redis: RedisProcess) -> None:
         self._client = client
@@ -42,11 +42,13 @@ class RedisKilledBeforeComplete:
     def __getattr__(self, name: str) -> object:
         return getattr(self._client, name)
 
-    async def complete(self, replica_id: str, lease_ids: list[str]) -> int:
-        if not self.killed:
-            self.killed = True
-            self._redis.kill()
-        return await self._client.complete(replica_id, lease_ids)
+    async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]:
+        stored = await self._client.push(groups, timeout_s=timeout_s)
+        if self.killed:
+            return stored
+        self.killed = True
+        self._redis.kill()
+        raise QueueUnavailable("redis-server was killed before the push's answer came back")
 
 
 def _prompt(i: int) -> PromptSpec:
@@ -70,7 +72,7 @@ def _keeper(queue: ReplicaQueue) -> LeaseKeeper:
     return LeaseKeeper(ReplicaState(REPLICA, metrics), queue, metrics, stalls, block_timeout_s=0.0, push_timeout_s=5.0)
 
 
-async def test_a_prompt_whose_complete_died_with_redis_is_not_generated_again(tmp_path) -> None:
+async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again(tmp_path) -> None:
     redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
     server = None
     try:
@@ -81,7 +83,7 @@ async def test_a_prompt_whose_complete_died_with_redis_is_not_generated_again(tm
             first, *others = await client.lease(REPLICA, 3, held_version=0)
             assert len(others) == 2
 
-            killing = RedisKilledBeforeComplete(client, redis)
+            killing = PushReplyLostWithRedis(client, redis)
             with pytest.raises(QueueUnavailable):
                 await _keeper(killing).deliver(first, _group(first))
             assert killing.killed
