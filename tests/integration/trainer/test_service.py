@@ -97,7 +97,7 @@ def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, ti
             # Synchronous checkpoints: each is durable before its version is published, which is what
             # keeps "one version per step" across the kill below. With async_save a version published
             # while its checkpoint was still being written may be lost, and the resumed trainer goes on
-            # past it (tests/e2e/test_chaos_waste.py).
+            # past it (tests/e2e/test_chaos.py).
             async_save="false",
             http_port=http_port,
             **SMALL,
