@@ -1,4 +1,4 @@
-"""One rollout replica's main loop: lease prompts, generate n samples each, score, push, complete.
+"""One rollout replica's main loop: lease prompts, generate n samples each, score, push (which completes the lease).
 
 The loop only starts a prompt the engine's version may start (``min_start_version``), keeps
 up to ``max_inflight_prompts`` prompts in flight while :class:`~services.rollout.leases.LeaseKeeper`
