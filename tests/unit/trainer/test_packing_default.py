@@ -12,6 +12,4 @@ def test_packing_is_on_by_default_on_cuda_and_off_on_cpu() -> None:
 
 def test_an_explicit_choice_holds_on_either_device() -> None:
     assert TrainerSettings(device="cpu", use_remove_padding=True).resolved_use_remove_padding is True
-    assert (
-        TrainerSettings.model_construct(device="cuda", use_remove_padding=False).resolved_use_remove_padding is False
-    )
+    assert TrainerSettings.model_construct(device="cuda", use_remove_padding=False).resolved_use_remove_padding is False
