@@ -104,6 +104,24 @@ async def test_http_app_probes_metrics_and_bearer_auth():
         await server.stop()
 
 
+async def test_every_accepted_http_connection_sends_without_nagle():
+    # A response is two writes (headers, body); on a socket without TCP_NODELAY the body waits for
+    # the client's delayed ACK, ~40 ms on Linux, so every lone request to every service (a reward
+    # score, a control call) would take at least that long.
+    app = create_http_app("demo", ServiceMetrics("demo"), lambda: True, SecretStr("tok"))
+    server = await start_http_server(app, "127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            assert (await client.get("/healthz")).status_code == 200
+            connections = list(server.server.server_state.connections)
+            assert connections, "the kept-alive connection is not among the server's"
+            for conn in connections:
+                sock = conn.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        await server.stop()
+
+
 def test_cli_help_lists_commands_without_loading_torch():
     # Help is fast because it loads neither torch nor transformers (seconds each); checked by what
     # the process imported rather than by a wall-clock bound, which a loaded machine breaks.

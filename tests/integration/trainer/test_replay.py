@@ -31,6 +31,11 @@ def _replay(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
 
 
+def _kept(run_dir: Path) -> list[int]:
+    """Steps of the finished checkpoints (a save under way is still a ``.partial-step_N``)."""
+    return sorted(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
+
+
 def _rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -54,7 +59,13 @@ def test_a_run_killed_by_sigkill_replays_bit_for_bit_up_to_its_last_consumed_bat
         )
         proc = start_trainer(env, tmp_path / "trainer.log")
         try:
-            wait_until(lambda: len(_rows(run_dir)) >= 5, timeout_s=180, what="five trained steps")
+            # Checkpoints are written in the background, so five trained steps do not yet mean the
+            # step-4 save has landed: wait for both kept saves before the kill.
+            wait_until(
+                lambda: len(_rows(run_dir)) >= 5 and len(_kept(run_dir)) >= 2,
+                timeout_s=180,
+                what="five trained steps and two finished checkpoints",
+            )
             stop_group(proc, signal.SIGKILL)
         finally:
             stop_group(proc)
@@ -71,7 +82,7 @@ def test_a_run_killed_by_sigkill_replays_bit_for_bit_up_to_its_last_consumed_bat
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert (report["from_step"], report["until_step"]) == (0, logged[-1].step)
-    kept = sorted(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
+    kept = _kept(run_dir)
     # keep_checkpoints=2, and a third while the kill lands between a save's switch and its pruning.
     assert [c["step"] for c in report["checkpoints"]] == kept and len(kept) in (2, 3)
     assert all(c["original"] == c["replayed"] for c in report["checkpoints"]), report["checkpoints"]
