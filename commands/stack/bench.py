@@ -170,6 +170,8 @@ class BenchRun:
             trainer={
                 **self.workload.trainer_settings(self.dataset, steps, self.seed),
                 "param_dtype": self.dtype,
+                # What a version carries is what the engine below loads (its dtype from the same flag).
+                "rollout_dtype": self.dtype,
                 **self.trainer_overrides,
             },
             rollout={

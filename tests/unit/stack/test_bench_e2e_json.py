@@ -85,3 +85,15 @@ def test_gpus_of_their_own_keep_the_bottleneck_limit():
         get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.5, 0.2), _mode(5.4, 0.9, 0.2), {}, gpus=own
     )
     assert (result["limit"], result["pipeline_efficiency"]) == ("bottleneck", 0.9)
+
+
+@pytest.mark.parametrize(("dtype", "engine_dtype"), [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_the_bench_dtype_sets_what_the_trainer_computes_and_publishes_and_what_the_engine_loads(
+    tmp_path, dtype, engine_dtype
+):
+    from commands.stack.bench import BenchRun
+
+    run = BenchRun(tmp_path, tmp_path / "model", tmp_path / "data.jsonl", get_workload("toy"), 0, 60.0, dtype=dtype)
+    config = run.config("async", eta=1, steps=3)
+    assert (config.trainer["param_dtype"], config.trainer["rollout_dtype"]) == (dtype, dtype)
+    assert config.engine["dtype"] == engine_dtype
