@@ -60,7 +60,8 @@ class EngineSettings(ServiceSettings):
         256,
         ge=1,
         description="cuda only: the largest decode batch replayed from a CUDA graph (SGLang's name); graphs are"
-        " captured at 1, 2, 4, 8 and every multiple of 8 up to it, and larger batches decode eagerly.",
+        " captured at 1, 2, 4, 8 and every multiple of 16 up to it, and larger batches decode eagerly. A decode"
+        " batch never exceeds max_running_requests, so capture stops there when that is smaller.",
     )
     max_running_requests: int = Field(
         64, ge=1, description="Sequences decoded together in one batched forward pass (SGLang's name)."
@@ -104,7 +105,8 @@ class EngineSettings(ServiceSettings):
         " version's parameters become views of the file's mapping instead of copies, so the model costs no"
         " memory of its own beside the file. Whoever writes there must never change a file while the engine"
         " serves it, which the rollout replica keeps for its weights_shm_dir (it reuses only files older than"
-        " the version the engine holds). Empty: every update is copied into the parameters.",
+        " the version the engine holds). Empty: every update is copied into the parameters. cpu only: a CUDA"
+        " engine's parameters live in GPU memory, so there every update is copied (logged once at start).",
     )
     stream_interval: int = Field(
         1,
@@ -136,6 +138,14 @@ class EngineSettings(ServiceSettings):
         if self.attention_backend != "auto":
             return self.attention_backend
         return "flex_attention" if self.device == "cuda" else "torch_native"
+
+    def resolved_cuda_graph_max_bs(self) -> int:
+        """``cuda_graph_max_bs``, capped at the largest decode batch there can be (``max_running_requests``)."""
+        return min(self.cuda_graph_max_bs, self.max_running_requests)
+
+    def resolved_shared_weights_dir(self) -> str:
+        """``shared_weights_dir`` where parameters can be views of a mapped file (cpu); empty on cuda."""
+        return self.shared_weights_dir if self.device == "cpu" else ""
 
     def resolved_torch_threads(self) -> int:
         """``torch_threads``, with 0 resolved to the CPUs in this process's affinity set."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from services.engine.scheduler import PauseMode, Scheduler
 from services.engine.tensor_updates import named_tensors
 from services.engine.weights import apply_tensors, read_safetensors_dir, read_safetensors_to_device
 from services.paramsync.channels.torch_dist import TorchDistReceiver
+
+log = logging.getLogger(__name__)
 
 
 class EngineMetrics:
@@ -69,6 +72,10 @@ class EngineState:
         torch.set_num_threads(settings.resolved_torch_threads())
         self.settings = settings
         self.device = torch.device(settings.device)
+        if settings.shared_weights_dir and not settings.resolved_shared_weights_dir():
+            log.warning(
+                "shared_weights_dir is ignored on %s: every weight update is copied to the GPU", settings.device
+            )
         self.model = load_causal_lm(settings.model_path, dtype=settings.resolved_dtype(), device=settings.device)
         self.tokenizer = load_tokenizer(settings.model_path)
         config = self.model.config
@@ -111,7 +118,10 @@ class EngineState:
             mem_fraction_static=settings.mem_fraction_static,
         )
         decoder = decode_runner(
-            self.device, settings.disable_cuda_graph, settings.cuda_graph_max_bs, -(-self.context_length // page)
+            self.device,
+            settings.disable_cuda_graph,
+            settings.resolved_cuda_graph_max_bs(),
+            -(-self.context_length // page),
         )
         runner = ModelRunner(
             self.model,
@@ -144,7 +154,7 @@ class EngineState:
 
     def serves_in_place(self, model_path: str) -> bool:
         """Whether a version read from ``model_path`` is served from its file (``shared_weights_dir``)."""
-        root = self.settings.shared_weights_dir
+        root = self.settings.resolved_shared_weights_dir()
         return bool(root) and Path(model_path).resolve().is_relative_to(Path(root).resolve())
 
     def pause(self, mode: PauseMode) -> None:

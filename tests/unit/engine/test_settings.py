@@ -56,3 +56,19 @@ def test_an_unknown_attention_backend_names_the_variable(monkeypatch: pytest.Mon
     monkeypatch.setenv("RELAYRL_ENGINE_ATTENTION_BACKEND", "flashinfer")
     with pytest.raises(SettingsError, match="RELAYRL_ENGINE_ATTENTION_BACKEND"):
         load_settings(EngineSettings)
+
+
+def test_graphs_are_captured_only_up_to_the_largest_decode_batch_there_can_be() -> None:
+    from services.engine.device import graph_batch_sizes
+
+    settings = load_settings(EngineSettings).model_copy(update={"max_running_requests": 20, "cuda_graph_max_bs": 256})
+    assert graph_batch_sizes(settings.resolved_cuda_graph_max_bs()) == [1, 2, 4, 8, 16, 20]
+    smaller = settings.model_copy(update={"cuda_graph_max_bs": 8})
+    assert smaller.resolved_cuda_graph_max_bs() == 8
+
+
+def test_versions_are_served_from_their_files_only_on_cpu(tmp_path) -> None:
+    settings = load_settings(EngineSettings).model_copy(update={"shared_weights_dir": str(tmp_path)})
+    assert settings.resolved_shared_weights_dir() == str(tmp_path)
+    on_gpu = settings.model_copy(update={"device": "cuda"})  # not validated: the resolution alone
+    assert on_gpu.resolved_shared_weights_dir() == ""
