@@ -61,7 +61,9 @@ def _components(status: DeploymentStatus) -> Table:
             q.endpoint,
             Text("ok", style="green"),
             f"{q.queue_size} queued, {q.pending} pending, capacity {q.capacity}; produced {q.total_produced}, "
-            f"consumed {q.total_consumed}; drops: {drops}; prompts {q.prompts_waiting} waiting, "
+            f"consumed {q.total_consumed}; drops: {drops}"
+            + (f"; {q.duplicate_groups} duplicate(s)" if q.duplicate_groups else "")
+            + f"; prompts {q.prompts_waiting} waiting, "
             f"{q.prompts_leased} leased",
         )
     if (p := status.paramsync) is not None:

@@ -62,8 +62,12 @@ def build() -> Board:
         ),
         rates_panel(
             "Re-issued prompt leases",
-            "Expired leases handed to another replica per second (a replica died or stalled).",
-            {"re-issued": "relayrl_queue_prompts_reissued_prompts"},
+            "Expired leases handed to another replica per second (a replica died or stalled), and groups not"
+            " stored because their prompt was answered already (generated twice, e.g. after a Redis restart).",
+            {
+                "re-issued": "relayrl_queue_prompts_reissued_prompts",
+                "duplicates not stored": "relayrl_queue_duplicates_groups",
+            },
         ),
         timeseries_panel(
             "Consumer lag",

@@ -90,7 +90,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("queue_size", "total_produced", "total_consumed", "dropped_by_reason", "pending", "capacity", "avg_sample_age_versions", "max_sample_age_versions", "avg_sample_age_s", "max_sample_age_s", "stale_samples_ratio", "consumer_lag", "generated_long_threshold_tokens", "generated_long_token_share")
+    __slots__ = ("queue_size", "total_produced", "total_consumed", "dropped_by_reason", "pending", "capacity", "avg_sample_age_versions", "max_sample_age_versions", "avg_sample_age_s", "max_sample_age_s", "stale_samples_ratio", "consumer_lag", "generated_long_threshold_tokens", "generated_long_token_share", "duplicate_groups")
     class DroppedByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class QueueStats(_message.Message):
     CONSUMER_LAG_FIELD_NUMBER: _ClassVar[int]
     GENERATED_LONG_THRESHOLD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_LONG_TOKEN_SHARE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     queue_size: int
     total_produced: int
     total_consumed: int
@@ -126,7 +127,8 @@ class QueueStats(_message.Message):
     consumer_lag: int
     generated_long_threshold_tokens: float
     generated_long_token_share: float
-    def __init__(self, queue_size: _Optional[int] = ..., total_produced: _Optional[int] = ..., total_consumed: _Optional[int] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ..., pending: _Optional[int] = ..., capacity: _Optional[int] = ..., avg_sample_age_versions: _Optional[float] = ..., max_sample_age_versions: _Optional[float] = ..., avg_sample_age_s: _Optional[float] = ..., max_sample_age_s: _Optional[float] = ..., stale_samples_ratio: _Optional[float] = ..., consumer_lag: _Optional[int] = ..., generated_long_threshold_tokens: _Optional[float] = ..., generated_long_token_share: _Optional[float] = ...) -> None: ...
+    duplicate_groups: int
+    def __init__(self, queue_size: _Optional[int] = ..., total_produced: _Optional[int] = ..., total_consumed: _Optional[int] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ..., pending: _Optional[int] = ..., capacity: _Optional[int] = ..., avg_sample_age_versions: _Optional[float] = ..., max_sample_age_versions: _Optional[float] = ..., avg_sample_age_s: _Optional[float] = ..., max_sample_age_s: _Optional[float] = ..., stale_samples_ratio: _Optional[float] = ..., consumer_lag: _Optional[int] = ..., generated_long_threshold_tokens: _Optional[float] = ..., generated_long_token_share: _Optional[float] = ..., duplicate_groups: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("prompts",)

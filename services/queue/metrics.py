@@ -28,6 +28,12 @@ class QueueMetrics:
             unit="groups",
             labels=("reason",),
         )
+        self.duplicates = m.gauge(
+            "duplicates",
+            "Groups not stored since the run began because their prompt was finished already (generated twice,"
+            " e.g. after a lost push reply); never counted as a drop.",
+            unit="groups",
+        )
         self.consumer_lag = m.gauge("consumer_lag", "Entries the trainer's group has not read yet.", unit="groups")
         self.stale_ratio = m.gauge("stale_samples_ratio", "Stale drops / (deliveries + stale drops).")
         self.avg_age_versions = m.gauge("avg_sample_age", "Mean age at delivery, recent window.", unit="versions")
@@ -50,6 +56,7 @@ class QueueMetrics:
         self.total_consumed.set(traj.total_consumed)
         for reason, count in traj.dropped_by_reason.items():
             self.dropped.labels(reason=reason).set(count)
+        self.duplicates.set(traj.duplicates)
         self.consumer_lag.set(traj.queue_size)
         self.stale_ratio.set(traj.stale_samples_ratio)
         self.avg_age_versions.set(traj.ages.avg_versions)

@@ -122,6 +122,7 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
             consumer_lag=s.queue_size,
             generated_long_threshold_tokens=s.lengths.long_threshold_tokens,
             generated_long_token_share=s.lengths.long_token_share,
+            duplicate_groups=s.duplicates,
         )
 
 

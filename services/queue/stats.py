@@ -41,6 +41,7 @@ class QueueStats:
     consumer_lag: int
     generated_long_threshold_tokens: float
     generated_long_token_share: float
+    duplicate_groups: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,6 +211,8 @@ class TrajectoryStats:
     total_consumed: int
     total_delivered: int
     dropped_by_reason: dict[str, int]
+    # Groups deleted at their push because their prompt was finished already (see _PUSHED_LUA).
+    duplicates: int
     stale_samples_ratio: float
     ages: AgeSummary
     lengths: LengthSummary
@@ -698,6 +700,7 @@ class TrajectoryQueue:
             total_consumed=values.get("consumed", 0),
             total_delivered=delivered,
             dropped_by_reason=dropped,
+            duplicates=values.get("duplicates", 0),
             stale_samples_ratio=stale / (delivered + stale) if delivered + stale else 0.0,
             ages=self._ages.summary(),
             lengths=self._lengths.summary(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+import httpx
 import pytest
 
 from relayrl.redis_process import RedisProcess
@@ -25,6 +26,7 @@ from services.queue.server import start_queue_server
 from services.rollout.leases import LeaseKeeper, ReplicaQueue
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.state import ReplicaState
+from tests.waiting import wait_until_async
 
 REPLICA = "replica-0"
 log = logging.getLogger(__name__)
@@ -104,8 +106,18 @@ async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again
             assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1", "lost/2"]
             queue_stats = await client.stats()
             assert queue_stats.total_produced == 3
+            # The one group not stored is reported as what it was, not as a drop.
+            assert queue_stats.duplicate_groups == 1 and not any(queue_stats.dropped_by_reason.values())
             assert (queue_stats.queue_size, queue_stats.pending) == (0, 3)
             assert (await client.prompt_stats()).total_completed == 3
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
+
+            async def counted() -> bool:
+                return "relayrl_queue_duplicates_groups 1.0" in (await http.get("/metrics")).text
+
+            # The gauges are refreshed every stats_refresh_s (2 s).
+            await wait_until_async(counted, 10.0, "the duplicate to show on /metrics")
     finally:
         if server is not None:
             await server.stop()

@@ -102,6 +102,7 @@ def _status() -> DeploymentStatus:
             stale_samples_ratio=0.01,
             generated_long_threshold_tokens=48.0,
             generated_long_token_share=0.3,
+            duplicate_groups=1,
             prompts_waiting=7,
             prompts_leased=3,
         ),
@@ -142,6 +143,7 @@ def test_status_tables_show_per_replica_lag_and_paramsync_errors() -> None:
     assert cells[:4] == ["rollout-1", "paused (retract)", "6", "3"]
     assert cells[6:8] == ["1.5k", "12.5"]
     assert "drops: stale 4" in text and "malformed" not in text.split("drops:")[1].split(";")[0]
+    assert "stale 4; 1 duplicate(s)" in text
     assert "lagging" in text and "engine refused the update" in text
 
 

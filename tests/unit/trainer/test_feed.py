@@ -83,7 +83,7 @@ class _Queue:
             queue_size=len(self.waiting), total_produced=0, total_consumed=len(self.acked), dropped_by_reason={},
             pending=0, capacity=1024, avg_sample_age_versions=0.0, max_sample_age_versions=0.0,
             avg_sample_age_s=0.0, max_sample_age_s=0.0, stale_samples_ratio=0.0, consumer_lag=0,
-            generated_long_threshold_tokens=threshold, generated_long_token_share=share,
+            generated_long_threshold_tokens=threshold, generated_long_token_share=share, duplicate_groups=0,
         )  # fmt: skip
 
     async def prompt_stats(self) -> PromptQueueStats:
