@@ -1,8 +1,14 @@
-"""The Operate page's lists of dashboards and alerts, read from the files the chart ships."""
+"""The Operate page's lists of dashboards and alerts, read from the files the chart ships.
+
+A dashboard's image (``docs/figures/dashboard-<name>.png``, drawn from a run by
+``python -m docs.gen.dashboards``, which needs a run and so is not part of ``python -m docs.gen``)
+is embedded under its panel table when the file exists.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -12,6 +18,16 @@ from docs.gen.settings_ref import cell
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "deploy" / "helm" / "relayrl" / "dashboards"
 ALERTS = ROOT / "observability" / "alerts" / "relayrl-rules.yaml"
+FIGURES = ROOT / "docs" / "figures"
+CAPTION = (
+    "*Rendered by `python -m docs.gen.dashboards` from this dashboard's own queries against the Prometheus"
+    " of a demo run (`relayrl up --monitor`); not a Grafana screenshot.*"
+)
+
+
+def image_of(dashboard: Path) -> Path:
+    """``relayrl-overview.json`` -> ``docs/figures/dashboard-overview.png``."""
+    return FIGURES / f"dashboard-{dashboard.stem.removeprefix('relayrl-')}.png"
 
 
 def dashboards(page: Path) -> str:
@@ -30,6 +46,10 @@ def dashboards(page: Path) -> str:
                 row = panel.get("title", "")
                 continue
             lines.append(f"| {cell(row)} | {cell(panel.get('title', ''))} | {cell(panel.get('description', ''))} |")
+        image = image_of(path)
+        if image.is_file():
+            link = Path(os.path.relpath(image, page.parent)).as_posix()
+            lines += ["", f"![{board['title']}, rendered from a demo run]({link})", "", CAPTION]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
