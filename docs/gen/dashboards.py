@@ -25,7 +25,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from PIL import Image
 
 from docs.gen import figures as fig
 from docs.gen.ops import DASHBOARDS, image_of
+from relayrl.net import free_port
 
 COMMAND = ".venv/bin/python -m docs.gen.dashboards RUN_DIR"
 GRID_COLUMNS = 24  # Grafana's grid is 24 columns wide; a row unit is about 30 px
@@ -155,12 +155,6 @@ class Prometheus:
         return parse_matrix(answer.json())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(data_dir: Path, ready_timeout_s: float = 120.0) -> Iterator[str]:
     """A ``prometheus`` scraping nothing, on a copy of ``data_dir`` (the run's TSDB stays untouched)."""
@@ -173,7 +167,7 @@ def serve(data_dir: Path, ready_timeout_s: float = 120.0) -> Iterator[str]:
         config = Path(tmp) / "prometheus.yml"
         config.write_text("global: {}\n")
         log = Path(tmp) / "prometheus.log"
-        url = f"http://127.0.0.1:{_free_port()}"
+        url = f"http://127.0.0.1:{free_port()}"
         with log.open("w") as err:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(
                 [
@@ -315,8 +309,8 @@ def render(board: dict, fetch: Fetch, span: Span, out: Path, source: str = "") -
     items = panels(board)
     height = max((p["gridPos"]["y"] + p["gridPos"]["h"] for p in items), default=1)
     title_in = 0.45
-    figure = plt.figure(figsize=(WIDTH_IN, height * ROW_UNIT_IN + title_in), dpi=DPI)
     total_in = height * ROW_UNIT_IN + title_in
+    figure = plt.figure(figsize=(WIDTH_IN, total_in), dpi=DPI)
     figure.suptitle(
         f"{board.get('title', '')}: a rendering of the dashboard's queries, not a Grafana screenshot"
         + (f" ({source})" if source else ""),

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from relayrl.net import free_port
+from tests.http_answers import send_json
 
 
 def endpoint_slice(
@@ -176,12 +177,7 @@ class FakeKubeAPI:
                     self._send_json(200, api._list(query))
 
             def _send_json(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def _chunk(self, event: dict[str, Any]) -> None:
                 line = json.dumps(event).encode() + b"\n"

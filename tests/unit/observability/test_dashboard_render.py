@@ -19,6 +19,7 @@ import pytest
 
 from docs.gen import dashboards
 from docs.gen.ops import DASHBOARDS, image_of
+from tests.http_answers import send_json
 
 START_S = 1_700_000_000.0
 END_S = START_S + 600
@@ -53,12 +54,7 @@ class FakePrometheus(BaseHTTPRequestHandler):
             self._answer(404, {"status": "error", "error": "not found"})
 
     def _answer(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def log_message(self, *args: object) -> None:
         pass
