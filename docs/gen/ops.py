@@ -13,12 +13,12 @@ from pathlib import Path
 
 import yaml
 
+from docs.gen.figures import FIGURES
 from docs.gen.settings_ref import cell
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "deploy" / "helm" / "relayrl" / "dashboards"
 ALERTS = ROOT / "observability" / "alerts" / "relayrl-rules.yaml"
-FIGURES = ROOT / "docs" / "figures"
 CAPTION = (
     "*Rendered by `python -m docs.gen.dashboards` from this dashboard's own queries against the Prometheus"
     " of a demo run (`relayrl up --monitor`); not a Grafana screenshot.*"
