@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from relayrl import http_client
+
 
 class ProcessExited(RuntimeError):
     """A child process ended before it served."""
@@ -23,7 +25,7 @@ def wait_serving(process: subprocess.Popen, probe_url: str, timeout_s: float, wh
         if process.poll() is not None:
             raise ProcessExited(f"{what} process exited with {process.returncode} during start-up")
         try:
-            if httpx.get(probe_url, timeout=1).status_code == 200:
+            if http_client.get(probe_url, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

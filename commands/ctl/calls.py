@@ -10,6 +10,7 @@ import grpc
 import httpx
 from pydantic import SecretStr
 
+from relayrl import http_client
 from relayrl.http_app import CONTROL_PREFIX
 from relayrl.serving import GRPC_CHANNEL_OPTIONS
 
@@ -42,7 +43,7 @@ class HttpControl:
         endpoint = f"{method} {self.base_url}{path}"
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:
-            with httpx.Client(base_url=self.base_url, timeout=self._timeout_s) as client:
+            with http_client.client(base_url=self.base_url, timeout=self._timeout_s) as client:
                 response = client.request(method, path, json=body, headers=headers)
         except httpx.ConnectError as exc:
             raise CallError(endpoint, f"unreachable ({_reason(exc)}); is the service running there?") from None

@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from commands.ctl.calls import CallError
 from commands.ctl.config import CtlSettings
+from relayrl import http_client
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _get(url: str, token: SecretStr, timeout_s: float) -> dict[str, Any] | None:
     """The JSON answer of ``GET url``; None on 404."""
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token.get_secret_value() else {}
     try:
-        response = httpx.get(url, headers=headers, timeout=timeout_s)
+        response = http_client.get(url, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise CallError(f"GET {url}", f"unreachable ({exc or type(exc).__name__})") from None
     if response.status_code == httpx.codes.NOT_FOUND:

@@ -60,6 +60,7 @@ from commands.stack.weights_figures import (
     bench_result,
     replica_run_figures,
 )
+from relayrl import http_client
 
 if TYPE_CHECKING:
     from services.trainer.publish_bench import PublishedVersion
@@ -269,7 +270,10 @@ async def _measure(
     await trainer.send({"paramsync": stack.endpoints.paramsync_grpc})
     rollouts = {f"rollout-{i}": url for i, url in enumerate(stack.endpoints.rollouts_http)}
     engines = {f"engine-{i}": url for i, url in enumerate(stack.endpoints.engines)}
-    async with ParamSyncClient(stack.endpoints.paramsync_grpc) as paramsync, httpx.AsyncClient(timeout=60) as http:
+    async with (
+        ParamSyncClient(stack.endpoints.paramsync_grpc) as paramsync,
+        http_client.async_client(timeout=60) as http,
+    ):
 
         async def table() -> dict[str, Any]:
             return {r.replica_id: r for r in (await paramsync.list_replicas()).replicas}

@@ -26,6 +26,8 @@ from typing import TextIO
 
 import httpx
 
+from relayrl import http_client
+
 log = logging.getLogger(__name__)
 
 ReadyCheck = Callable[[], bool]
@@ -36,7 +38,7 @@ def http_ready(url: str) -> ReadyCheck:
 
     def check() -> bool:
         try:
-            return httpx.get(url, timeout=1.0).status_code == 200
+            return http_client.get(url, timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -11,6 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from commands.stack.report import VALIDATION_PREFIX
+from relayrl import http_client
 
 REWARD_KEY = "critic/score/mean"
 
@@ -43,7 +44,7 @@ def scrape(base_url: str, family: str) -> float | None:
     ``family`` is the name without a counter's ``_total`` suffix, as the Prometheus parser names it.
     """
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=2.0).text
+        text = http_client.get(f"{base_url}/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return None
     for parsed in text_string_to_metric_families(text):
@@ -57,7 +58,7 @@ def read_samples(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     ``..._count``, a counter's ``..._total``), for figures that must not silently read as zero:
     raises when the service does not answer."""
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=timeout_s).raise_for_status().text
+        text = http_client.get(f"{base_url}/metrics", timeout=timeout_s).raise_for_status().text
     except httpx.HTTPError as exc:
         raise RuntimeError(f"could not read {base_url}/metrics: {exc!r}") from exc
     samples: dict[str, float] = {}

@@ -37,6 +37,8 @@ import httpx
 import matplotlib
 import yaml
 
+from relayrl import http_client
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
@@ -133,7 +135,7 @@ class Prometheus:
 
     def __init__(self, url: str, client: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/")
-        self.client = client or httpx.Client(timeout=30.0)
+        self.client = client or http_client.client(timeout=30.0)
 
     def span(self, scrape_s: float, earliest_s: float | None = None) -> Span:
         """The head block's time range, from ``earliest_s`` (the oldest persisted block's start) when
@@ -185,7 +187,7 @@ def serve(data_dir: Path, ready_timeout_s: float = 120.0) -> Iterator[str]:
             deadline = time.monotonic() + ready_timeout_s
             while True:
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/-/ready", timeout=2.0).status_code == 200:
+                    if http_client.get(f"{url}/-/ready", timeout=2.0).status_code == 200:
                         break
                 if process.poll() is not None or time.monotonic() > deadline:
                     tail = log.read_text()[-2000:]

@@ -256,15 +256,15 @@ async def _paused_total(http: Any) -> float:
 
 async def _update_pauses(url: str, model_dir: Path, device: str) -> dict[str, float]:
     """Each route's pause of generation for one whole-model update, with requests running."""
-    import httpx
     import torch
     from safetensors.torch import load_file
 
+    from relayrl import http_client
     from services.engine.tensor_updates import flattened_bucket, serialize
 
     tensors = load_file(str(model_dir / "model.safetensors"))
     pauses: dict[str, float] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=None) as http:
+    async with http_client.async_client(base_url=url, timeout=None) as http:
         params = {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
         load = asyncio.gather(
             *(http.post("/generate", json={"input_ids": [1, 2, 3, 4], "sampling_params": params}) for _ in range(8))

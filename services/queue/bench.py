@@ -37,6 +37,7 @@ import grpc
 import httpx
 import redis.asyncio as aioredis
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.redis_process import RedisProcess
 from relayrl.serving import grpc_channel
@@ -180,7 +181,7 @@ async def _start_service(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
     }
     proc = subprocess.Popen([sys.executable, "-m", "services.queue.cli", "serve"], env=env)
     deadline = time.monotonic() + 30
-    async with httpx.AsyncClient() as http:
+    async with http_client.async_client() as http:
         while True:
             try:
                 if (await http.get(f"http://127.0.0.1:{http_port}/readyz")).status_code == 200:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.subprocesses import stop_process
 from services.reward.client import RewardClient
@@ -62,7 +62,7 @@ async def _load(url: str, requests: list[list[list[int]]], concurrency: int) -> 
 
 def _mean_batch(url: str) -> float:
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(http_client.get(f"{url}/metrics", timeout=5).text):
         for sample in family.samples:
             values[sample.name] = sample.value
     passes = values.get("relayrl_reward_forward_passes_total", 0.0)

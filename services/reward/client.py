@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx
 
+from relayrl import http_client
+
 
 class RewardClient:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
+        self._http = http_client.async_client(base_url=self.base_url, timeout=timeout_s)
 
     async def score(self, items: list[dict[str, Any]]) -> list[float]:
         """One score per item (see services/reward/schemas.py for the item forms), in order."""

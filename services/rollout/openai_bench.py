@@ -178,10 +178,12 @@ def _agent_process(link: Connection, base_url: str, concurrency: int) -> None:
     import httpx
     import openai
 
+    from relayrl import http_client
+
     async def serve() -> None:
         async with (
             openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client,
-            httpx.AsyncClient(base_url=base_url, limits=httpx.Limits(max_connections=concurrency * 2)) as http,
+            http_client.async_client(base_url=base_url, limits=httpx.Limits(max_connections=concurrency * 2)) as http,
         ):
             while (job := link.recv()) is not None:
                 try:

@@ -16,6 +16,7 @@ from commands.stack.config import StackConfig, StackSettings
 from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.report import read_metrics
 from commands.stack.supervisor import supervised
+from relayrl import http_client
 from services.queue.keys import Keys
 from tests.processes import process_alive
 from tests.waiting import wait_until
@@ -94,7 +95,7 @@ def stall_report(stack: LocalStack) -> str:
     auth = {"Authorization": f"Bearer {stack.api_token}"}
     for url in filter(None, [stack.endpoints.trainer_http, *stack.endpoints.rollouts_http]):
         try:
-            answer = httpx.get(f"{url}/control/status", headers=auth, timeout=5)
+            answer = http_client.get(f"{url}/control/status", headers=auth, timeout=5)
             lines.append(f"{url} status {answer.text}")
         except httpx.HTTPError as exc:
             lines.append(f"{url} status unreadable: {exc!r}")

@@ -6,9 +6,9 @@ every sample with it. One run proves both: a run costs CI more than either check
 import asyncio
 from pathlib import Path
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl import http_client
 from services.paramsync.client import ParamSyncClient
 from tests.e2e.conftest import running_stack, small_run, training_rows, wait_for_trainer
 from tests.waiting import wait_until
@@ -17,7 +17,7 @@ STEPS = 3
 
 
 def _metric(url: str, name: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(http_client.get(f"{url}/metrics", timeout=5).text):
         for sample in family.samples:
             if sample.name == name:
                 return sample.value
@@ -25,7 +25,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def _weight_version(engine: str) -> int:
-    return int(httpx.get(f"{engine}/get_weight_version", timeout=5).json()["weight_version"])
+    return int(http_client.get(f"{engine}/get_weight_version", timeout=5).json()["weight_version"])
 
 
 async def _tensor_names(address: str, version: int) -> set[str]:
@@ -34,7 +34,7 @@ async def _tensor_names(address: str, version: int) -> set[str]:
 
 
 def _loaded_adapters(engine: str) -> dict[str, str]:
-    return httpx.get(f"{engine}/get_model_info", timeout=5).json()["loaded_lora_adapters"]
+    return http_client.get(f"{engine}/get_model_info", timeout=5).json()["loaded_lora_adapters"]
 
 
 def test_a_lora_run_scored_by_a_reward_model_publishes_adapters_the_engine_serves(

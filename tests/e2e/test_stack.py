@@ -6,8 +6,7 @@ import subprocess
 import sys
 import time
 
-import httpx
-
+from relayrl import http_client
 from services.queue.client import QueueClient
 from tests.e2e.conftest import TOKEN, running_stack, small_run, training_rows, wait_for_trainer
 from tests.waiting import wait_until
@@ -16,7 +15,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _generated(rollout_url: str) -> int:
-    return httpx.get(f"{rollout_url}/control/status", headers=AUTH, timeout=5).json()["total_generated_samples"]
+    return http_client.get(f"{rollout_url}/control/status", headers=AUTH, timeout=5).json()["total_generated_samples"]
 
 
 def _queue_stats(address: str):
@@ -36,13 +35,15 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         rollout = stack.endpoints.rollouts_http[0]
         wait_until(lambda: _generated(rollout) > 0, 120, "the first samples", poll_s=0.2)
 
-        paused = httpx.post(f"{rollout}/control/pause", json={"mode": "abort"}, headers=AUTH, timeout=10)
+        paused = http_client.post(f"{rollout}/control/pause", json={"mode": "abort"}, headers=AUTH, timeout=10)
         assert paused.status_code == 200 and paused.json()["paused"] is True
         time.sleep(1.0)  # no status field says the aborted requests are back and counted: give them a second
         frozen = _generated(rollout)
         time.sleep(2.0)  # the behaviour under test: two seconds paused, not one sample more
         assert _generated(rollout) == frozen, "a paused replica kept generating"
-        assert httpx.post(f"{rollout}/control/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            http_client.post(f"{rollout}/control/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
 
         # While generation is paused the trainer cannot finish its steps, so every component still runs.
         assert stack.ctl_env_file.stat().st_mode & 0o777 == 0o600, "ctl.env holds the token"
@@ -54,7 +55,7 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
         for component in ("queue", "paramsync", "trainer", "rollout-0"):
             assert component in ctl.stdout, f"`relayrl ctl status --all` left out {component}:\n{ctl.stdout}"
 
-        resumed = httpx.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
+        resumed = http_client.post(f"{rollout}/control/resume", headers=AUTH, timeout=10)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
         wait_until(lambda: _generated(rollout) > frozen, 60, "generation after resume", poll_s=0.2)
 

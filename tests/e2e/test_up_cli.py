@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from commands.stack.progress import REWARD_KEY
+from relayrl import http_client
 from relayrl.net import free_port
 from tests.integration.rollout.conftest import EngineProcess
 from tests.waiting import wait_until
@@ -156,14 +156,14 @@ def _exported_policy_generates_what_the_engine_did(tmp_path: Path, run_dir: Path
     ]
     engine = EngineProcess(base_dir, free_port("127.0.0.1")).start()
     try:
-        loaded = httpx.post(
+        loaded = http_client.post(
             f"{engine.url}/update_weights_from_disk",
             json={"model_path": str(out), "weight_version": str(step)},
             timeout=60,
         )
         assert loaded.status_code == 200 and loaded.json()["success"], loaded.text
         for prompt in prompts:
-            served = httpx.post(
+            served = http_client.post(
                 f"{engine.url}/generate",
                 json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
                 timeout=60,

@@ -5,13 +5,13 @@ import subprocess
 import sys
 
 import grpc
-import httpx
 import pytest
 from fastapi import APIRouter
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pydantic import SecretStr
 
+from relayrl import http_client
 from relayrl.http_app import create_http_app
 from relayrl.metrics import ServiceMetrics
 from relayrl.serving import start_grpc_server, start_http_server, start_servers
@@ -79,7 +79,7 @@ async def test_http_app_probes_metrics_and_bearer_auth():
     app = create_http_app("demo", metrics, lambda: ready["value"], SecretStr("tok"), [control])
     server = await start_http_server(app, "127.0.0.1", 0)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+        async with http_client.async_client(base_url=f"http://127.0.0.1:{server.port}") as client:
             assert (await client.get("/healthz")).json()["status"] == "ok"
             assert (await client.get("/readyz")).status_code == 503
             ready["value"] = True
@@ -111,7 +111,7 @@ async def test_every_accepted_http_connection_sends_without_nagle():
     app = create_http_app("demo", ServiceMetrics("demo"), lambda: True, SecretStr("tok"))
     server = await start_http_server(app, "127.0.0.1", 0)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+        async with http_client.async_client(base_url=f"http://127.0.0.1:{server.port}") as client:
             assert (await client.get("/healthz")).status_code == 200
             connections = list(server.server.server_state.connections)
             assert connections, "the kept-alive connection is not among the server's"
@@ -172,7 +172,7 @@ async def test_servers_stop_grpc_then_http_and_free_both_ports():
     servers = await start_servers(_Ports(0, 0), _app(), registrars, ["relayrl.v1.RolloutControl"])
     assert servers.grpc is not None
     grpc_port, http_port = servers.grpc.port, servers.http.port
-    async with httpx.AsyncClient() as client:
+    async with http_client.async_client() as client:
         assert (await client.get(f"http://127.0.0.1:{http_port}/healthz")).status_code == 200
     await servers.stop(grpc_grace_s=0.1)
     assert _bindable(grpc_port) and _bindable(http_port)

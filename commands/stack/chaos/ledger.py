@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from relayrl import http_client
+
 
 @dataclass
 class Lineage:
@@ -100,7 +102,7 @@ class VersionWatch:
             if pid is None:
                 continue
             try:
-                answer = httpx.get(f"{url}/get_model_info", timeout=2.0).json()
+                answer = http_client.get(f"{url}/get_model_info", timeout=2.0).json()
                 version = int(answer.get("weight_version") or 0)
             except (httpx.HTTPError, ValueError):
                 continue  # down, stopped or restarting

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from relayrl import http_client
 from relayrl.net import free_port
 from services.paramsync.manifest import TensorSpec
 from services.paramsync.store import StoredVersion
@@ -50,7 +51,7 @@ class EngineGroupLink:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        self._http = http_client.async_client(base_url=self.base_url, timeout=timeout)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -20,10 +20,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.subprocesses import stop_process
 from services.engine.launch import launch_engine, wait_engine_healthy
@@ -77,7 +77,7 @@ def engine(small_dir: Path) -> Iterator[CudaEngine]:
 
 
 async def greedy(url: str) -> list[list[int]]:
-    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+    async with http_client.async_client(base_url=url, timeout=120) as http:
         response = await http.post("/generate", json={"input_ids": PROMPTS, "sampling_params": GREEDY})
         response.raise_for_status()
         return [body["output_ids"] for body in response.json()]
@@ -98,7 +98,7 @@ def hf_greedy(model_dir: Path) -> list[list[int]]:
 
 
 async def model_info(url: str) -> dict:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with http_client.async_client(base_url=url, timeout=30) as http:
         return (await http.get("/get_model_info")).json()
 
 
@@ -129,7 +129,7 @@ async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_n
     assert before != expected
 
     bucket = flattened_bucket_on_gpu(new_dir)  # held by this process (the trainer) until the engine answers
-    async with httpx.AsyncClient(base_url=engine.url, timeout=120) as http:
+    async with http_client.async_client(base_url=engine.url, timeout=120) as http:
         body = {
             "serialized_named_tensors": [serialize(bucket)],
             "load_format": "flattened_bucket",
@@ -159,7 +159,7 @@ async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_n
 @pytest.mark.parametrize("mode", ["abort", "retract"])
 async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: CudaEngine, mode: str) -> None:
     params = {"temperature": 1.0, "max_new_tokens": 2000, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=engine.url, timeout=300) as http:
+    async with http_client.async_client(base_url=engine.url, timeout=300) as http:
         load = [
             asyncio.create_task(http.post("/generate", json={"input_ids": prompt, "sampling_params": params}))
             for prompt in PROMPTS * 4

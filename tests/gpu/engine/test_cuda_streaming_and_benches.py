@@ -14,11 +14,11 @@ import json
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from commands.cli import app
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.subprocesses import stop_process
 from services.engine.launch import launch_engine, wait_engine_healthy
@@ -70,7 +70,7 @@ async def test_streamed_chunks_from_the_cuda_engine_add_up_to_the_unstreamed_gre
     try:
         url = f"http://127.0.0.1:{port}"
         wait_engine_healthy(process, url, timeout_s=300)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        async with http_client.async_client(base_url=url, timeout=120) as http:
             whole = (await http.post("/generate", json={"input_ids": PROMPTS, "sampling_params": GREEDY})).json()
             body = {"input_ids": PROMPTS, "sampling_params": GREEDY, "stream": True}
             async with http.stream("POST", "/generate", json=body) as response:

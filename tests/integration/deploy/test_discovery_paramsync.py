@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from relayrl import http_client
 from relayrl.models.loading import load_causal_lm
 from relayrl.models.tiny import TinyModelSpec, init_tiny
 from relayrl.net import free_port, wait_for_port
@@ -138,6 +139,6 @@ def test_a_replica_added_to_the_endpointslice_receives_the_latest_version(
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        return http_client.get(f"{url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

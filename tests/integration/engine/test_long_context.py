@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import torch
 
+from relayrl import http_client
 from relayrl.models.tiny import TinyModelSpec, init_tiny
 from relayrl.net import free_port
 from services.engine.client import EngineClient, SamplingParams
@@ -47,7 +47,7 @@ async def test_generations_past_2048_tokens_keep_exact_logprobs(long_engine: Eng
 
 async def test_output_stops_at_the_context_length(long_engine: EngineProcess) -> None:
     prompt = [5] * (CONTEXT - 40)
-    async with httpx.AsyncClient(base_url=long_engine.url, timeout=60) as http:
+    async with http_client.async_client(base_url=long_engine.url, timeout=60) as http:
         reply = await http.post(
             "/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
         )
@@ -58,7 +58,7 @@ async def test_output_stops_at_the_context_length(long_engine: EngineProcess) ->
 
 
 async def test_a_prompt_longer_than_the_context_gets_sglangs_error(long_engine: EngineProcess) -> None:
-    async with httpx.AsyncClient(base_url=long_engine.url, timeout=60) as http:
+    async with http_client.async_client(base_url=long_engine.url, timeout=60) as http:
         reply = await http.post("/generate", json={"input_ids": [5] * (CONTEXT + 1)})
         assert reply.status_code == 400
         assert "longer than the model's context length" in reply.json()["error"]["message"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from relayrl import http_client
 from relayrl.net import free_port
 from services.engine.client import EngineClient, EngineError, SamplingParams
 from services.trainer import lora
@@ -110,7 +110,7 @@ async def test_two_adapters_and_the_base_share_one_batch(engine, tiny_model_dir,
 
 async def test_sglang_shapes_of_lora_calls(engine, tiny_model_dir, tmp_path):
     adapter_dir = _adapter(tiny_model_dir, tmp_path / "adapter", seed=3)
-    async with httpx.AsyncClient(base_url=engine.url) as http:
+    async with http_client.async_client(base_url=engine.url) as http:
         reply = await http.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapter_dir)})
         assert reply.status_code == 200
         assert reply.json() == {"success": True, "error_message": None, "loaded_adapters": {"x": str(adapter_dir)}}

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.subprocesses import stop_process
 from services.engine.launch import launch_engine, wait_engine_healthy
@@ -53,7 +54,10 @@ def incremental(tiny_model_dir: Path) -> Iterator[Engine]:
 
 async def stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[bytes]]:
     """The response and its non-empty lines."""
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http, http.stream("POST", "/generate", json=body) as r:
+    async with (
+        http_client.async_client(base_url=url, timeout=60) as http,
+        http.stream("POST", "/generate", json=body) as r,
+    ):
         lines = [line.encode() async for line in r.aiter_lines() if line]
     return r, lines
 
@@ -65,7 +69,7 @@ def chunks_of(lines: list[bytes]) -> list[dict[str, Any]]:
 
 
 async def unstreamed(url: str, body: dict[str, Any]) -> Any:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    async with http_client.async_client(base_url=url, timeout=60) as http:
         response = await http.post("/generate", json=body)
         response.raise_for_status()
         return response.json()
@@ -129,7 +133,7 @@ async def test_an_abort_ends_the_stream_with_an_abort_chunk_and_done(cumulative:
     rid = "stream-to-abort"
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}, "rid": rid}
     async with (
-        httpx.AsyncClient(base_url=cumulative.url, timeout=60) as http,
+        http_client.async_client(base_url=cumulative.url, timeout=60) as http,
         http.stream("POST", "/generate", json={**body, "stream": True}) as response,
     ):
         lines = []
@@ -147,7 +151,7 @@ async def test_an_abort_ends_the_stream_with_an_abort_chunk_and_done(cumulative:
 
 async def test_a_client_that_leaves_mid_stream_ends_its_request_in_the_engine(cumulative: Engine) -> None:
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}, "stream": True}
-    async with httpx.AsyncClient(base_url=cumulative.url, timeout=60) as http:
+    async with http_client.async_client(base_url=cumulative.url, timeout=60) as http:
         before = (await http.get("/get_model_info")).json()["generated_tokens"]
         async with http.stream("POST", "/generate", json=body) as response:
             async for line in response.aiter_lines():

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing
 from safetensors.torch import load_file
 
+from relayrl import http_client
 from relayrl.net import free_port
 from services.engine.tensor_updates import flattened_bucket, serialize
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
@@ -70,8 +71,8 @@ async def test_after_an_update_the_engine_answers_as_one_started_on_the_new_weig
     updated, reference = engines
     new = load_file(str(new_model_dir / "model.safetensors"))
     old = load_file(str(tiny_model_dir / "model.safetensors"))
-    async with httpx.AsyncClient(base_url=updated.url, timeout=60) as http:
-        async with httpx.AsyncClient(base_url=reference.url, timeout=60) as ref:
+    async with http_client.async_client(base_url=updated.url, timeout=60) as http:
+        async with http_client.async_client(base_url=reference.url, timeout=60) as ref:
             expected = await greedy(ref)
         before = await greedy(http)
         assert before != expected, "the new weights must answer differently for this test to mean anything"
@@ -93,7 +94,7 @@ async def test_payloads_the_engine_cannot_open_are_refused_and_the_weights_stay(
 ) -> None:
     updated, _ = engines
     new = load_file(str(new_model_dir / "model.safetensors"))
-    async with httpx.AsyncClient(base_url=updated.url, timeout=60) as http:
+    async with http_client.async_client(base_url=updated.url, timeout=60) as http:
         before = await greedy(http)
         # torch's default strategy shares CPU tensors by file descriptor, which only the sender's children can open.
         torch.multiprocessing.set_sharing_strategy("file_descriptor")

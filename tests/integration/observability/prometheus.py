@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.subprocesses import stop_process
 from tests.waiting import WaitTimeout, wait_until
@@ -71,7 +72,7 @@ class PrometheusServer:
             "--log.level=warn",
         ]
         self._process: subprocess.Popen[bytes] | None = None
-        self._http = httpx.Client(base_url=self.url, timeout=10)
+        self._http = http_client.client(base_url=self.url, timeout=10)
 
     def start(self, timeout_s: float = 30) -> PrometheusServer:
         self._process = subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT)

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from relayrl import http_client
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.errors import ParamSyncError, VersionUnavailable
 from tests.integration.paramsync.harness import REPO, python_env, running_service, serve_process, stop
@@ -185,9 +185,9 @@ def test_serve_command_serves_http_probes_and_restores_versions_from_its_volume(
     with serve_process(tmp_path, RELAYRL_PARAMSYNC_STORE_DIR=str(store)) as (address, http_port, _):
         asyncio.run(publish(address))
         base = f"http://127.0.0.1:{http_port}"
-        assert httpx.get(f"{base}/healthz").json()["status"] == "ok"
-        assert httpx.get(f"{base}/readyz").status_code == 200
-        metrics = httpx.get(f"{base}/metrics").text
+        assert http_client.get(f"{base}/healthz").json()["status"] == "ok"
+        assert http_client.get(f"{base}/readyz").status_code == 200
+        metrics = http_client.get(f"{base}/metrics").text
         assert "relayrl_paramsync_versions_published_total 1.0" in metrics
         assert "relayrl_paramsync_sync_duration_seconds_count 1.0" in metrics
         listed = subprocess.run(

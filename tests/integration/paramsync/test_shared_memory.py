@@ -14,10 +14,10 @@ import socket
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 import torch
 
+from relayrl import http_client
 from relayrl.v1 import paramsync_pb2 as pb
 from services.engine.weights import read_safetensors_dir
 from services.paramsync import memory_files
@@ -152,7 +152,7 @@ class MemoryFile:
 
 
 def copied_bytes(http_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics").text
+    text = http_client.get(f"http://127.0.0.1:{http_port}/metrics").text
     (line,) = [line for line in text.splitlines() if line.startswith("relayrl_paramsync_bytes_copied_bytes_total ")]
     return float(line.split()[1])
 

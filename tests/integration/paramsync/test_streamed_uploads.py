@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
 from commands.stack.chaos.proxy import FaultyProxy
+from relayrl import http_client
 from relayrl.net import free_port
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.core import ParamSyncCore
@@ -60,7 +60,7 @@ def assert_bit_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 
 async def metric(http_port: int, name: str, **labels: str) -> float:
     """A sample of paramsync's /metrics (0 when absent)."""
-    async with httpx.AsyncClient() as http:
+    async with http_client.async_client() as http:
         text = (await http.get(f"http://127.0.0.1:{http_port}/metrics")).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

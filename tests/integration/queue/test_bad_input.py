@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 import grpc
-import httpx
 import pytest
 
+from relayrl import http_client
 from relayrl.schema import Group, Sample
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
@@ -140,7 +140,7 @@ async def test_http_probes_and_metrics(start_queue):
     async with QueueClient(server.grpc_address) as client:
         await client.push([make_group(1, version=0), make_group(2, version=2)])
         await client.pull("trainer-0", current_version=2, max_staleness=1, max_groups=5)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
+    async with http_client.async_client(base_url=f"http://127.0.0.1:{server.http.port}") as http:
         assert (await http.get("/healthz")).status_code == 200
         assert (await http.get("/readyz")).status_code == 200
 

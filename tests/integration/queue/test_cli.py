@@ -10,6 +10,7 @@ import sys
 import httpx
 import redis
 
+from relayrl import http_client
 from relayrl.net import free_port
 from services.queue.client import QueueClient
 from tests.waiting import wait_until
@@ -20,7 +21,7 @@ from .helpers import make_group
 def _ready(url: str, proc: subprocess.Popen) -> bool:
     assert proc.poll() is None, "queue service exited during start-up"
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return http_client.get(url, timeout=1).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -63,7 +64,7 @@ def test_bad_setting_fails_at_start_naming_the_variable():
 
 async def test_readyz_reports_redis_down(start_queue, redis_server):
     server = await start_queue()
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
+    async with http_client.async_client(base_url=f"http://127.0.0.1:{server.http.port}") as http:
         assert (await http.get("/readyz")).status_code == 200
         redis_server.stop()
         assert (await http.get("/readyz")).status_code == 503

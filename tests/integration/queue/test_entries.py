@@ -3,9 +3,9 @@ groups the trainer has not taken): queued, dropped by the queue with the reason,
 
 from __future__ import annotations
 
-import httpx
 from pydantic import SecretStr
 
+from relayrl import http_client
 from services.queue.client import QueueClient
 
 from .helpers import make_group
@@ -15,7 +15,7 @@ async def test_an_entry_is_queued_then_dropped_as_stale_with_its_reason_or_gone_
     server = await start_queue(api_token=SecretStr("s3cret"))
     base = f"http://127.0.0.1:{server.http.port}/control/entries"
     auth = {"Authorization": "Bearer s3cret"}
-    async with QueueClient(server.grpc_address) as client, httpx.AsyncClient(headers=auth) as http:
+    async with QueueClient(server.grpc_address) as client, http_client.async_client(headers=auth) as http:
         old, fresh = await client.push([make_group(1, version=0), make_group(2, version=5)])
         assert (await http.get(f"{base}/{old}")).json()["status"] == "queued"
         assert (await http.get(f"{base}/{old}", headers={"Authorization": "Bearer no"})).status_code == 401

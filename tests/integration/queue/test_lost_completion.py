@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 
+from relayrl import http_client
 from relayrl.redis_process import RedisProcess
 from relayrl.schema import Group, PromptSpec, Sample
 from relayrl.stalls import StallWatch
@@ -111,7 +111,7 @@ async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again
             assert (queue_stats.queue_size, queue_stats.pending) == (0, 3)
             assert (await client.prompt_stats()).total_completed == 3
 
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http.port}") as http:
+        async with http_client.async_client(base_url=f"http://127.0.0.1:{server.http.port}") as http:
 
             async def counted() -> bool:
                 return "relayrl_queue_duplicates_groups 1.0" in (await http.get("/metrics")).text

@@ -8,16 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl import http_client
 from services.reward.client import RewardClient
 from tests.integration.reward.conftest import RewardProcess
 
 
 def metric(url: str, name: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(http_client.get(f"{url}/metrics", timeout=5).text):
         for sample in family.samples:
             if sample.name == name:
                 return sample.value
@@ -76,7 +76,7 @@ async def test_the_three_item_forms_score_the_same_conversation_alike(
 async def test_bad_input_is_refused_naming_the_item_and_field(
     bad_input_reward: RewardProcess, items: list[dict[str, Any]], status: int, message: str
 ) -> None:
-    async with httpx.AsyncClient(base_url=bad_input_reward.url) as http:
+    async with http_client.async_client(base_url=bad_input_reward.url) as http:
         response = await http.post("/score", json={"items": items})
         assert response.status_code == status
         assert message in response.json()["detail"]
@@ -99,7 +99,7 @@ async def test_a_judge_scores_through_its_parser(
 ) -> None:
     # The random tiny LM writes no verdict, so a pattern that never matches makes every output unparsed.
     judge = start_reward(model_dir=tiny_model_dir, kind="judge", judge_verdict_regex="(?!)", judge_unparsed_score="-7")
-    async with httpx.AsyncClient(base_url=judge.url, timeout=60) as http:
+    async with http_client.async_client(base_url=judge.url, timeout=60) as http:
         response = await http.post(
             "/score",
             json={"items": [{"prompt": "copy 1", "response": "1"}, {"input_ids": [5, 6, 7], "response_start": 1}]},

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl import http_client
 from relayrl.models.loading import load_tokenizer
 from relayrl.net import free_port
 from relayrl.schema import PromptSpec
@@ -126,7 +126,7 @@ async def test_tool_outcomes_latency_turns_and_end_reasons_reach_metrics(
                 ]
             )
         groups = await pull_groups(queue.grpc_address, 3)
-        async with httpx.AsyncClient() as http:
+        async with http_client.async_client() as http:
             scraped = await http.get(f"http://127.0.0.1:{running.servers.http.port}/metrics")
     finally:
         await running.stop()

@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pytest
 
+from relayrl import http_client
 from relayrl.net import free_port
 from relayrl.redis_process import RedisProcess
 from relayrl.serving import grpc_channel
@@ -54,7 +55,7 @@ async def rollout(engine: EngineProcess, redis_server: RedisProcess, run_id: str
     proc = subprocess.Popen(
         [sys.executable, "-m", "commands.cli", "rollout", "serve"], cwd=REPO, env=env, stderr=subprocess.DEVNULL
     )
-    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=10)
+    http = http_client.async_client(base_url=f"http://127.0.0.1:{http_port}", timeout=10)
     try:
 
         async def ready() -> bool:
@@ -82,7 +83,7 @@ async def test_rest_control_needs_the_token_and_pauses_the_engine(
 
     paused = (await rollout.http.post("/control/pause", json={"mode": "in_place"}, headers=auth)).json()
     assert paused["paused"] and paused["pause_mode"] == "in_place"
-    async with httpx.AsyncClient(base_url=engine.url) as eng:
+    async with http_client.async_client(base_url=engine.url) as eng:
         assert (await eng.get("/get_model_info")).json()["paused"] == "in_place"
         async with QueueClient(rollout.queue.grpc_address) as q:
             await q.release([prompt(30)])

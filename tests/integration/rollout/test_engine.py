@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from commands.stack.progress import read_samples
+from relayrl import http_client
 from relayrl.net import free_port
 from services.engine.client import EngineClient, SamplingParams
 from tests.integration.rollout.conftest import EngineProcess, perturbed_weights
@@ -54,7 +54,7 @@ async def _info(engine: EngineProcess) -> dict:
 
 
 async def test_generate_response_has_sglang_fields_and_types(engine: EngineProcess) -> None:
-    async with httpx.AsyncClient(base_url=engine.url) as http:
+    async with http_client.async_client(base_url=engine.url) as http:
         reply = await http.post(
             "/generate",
             json={
@@ -209,7 +209,7 @@ async def test_a_conversations_next_turn_is_prefilled_from_its_new_tokens_until_
 ) -> None:
     first = list(range(5, 45))
     params = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=engine.url) as http:
+    async with http_client.async_client(base_url=engine.url) as http:
 
         async def generate(ids: list[int]) -> dict:
             reply = await http.post(
@@ -244,7 +244,7 @@ async def test_a_sequence_generated_across_a_weight_update_is_not_cached(
 ) -> None:
     prompt = list(range(70, 100))
     # 1000 tokens take ~2 s alone, longer on a loaded machine than httpx's default 5 s read timeout.
-    async with httpx.AsyncClient(base_url=engine.url, timeout=60) as http, EngineClient(engine.url) as client:
+    async with http_client.async_client(base_url=engine.url, timeout=60) as http, EngineClient(engine.url) as client:
         params = {"max_new_tokens": 1000, "temperature": 1.0, "ignore_eos": True}
         running = asyncio.create_task(http.post("/generate", json={"input_ids": prompt, "sampling_params": params}))
         await wait_until_async(lambda: _generated(engine), 10, "the generation to start")
@@ -367,7 +367,7 @@ async def test_update_weights_from_distributed_over_gloo(engine: EngineProcess, 
     ],
 )
 async def test_bad_generate_requests_get_4xx(engine: EngineProcess, body: dict) -> None:
-    async with httpx.AsyncClient(base_url=engine.url) as http:
+    async with http_client.async_client(base_url=engine.url) as http:
         reply = await http.post("/generate", json=body)
         assert 400 <= reply.status_code < 500
         assert (await http.get("/health")).status_code == 200

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from fastapi import Depends
 from pydantic import SecretStr
 
+from relayrl import http_client
 from relayrl.http_app import bearer_auth, create_http_app
 from relayrl.models.loading import load_tokenizer
 from relayrl.net import free_port
@@ -204,7 +204,7 @@ async def test_a_tool_conversation_is_recorded_token_exactly_and_pushed_on_finis
 ) -> None:
     async with served(engine, queue) as s:
         await _tool_conversation(s, "conv-1")
-        async with httpx.AsyncClient(base_url=s.base_url) as http:
+        async with http_client.async_client(base_url=s.base_url) as http:
             finished = await http.post("/v1/conversations/conv-1/finish", json={"reward": 0.75})
         (sample,) = (await pull_groups(queue.grpc_address, 1))[0].samples
 
@@ -238,7 +238,7 @@ async def test_conversations_sharing_a_group_id_are_pushed_as_one_scored_group(
                 metadata={"conversation_id": name, "group_id": "g", "group_size": "2"},
             )
             answers.append(completion.choices[0].message.content)
-        async with httpx.AsyncClient(base_url=s.base_url) as http:
+        async with http_client.async_client(base_url=s.base_url) as http:
             first = await http.post("/v1/conversations/a/finish", json={"reward": 0.0})
             # Scored by the rollout's reward function on the last turn: exact match with itself is 1.
             second = await http.post(
@@ -289,7 +289,7 @@ async def test_bad_input_gets_400_naming_the_field(engine: EngineProcess, queue:
             await s.client.chat.completions.create(
                 model="m", messages=QUESTION, n=2, extra_headers={CONVERSATION_HEADER: "c"}
             )
-        async with httpx.AsyncClient(base_url=s.base_url) as http:
+        async with http_client.async_client(base_url=s.base_url) as http:
             neither = await http.post("/v1/conversations/c/finish", json={})
             unknown = await http.post("/v1/conversations/nobody/finish", json={"reward": 1})
     assert recorded_n.value.param == "n"
@@ -308,7 +308,7 @@ async def test_an_idle_conversation_is_abandoned_counted_and_never_pushed(
         )
         await wait_until_async(lambda: s.value("openai_conversations_total", outcome="abandoned") == 1)
         sweeps.cancel()
-        async with httpx.AsyncClient(base_url=s.base_url) as http:
+        async with http_client.async_client(base_url=s.base_url) as http:
             late = await http.post("/v1/conversations/idle/finish", json={"reward": 1})
         with pytest.raises(openai.ConflictError, match="abandoned"):
             await s.client.chat.completions.create(
@@ -439,7 +439,7 @@ async def test_a_required_tool_call_and_its_result_continue_the_conversation_tok
         second = await s.client.chat.completions.create(
             model="m", messages=history, tools=[CALCULATOR], temperature=0, extra_headers=headers
         )
-        async with httpx.AsyncClient(base_url=s.base_url) as http:
+        async with http_client.async_client(base_url=s.base_url) as http:
             await http.post("/v1/conversations/calc/finish", json={"reward": 1.0})
         (sample,) = (await pull_groups(queue.grpc_address, 1))[0].samples
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import signal
 import time
 
-import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl import http_client
 from relayrl.net import free_port
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.table import lag_deadline_s
@@ -35,7 +35,7 @@ def version(seed: int) -> dict[str, torch.Tensor]:
 
 
 def received_bytes(http_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics").text
+    text = http_client.get(f"http://127.0.0.1:{http_port}/metrics").text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "relayrl_paramsync_bytes_received_bytes_total":

@@ -10,10 +10,10 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
 from commands.stack.chaos.ledger import Lineage
+from relayrl import http_client
 from relayrl.net import free_port, wait_for_port
 from services.queue.client import QueueClient
 from tests.integration.trainer.harness import REPO, Stack, start_trainer, stop_group
@@ -108,7 +108,9 @@ def test_sigkill_and_restart_resume_numbering_and_lose_no_group(redis_server, ti
             wait_for_port("127.0.0.1", http_port, 60)
             _check_control(http_port, token, run_dir, proc)
             # pause so the crash lands at a known step, then kill every rank at once
-            httpx.post(f"http://127.0.0.1:{http_port}/control/pause", headers={"Authorization": f"Bearer {token}"})
+            http_client.post(
+                f"http://127.0.0.1:{http_port}/control/pause", headers={"Authorization": f"Bearer {token}"}
+            )
             time.sleep(1.5)  # the step under way finishes; nothing says so but time
             stop_group(proc, signal.SIGKILL)
         finally:
@@ -180,21 +182,21 @@ def test_a_step_acknowledged_before_a_crash_stays_on_the_run_record(redis_server
 def _check_control(port: int, token: str, run_dir: Path, proc) -> None:
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
-    assert httpx.get(f"{base}/control/status", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert httpx.post(f"{base}/control/pause").status_code == 401
-    assert httpx.get(f"{base}/healthz").status_code == 200
-    assert httpx.post(f"{base}/control/pause", headers=auth).json() == {"consuming": False}
+    assert http_client.get(f"{base}/control/status", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert http_client.post(f"{base}/control/pause").status_code == 401
+    assert http_client.get(f"{base}/healthz").status_code == 200
+    assert http_client.post(f"{base}/control/pause", headers=auth).json() == {"consuming": False}
     paused_at = len(_rows(run_dir))
     time.sleep(1.5)  # what is checked next is that nothing more happens meanwhile
-    status = httpx.get(f"{base}/control/status", headers=auth).json()
+    status = http_client.get(f"{base}/control/status", headers=auth).json()
     assert status["consuming"] is False and status["world_size"] == 2
     # at most the step already under way finishes while paused
     assert len(_rows(run_dir)) <= paused_at + 1
-    assert httpx.post(f"{base}/control/resume", headers=auth).json() == {"consuming": True}
-    assert httpx.post(f"{base}/control/checkpoint", headers=auth).status_code == 200
-    assert httpx.get(f"{base}/readyz").status_code == 200
+    assert http_client.post(f"{base}/control/resume", headers=auth).json() == {"consuming": True}
+    assert http_client.post(f"{base}/control/checkpoint", headers=auth).status_code == 200
+    assert http_client.get(f"{base}/readyz").status_code == 200
     wait_until(_while_running(proc, lambda: len(_rows(run_dir)) > paused_at + 1), 60, "training to resume")
-    metrics = httpx.get(f"{base}/metrics").text
+    metrics = http_client.get(f"{base}/metrics").text
     assert "relayrl_trainer_actor_pg_loss" in metrics and "relayrl_trainer_global_steps" in metrics
 
 
