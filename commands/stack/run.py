@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -108,10 +109,10 @@ def _save_config(config: StackConfig, run_id: str, run_dir: Path) -> None:
 
 
 def _no_progress_bars() -> None:
-    # tqdm bars written to a file or a pipe are noise: one line per refresh.
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    # tqdm bars written to a file or a pipe are noise: one line per refresh. Said through the
+    # environment, which transformers reads when first imported: importing it here just to say so
+    # cost every run over a second of CPU, though only a built-in model's creation shows bars.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def _print_endpoints(console: Console, stack: LocalStack) -> None:
