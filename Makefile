@@ -31,8 +31,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 # Our own modules compiled once, before the hundreds of processes a run starts each import them:
-# where PYTHONDONTWRITEBYTECODE is set (our machines' shells set it), every process would compile
-# them from source again, half a second of CPU per service started. Up-to-date files are skipped.
+# where PYTHONDONTWRITEBYTECODE is set (this project's development shells set it), every process
+# would compile them from source again, half a second of CPU per service started. Up-to-date files
+# are skipped.
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q relayrl services commands tests docs scripts >/dev/null
 
