@@ -53,13 +53,21 @@ class ToolExecutor:
         self.timeout_s = timeout_s
         self.max_response_chars = max_response_chars
 
-    async def bounded(self, what: str, call: Awaitable[Any]) -> Any:
-        """``call`` under the limit and the timeout; raises TimeoutError naming ``what``."""
+    async def bounded(self, what: str, call: Awaitable[Any], ran: Stopwatch | None = None) -> Any:
+        """``call`` under the limit and the timeout; raises TimeoutError naming ``what``.
+
+        ``ran`` is started once a slot is held and before the timeout is armed, so a call that
+        timed out is never recorded as shorter than the timeout.
+        """
         async with self._slots:
+            started = time.perf_counter()
             try:
                 return await asyncio.wait_for(call, self.timeout_s)
             except TimeoutError:
                 raise TimeoutError(f"{what} timed out after {self.timeout_s:g}s") from None
+            finally:
+                if ran is not None:
+                    ran.seconds = time.perf_counter() - started
 
     async def run_all(
         self, calls: list[ToolCall | CallError], tools: dict[str, Any], instances: dict[str, str], kwargs: dict
@@ -74,10 +82,10 @@ class ToolExecutor:
             return ToolOutcome(f"Error: {call.message}", outcome=call.kind, tool=call.tool)
         tool = tools[call.name]
         execute_kwargs = (kwargs.get(call.name) or {}).get("execute_kwargs") or {}
-        ran = _Stopwatch()
+        ran = Stopwatch()
         try:
             result = await self.bounded(
-                f"tool {call.name!r}", ran.time(tool.execute(instances[call.name], call.arguments, **execute_kwargs))
+                f"tool {call.name!r}", tool.execute(instances[call.name], call.arguments, **execute_kwargs), ran
             )
             text, reward, metrics = _verl_result(result)
         except asyncio.CancelledError:
@@ -97,18 +105,11 @@ class ToolExecutor:
         return text[: self.max_response_chars] + "...(truncated)"
 
 
-class _Stopwatch:
-    """Times a coroutine from its first step: under :meth:`ToolExecutor.bounded`, after it got a slot."""
+@dataclass
+class Stopwatch:
+    """How long one call under :meth:`ToolExecutor.bounded` ran; None until it ended."""
 
-    def __init__(self) -> None:
-        self.seconds: float | None = None
-
-    async def time(self, call: Awaitable[Any]) -> Any:
-        started = time.perf_counter()
-        try:
-            return await call
-        finally:
-            self.seconds = time.perf_counter() - started
+    seconds: float | None = None
 
 
 def _verl_result(result: Any) -> tuple[str, float, dict[str, Any]]:

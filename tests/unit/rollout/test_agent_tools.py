@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ async def test_a_tool_that_times_out_tells_the_model(tools: dict[str, Any]) -> N
     executor = ToolExecutor(concurrency=4, timeout_s=0.2, max_response_chars=100)
     (outcome,) = await executor.run_all([ToolCall("gate", {})], tools, {"gate": "g"}, {})
     assert outcome.error and outcome.text == "Error: tool 'gate' timed out after 0.2s"
+    assert outcome.outcome == "timeout" and outcome.seconds is not None and outcome.seconds >= 0.2
+
+
+async def test_a_timed_out_call_is_timed_from_its_slot_even_when_the_loop_starts_it_late(
+    tools: dict[str, Any],
+) -> None:
+    # A busy loop runs other callbacks between arming the timeout and the tool's first step (on
+    # 3.11 wait_for starts the call as a task of its own); the latency histogram must still record
+    # a timed-out call as lasting at least the timeout. The nested call_soon queues a 0.1 s stall
+    # just behind the call's own first step, so it lands in exactly that gap.
+    loop = asyncio.get_running_loop()
+    executor = ToolExecutor(concurrency=4, timeout_s=0.2, max_response_chars=100)
+    loop.call_soon(lambda: loop.call_soon(time.sleep, 0.1))
+    (outcome,) = await executor.run_all([ToolCall("gate", {})], tools, {"gate": "g"}, {})
     assert outcome.outcome == "timeout" and outcome.seconds is not None and outcome.seconds >= 0.2
 
 
