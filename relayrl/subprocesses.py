@@ -1,23 +1,80 @@
-"""Child processes the one way every service, bench and test handles them: wait until one serves
-(an HTTP probe answers 200, or it exits first), and stop it (ask with SIGTERM, wait, then kill
-what did not stop in time, and always reap it)."""
+"""Child processes the one way every service, bench and test handles them: start a Python
+service (through the fork server where one is named), wait until one serves (an HTTP probe answers
+200, or it exits first), and stop it (ask with SIGTERM, wait, then kill what did not stop in time,
+and always reap it)."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 
-from relayrl import http_client
+from relayrl import forkserver, http_client
+
+log = logging.getLogger(__name__)
+
+# What :func:`start_process` returns: both answer Popen's pid, returncode, poll, wait and signals.
+Process = subprocess.Popen | forkserver.ForkedProcess
+
+
+def start_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None = None,
+    stdin: Any = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    text: bool = False,
+    new_session: bool = False,
+    cpus: Sequence[int] | None = None,
+) -> Process:
+    """``argv`` with ``env`` (the whole environment), as ``subprocess.Popen`` starts it.
+
+    ``python -m MODULE ...`` of this interpreter, where ``env`` names a fork server
+    (``RELAYRL_FORKSERVER``), is forked from that server with its imports already done, unless the
+    server cannot start it as a new interpreter would (or is gone). ``cpus`` pins the process, and
+    every thread and child it makes.
+    """
+    server = env.get(forkserver.ENV_VARIABLE)
+    if server and len(argv) > 2 and list(argv[:2]) == [sys.executable, "-m"]:
+        try:
+            return forkserver.spawn(
+                server, argv[2], argv[3:], env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
+                text=text, new_session=new_session, cpus=cpus,
+            )  # fmt: skip
+        except OSError as exc:
+            log.debug("starting %s as a new interpreter: %s", argv[2], exc)
+    return subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        text=text,
+        bufsize=1 if text else -1,
+        start_new_session=new_session,
+        # In the child between fork and exec, so the program starts on its CPUs and every thread
+        # and child it makes inherits them. The function makes one system call and takes no lock,
+        # which is what makes a preexec_fn safe beside this process's threads.
+        preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus) if cpus else None,
+    )
 
 
 class ProcessExited(RuntimeError):
     """A child process ended before it served."""
 
 
-def wait_serving(process: subprocess.Popen, probe_url: str, timeout_s: float, what: str) -> None:
+def wait_serving(process: Process, probe_url: str, timeout_s: float, what: str) -> None:
     """Returns once ``probe_url`` answers 200; raises :class:`ProcessExited` if ``process`` ends
     first, ``TimeoutError`` after ``timeout_s`` (the process is left running)."""
     deadline = time.monotonic() + timeout_s
@@ -33,7 +90,7 @@ def wait_serving(process: subprocess.Popen, probe_url: str, timeout_s: float, wh
     raise TimeoutError(f"{what} at {probe_url} did not answer 200 within {timeout_s:.0f}s")
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
+def stop_process(proc: Process, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
     """Sends ``sig`` to a running ``proc``, waits ``timeout_s``, then SIGKILLs it; its exit code."""
     if proc.poll() is None:
         proc.send_signal(sig)

@@ -1,0 +1,107 @@
+"""The fork server starts a Python service as a new interpreter would, without its imports: the
+argv, environment, working directory, streams, session and CPUs asked for, the exit status
+reported back, and a new interpreter wherever it cannot be exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relayrl.forkserver import ENV_VARIABLE, ForkedProcess, ForkServer, import_time_mismatch
+from relayrl.subprocesses import start_process
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = [sys.executable, "-m", "tests.integration.forkserver_child"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    running = ForkServer(Path(tempfile.mkdtemp(prefix="relayrl-fs-test-")) / "socket")
+    yield running
+    running.stop()
+    running.path.parent.rmdir()
+
+
+def _env(server: ForkServer, **extra: str) -> dict[str, str]:
+    return {**os.environ, ENV_VARIABLE: str(server.path), **extra}
+
+
+def _report(process: ForkedProcess | subprocess.Popen) -> dict:
+    assert process.stdout is not None
+    return json.loads(process.stdout.readline())
+
+
+def test_a_forked_service_gets_what_it_asked_for_and_its_exit_code_comes_back(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    cpu = max(os.sched_getaffinity(0))
+    process = start_process(
+        [*CHILD, "3", "x y"],
+        env=_env(server, CHILD_MARKER="m1", OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path), HF_HUB_OFFLINE="1"),
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        new_session=True,
+        cpus=[cpu],
+    )
+    assert isinstance(process, ForkedProcess)
+    report = _report(process)
+    assert report == {
+        "argv": ["3", "x y"],
+        "cwd": str(REPO),
+        "marker": "m1",
+        "own_session": True,
+        "cpus": [cpu],
+        "torch_threads": 1,
+        "main": "__main__",
+        "stdin": "",
+        "preloaded": True,
+        "path": [str(REPO), str(tmp_path)],
+        "hub_offline": True,
+    }
+    assert process.wait(60) == 3 and process.poll() == 3
+    assert process.stderr is not None and process.stderr.read() == "to stderr\n"
+
+
+def test_a_signal_that_ends_a_forked_service_is_its_returncode_as_popen_reports_it(server: ForkServer) -> None:
+    process = start_process(
+        [*CHILD, "wait"], env=_env(server), cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+    )
+    assert isinstance(process, ForkedProcess)
+    assert _report(process)["preloaded"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.2)
+    assert process.poll() is None
+    process.terminate()
+    assert process.wait(30) == -signal.SIGTERM
+
+
+def test_what_a_fork_cannot_start_exactly_starts_as_a_new_interpreter(server: ForkServer, tmp_path: Path) -> None:
+    # A variable the preloaded libraries read at import, set differently from the server's.
+    env = _env(server, HF_HOME=str(tmp_path / "hf-home"))
+    process = start_process([*CHILD, "0"], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert isinstance(process, subprocess.Popen) and not _report(process)["preloaded"]
+    assert process.wait(60) == 0
+    # No server at the named path.
+    gone = _env(server) | {ENV_VARIABLE: str(tmp_path / "no-server")}
+    process = start_process([*CHILD, "0"], env=gone, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert isinstance(process, subprocess.Popen) and process.wait(60) == 0
+
+
+def test_only_variables_read_at_import_must_match_the_servers() -> None:
+    server_env = {"HF_HOME": "/a", "RELAYRL_X": "1", "PYTHONPATH": "/p"}
+    assert import_time_mismatch({**server_env, "RELAYRL_X": "2", "OMP_NUM_THREADS": "3"}, server_env) is None
+    assert import_time_mismatch({**server_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, server_env) is None
+    assert import_time_mismatch({**server_env, "HF_HOME": "/b"}, server_env) == "HF_HOME"
+    assert import_time_mismatch({"RELAYRL_X": "1", "PYTHONPATH": "/p"}, server_env) == "HF_HOME"
+    assert import_time_mismatch({**server_env, "TORCH_LOGS": "+dynamo"}, server_env) == "TORCH_LOGS"
