@@ -8,12 +8,17 @@ runs one service's tests.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from relayrl.forkserver import ENV_VARIABLE as FORKSERVER_VARIABLE
+from relayrl.forkserver import ForkServer
+from relayrl.forkserver import usable as forkserver_usable
 from relayrl.redis_process import RedisProcess
 
 TESTS = Path(__file__).parent
@@ -99,6 +104,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     # assigning ``item._nodeid``, which pytest 9 no longer reads, so every test went its own way
     # (e2e stacks ran two at a time, module fixtures were built once per worker).
     return scope_scheduler()(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Python services the tests start are forked from one server per worker that imported torch
+    and transformers once (:mod:`relayrl.forkserver`), as ``relayrl up`` forks its components:
+    each start then costs a fork, not 7 s of imports. A session of unit tests only starts none."""
+    if not forkserver_usable() or all(item.get_closest_marker("unit") for item in request.session.items):
+        yield
+        return
+    server = ForkServer(Path(tempfile.mkdtemp(prefix="relayrl-fs-")) / "socket", wait=False)
+    os.environ[FORKSERVER_VARIABLE] = str(server.path)
+    try:
+        yield
+    finally:
+        os.environ.pop(FORKSERVER_VARIABLE, None)
+        server.stop()
+        server.path.parent.rmdir()
 
 
 @pytest.fixture(scope="session")

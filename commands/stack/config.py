@@ -49,7 +49,12 @@ class StackSettings(BaseModel):
     tiny_arch: str = Field("qwen2", pattern="^(qwen2|llama)$", description="Architecture of the built-in tiny model.")
     tiny_seed: int = Field(0, description="Seed of the built-in tiny model's initialisation.")
     rollout_replicas: int = Field(1, ge=1, le=16, description="N: built-in engines, each with one rollout replica.")
-    trainer_procs: int = Field(1, ge=1, le=16, description="P: trainer processes under torchrun (gloo on CPU).")
+    trainer_procs: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="P: trainer processes (one forms its own group, more run under torchrun).",
+    )
     max_staleness: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         1,
         description="η: the staleness bound every service enforces; auto: the trainer picks η in"

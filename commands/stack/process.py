@@ -9,7 +9,6 @@ torchrun would otherwise orphan workers that keep its ports (and a restart could
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -27,6 +26,8 @@ from typing import TextIO
 import httpx
 
 from relayrl import http_client
+from relayrl.forkserver import ForkedProcess
+from relayrl.subprocesses import start_process
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class ManagedProcess:
         self._sink = sink
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._pump: threading.Thread | None = None
-        self.process: subprocess.Popen[str] | None = None
+        self.process: subprocess.Popen[str] | ForkedProcess | None = None
         self._tag = f"{TAG_VARIABLE}={spec.name}:{uuid.uuid4().hex}"
 
     @property
@@ -77,21 +78,15 @@ class ManagedProcess:
         name, value = self._tag.split("=", 1)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1", name: value}
         try:
-            self.process = subprocess.Popen(
-                list(self.spec.argv),
+            self.process = start_process(
+                self.spec.argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                bufsize=1,
-                start_new_session=True,
-                # In the child between fork and exec, so the program starts on its CPUs and every
-                # thread and child it makes inherits them. Set from here after Popen returned, a
-                # loaded machine let the program run (and start threads) before it: a race.
-                # The function makes one system call and takes no lock, which is what makes a
-                # preexec_fn safe beside this process's threads.
-                preexec_fn=functools.partial(os.sched_setaffinity, 0, self.spec.cpus) if self.spec.cpus else None,
+                new_session=True,
+                cpus=self.spec.cpus,
             )
         except FileNotFoundError as exc:
             raise ComponentError(
@@ -173,8 +168,13 @@ class ManagedProcess:
             self._join_pump()
 
     def pids(self) -> list[int]:
-        """Every running process of the component (the launcher and what it started)."""
-        return _tagged(self._tag)
+        """Every running process of the component (the launcher and what it started). A launcher
+        forked by the fork server carries the server's environment, not the tag: it is named here."""
+        found = set(_tagged(self._tag))
+        if self.running():
+            assert self.process is not None
+            found.add(self.process.pid)
+        return sorted(found)
 
     def signal_all(self, sig: signal.Signals) -> None:
         """Sends ``sig`` to every process of the component: its group and any that left it."""

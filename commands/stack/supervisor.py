@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +40,12 @@ class Supervisor:
         # Where restarts are recorded for `relayrl ctl status --all` (set by the stack).
         self.restarts_file: Path | None = None
         self._stopped = threading.Event()
+        # Called once every component is stopped (the stack's fork server, which started them).
+        self._after_stop: list[Callable[[], None]] = []
+
+    def after_stop(self, callback: Callable[[], None]) -> None:
+        """Runs ``callback`` once every component has stopped."""
+        self._after_stop.append(callback)
 
     def start(self, spec: ComponentSpec) -> ManagedProcess:
         """Starts ``spec`` and blocks until it is ready."""
@@ -122,6 +128,8 @@ class Supervisor:
                     list(pool.map(ManagedProcess.stop, wave))
             elif wave:
                 wave[0].stop()
+        for callback in self._after_stop:
+            callback()
 
 
 @contextmanager

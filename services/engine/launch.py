@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from relayrl.subprocesses import wait_serving
+from relayrl.subprocesses import Process, start_process, wait_serving
 
 
 def launch_engine(
@@ -18,11 +18,11 @@ def launch_engine(
     stderr: int = subprocess.DEVNULL,
     cwd: Path | None = None,
     settings: Mapping[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
+) -> Process:
     """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs);
     ``settings`` adds environment variables (``RELAYRL_ENGINE_*``) over the defaults."""
     env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", **(settings or {})}
-    return subprocess.Popen(
+    return start_process(
         [sys.executable, "-m", "services.engine.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env=env,
@@ -31,7 +31,7 @@ def launch_engine(
     )
 
 
-def wait_engine_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+def wait_engine_healthy(process: Process, url: str, timeout_s: float) -> None:
     """Returns once ``url/health`` answers 200; raises :class:`~relayrl.subprocesses.ProcessExited` if the process ends
     first, ``TimeoutError`` after ``timeout_s`` (the process is left running)."""
     wait_serving(process, f"{url}/health", timeout_s, "engine")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayrl.subprocesses import wait_serving
+from relayrl.subprocesses import Process, start_process, wait_serving
 
 
 def launch_reward(
@@ -17,9 +17,9 @@ def launch_reward(
     env: dict[str, str] | None = None,
     stderr: int = subprocess.DEVNULL,
     cwd: Path | None = None,
-) -> subprocess.Popen[bytes]:
+) -> Process:
     """``relayrl reward serve`` on ``port``; ``env`` adds ``RELAYRL_REWARD_*`` settings."""
-    return subprocess.Popen(
+    return start_process(
         [sys.executable, "-m", "services.reward.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env={**os.environ, **(env or {})},
@@ -28,7 +28,7 @@ def launch_reward(
     )
 
 
-def wait_reward_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+def wait_reward_ready(process: Process, url: str, timeout_s: float) -> None:
     """Returns once ``url/readyz`` answers 200; raises :class:`~relayrl.subprocesses.ProcessExited` if the process ends
     first, ``TimeoutError`` after ``timeout_s`` (the process is left running)."""
     wait_serving(process, f"{url}/readyz", timeout_s, "reward")

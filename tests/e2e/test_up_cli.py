@@ -13,6 +13,7 @@ import pytest
 
 from commands.stack.progress import REWARD_KEY
 from relayrl import http_client
+from relayrl.forkserver import ENV_VARIABLE as FORKSERVER_VARIABLE
 from relayrl.net import free_port
 from tests.integration.rollout.conftest import EngineProcess
 from tests.waiting import wait_until
@@ -54,7 +55,8 @@ def test_up_trains_on_a_users_files_quietly_resumes_where_it_was_stopped_reports
         " save_freq: 2, lr: 0.003}\n"
         "rollout: {max_inflight_prompts: 8, max_new_tokens: 3}\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Without the suite's fork server: `up` starts its own, as for a user, and forks its components from it.
+    env = {**{k: v for k, v in os.environ.items() if k != FORKSERVER_VARIABLE}, "PYTHONPATH": str(REPO)}
     run_dir = runs / "mine"
     # The model from the command line (as after `relayrl sft`), not from the config.
     argv = ["up", "--config", "project/stack.yaml", "--model-dir", str(tiny_model_dir)]

@@ -119,15 +119,17 @@ def _reward_end(stack: LocalStack) -> float | None:
 
 
 def _stop_trainer(stack: LocalStack, tracker: FaultTracker) -> None:
-    """SIGTERM to the trainer's workers (not torchrun, which would report them failed): each
-    finishes its step, checkpoints and acknowledges, and the trainer exits 0."""
+    """SIGTERM to the trainer's workers (not torchrun, which would report them failed; a trainer of
+    one process is its own worker): each finishes its step, checkpoints and acknowledges, and the
+    trainer exits 0."""
     assert stack.trainer is not None and stack.trainer.process is not None
     deadline = time.monotonic() + STOP_TIMEOUT_S
     asked: set[int] = set()
+    launcher = {stack.trainer.process.pid} if stack.settings.trainer_procs > 1 else set()
     while stack.trainer_exit_code() is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the trainer did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM")
-        for pid in set(stack.trainer.pids()) - {stack.trainer.process.pid} - asked:
+        for pid in set(stack.trainer.pids()) - launcher - asked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
             asked.add(pid)

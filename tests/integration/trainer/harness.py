@@ -30,6 +30,7 @@ from typing import Any
 
 from relayrl.schema import Group, Sample
 from relayrl.serving import start_grpc_server
+from relayrl.subprocesses import Process, start_process
 from services.paramsync.client import ParamSyncClient
 from services.paramsync.config import ParamSyncSettings
 from services.paramsync.server import SERVICE_NAME, build_service
@@ -195,7 +196,7 @@ def _kill_if_same(pid: int, started: str, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+def stop_group(proc: Process, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
     """Stops a job and every process it started; none is left behind."""
     family = descendants(proc.pid) if proc.poll() is None else []
     if proc.poll() is None:
@@ -218,9 +219,7 @@ def run_logged(cmd: list[str], log: Path, timeout_s: float = 120) -> str:
     """Runs a job (a torchrun one: every rank is stopped after) to the end with its output in
     ``log``; fails with the log's tail unless it exits 0; returns the log."""
     with log.open("wb") as f:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = start_process(cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, new_session=True)
     try:
         assert proc.wait(timeout_s) == 0, log.read_text()[-3000:]
     finally:
@@ -232,11 +231,11 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
-def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> subprocess.Popen[bytes]:
+def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> Process:
     """A trainer job: one plain process, or ``torchrun`` with ``nproc`` ranks."""
     cmd = [sys.executable, "-m", "services.trainer"] if nproc == 1 else torchrun(nproc, "services.trainer")
     log = log_path.open("ab")
     try:
-        return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return start_process(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, new_session=True)
     finally:
         log.close()
