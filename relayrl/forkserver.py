@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ _IMPORT_TIME_PREFIXES = ("PYTHON", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORC
 # preloaded libraries were found before either) and the Hub's offline mode (which our loads set
 # and huggingface_hub reads into one constant at import), all three applied in the child; and the
 # inductor's cache directory, read when used (torch sets it in its own process on first use).
+# torchrun's variables for its workers, which torch.distributed reads when a worker calls it
+# (TORCH_NCCL_*: when a NCCL group forms).
+_READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 _APPLIED_HERE = frozenset(
     {"PYTHONUNBUFFERED", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCHINDUCTOR_CACHE_DIR"}
 )
@@ -94,7 +98,11 @@ def usable() -> bool:
 
 def import_time_mismatch(env: Mapping[str, str], server_env: Mapping[str, str]) -> str | None:
     """The first variable read at import time whose value differs between ``env`` and the server's."""
-    names = {n for n in (*env, *server_env) if n.startswith(_IMPORT_TIME_PREFIXES) and n not in _APPLIED_HERE}
+    names = {
+        n
+        for n in (*env, *server_env)
+        if n.startswith(_IMPORT_TIME_PREFIXES) and n not in _APPLIED_HERE and not n.startswith(_READ_WHEN_USED)
+    }
     for name in sorted(names):
         if env.get(name) != server_env.get(name):
             return name
@@ -173,7 +181,15 @@ def _fork_one(
             conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
         conn.close()
         return None
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # out of processes or memory: the caller starts a new interpreter
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"error": f"fork failed: {exc}"}).encode() + b"\n")
+        conn.close()
+        return None
     if pid == 0:
         selector.close()
         listener.close()
@@ -264,9 +280,15 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._conn = conn
         self._buffer = b""
+        self._orphaned = False
+        # One reader of the status at a time (a supervisor polls while a stop waits, as with Popen).
+        self._reading = threading.Lock()
 
     def _read_status(self, timeout: float | None) -> None:
         if self.returncode is not None:
+            return
+        if self._orphaned:
+            self.returncode = _gone_returncode(self.pid)
             return
         self._conn.settimeout(timeout)
         try:
@@ -274,6 +296,8 @@ class ForkedProcess:
                 chunk = self._conn.recv(4096)
                 if not chunk:
                     # The server is gone and took the exit status with it; the pid is no longer ours to wait on.
+                    self._orphaned = True
+                    self._conn.close()
                     self.returncode = _gone_returncode(self.pid)
                     return
                 self._buffer += chunk
@@ -283,14 +307,28 @@ class ForkedProcess:
         self._conn.close()
 
     def poll(self) -> int | None:
-        self._read_status(0.0)
+        if self._reading.acquire(blocking=False):
+            try:
+                self._read_status(0.0)
+            finally:
+                self._reading.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._read_status(timeout)
-        if self.returncode is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-        return self.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if self._reading.acquire(timeout=-1 if left is None else left):
+                try:
+                    self._read_status(left)
+                finally:
+                    self._reading.release()
+            if self.returncode is not None:
+                return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            if self._orphaned:
+                time.sleep(0.05)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -319,10 +357,7 @@ def _gone_returncode(pid: int) -> int | None:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return -signal.SIGKILL
-    if state == "Z":
-        return -signal.SIGKILL
-    time.sleep(0.05)
-    return None
+    return -signal.SIGKILL if state == "Z" else None
 
 
 def spawn(

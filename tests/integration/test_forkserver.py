@@ -102,6 +102,18 @@ def test_only_variables_read_at_import_must_match_the_servers() -> None:
     server_env = {"HF_HOME": "/a", "RELAYRL_X": "1", "PYTHONPATH": "/p"}
     assert import_time_mismatch({**server_env, "RELAYRL_X": "2", "OMP_NUM_THREADS": "3"}, server_env) is None
     assert import_time_mismatch({**server_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, server_env) is None
+    torchrun_sets = {"TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert import_time_mismatch({**server_env, **torchrun_sets}, server_env) is None
     assert import_time_mismatch({**server_env, "HF_HOME": "/b"}, server_env) == "HF_HOME"
     assert import_time_mismatch({"RELAYRL_X": "1", "PYTHONPATH": "/p"}, server_env) == "HF_HOME"
     assert import_time_mismatch({**server_env, "TORCH_LOGS": "+dynamo"}, server_env) == "TORCH_LOGS"
+
+
+def test_torchrun_workers_are_forked_from_the_server_too(server: ForkServer) -> None:
+    argv = [sys.executable, "-m", "relayrl.torchrun", "--standalone", "--nproc-per-node=2", "-m", *CHILD[2:], "0"]
+    done = subprocess.run(
+        argv, env=_env(server), cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 2 and all(r["preloaded"] and r["own_session"] for r in reports)
