@@ -10,12 +10,12 @@ working directory, standard streams and CPUs. It forks; the child applies all of
 the module as ``python -m`` would, in a session of its own when asked; the server answers the
 child's pid, then its exit status when it ends (the child is the server's to reap).
 
-Where ``RELAYRL_FORKSERVER`` names a socket, :func:`relayrl.subprocesses.start_python` starts
+Where ``RELAYRL_FORKSERVER`` names a socket, :func:`relayrl.subprocesses.start_process` starts
 Python services through it; anything it cannot start exactly as a new interpreter would (another
 interpreter, a ``PYTHON*``, ``HF_*``, ``TRANSFORMERS_*`` or ``TORCH*`` variable that differs from
-the server's, since those are read when the libraries are imported) starts as a plain process.
-CUDA is never touched here, so a child may use the GPU: only a process that has initialised CUDA
-cannot fork usefully.
+the server's, since those are read when the libraries are imported) starts as a new interpreter.
+On a host with an NVIDIA GPU it forks nothing (:func:`usable`): an import that asks the driver
+about devices would leave a CUDA state that no forked child can use.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ ENV_VARIABLE = "RELAYRL_FORKSERVER"
 # Read by the interpreter or by the preloaded libraries when they are imported: a child whose value
 # differs from the server's would not get what a new interpreter gets, so it starts as one.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_")
+# torchrun's variables for its workers, which torch.distributed reads when a worker calls it
+# (TORCH_NCCL_*: when a NCCL group forms).
+_READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 # Harmless to differ: how the child's output is buffered, where its imports are looked for (the
 # preloaded libraries were found before either) and the Hub's offline mode (which our loads set
 # and huggingface_hub reads into one constant at import), all three applied in the child; and the
 # inductor's cache directory, read when used (torch sets it in its own process on first use).
-# torchrun's variables for its workers, which torch.distributed reads when a worker calls it
-# (TORCH_NCCL_*: when a NCCL group forms).
-_READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 _APPLIED_HERE = frozenset(
     {"PYTHONUNBUFFERED", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCHINDUCTOR_CACHE_DIR"}
 )
@@ -92,7 +92,7 @@ class Request:
 
 def usable() -> bool:
     """Whether forking services is safe here: not on a host with an NVIDIA GPU, where an import that
-    asks the driver about devices (many do) would leave a CUDA state the children cannot use."""
+    asks the driver about devices would leave a CUDA state the children cannot use."""
     return not Path("/dev/nvidiactl").exists()
 
 
@@ -404,7 +404,8 @@ def spawn(
             env=dict(env),
             cwd=str(Path(cwd or os.getcwd()).resolve()),
             new_session=new_session,
-            cpus=list(cpus) if cpus else None,
+            # A new process inherits its parent's CPUs: the server's are not the requester's.
+            cpus=list(cpus) if cpus else sorted(os.sched_getaffinity(0)),
         )
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

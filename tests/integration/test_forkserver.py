@@ -4,6 +4,7 @@ reported back, and a new interpreter wherever it cannot be exact."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -109,11 +110,22 @@ def test_only_variables_read_at_import_must_match_the_servers() -> None:
     assert import_time_mismatch({**server_env, "TORCH_LOGS": "+dynamo"}, server_env) == "TORCH_LOGS"
 
 
-def test_torchrun_workers_are_forked_from_the_server_too(server: ForkServer) -> None:
+def test_torchrun_workers_are_forked_from_the_server_on_their_launchers_cpus(server: ForkServer) -> None:
+    # The launcher pinned to one CPU, as the stack pins a trainer: its workers, forked by the server
+    # (which may run anywhere), must run there too, as children it started itself would.
+    cpu = max(os.sched_getaffinity(0))
     argv = [sys.executable, "-m", "relayrl.torchrun", "--standalone", "--nproc-per-node=2", "-m", *CHILD[2:], "0"]
     done = subprocess.run(
-        argv, env=_env(server), cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+        argv,
+        env=_env(server),
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=functools.partial(os.sched_setaffinity, 0, [cpu]),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 2 and all(r["preloaded"] and r["own_session"] for r in reports)
+    assert len(reports) == 2
+    assert all(r["preloaded"] and r["own_session"] and r["cpus"] == [cpu] for r in reports), reports
