@@ -41,9 +41,6 @@ ENV_VARIABLE = "RELAYRL_FORKSERVER"
 # Read by the interpreter or by the preloaded libraries when they are imported: a child whose value
 # differs from the server's would not get what a new interpreter gets, so it starts as one.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_")
-# torchrun's variables for its workers, which torch.distributed reads when a worker calls it
-# (TORCH_NCCL_*: when a NCCL group forms).
-_READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
 # Harmless to differ: how the child's output is buffered, where its imports are looked for (the
 # preloaded libraries were found before either) and the Hub's offline mode (which our loads set
 # and huggingface_hub reads into one constant at import), all three applied in the child; and the
@@ -98,11 +95,7 @@ def usable() -> bool:
 
 def import_time_mismatch(env: Mapping[str, str], server_env: Mapping[str, str]) -> str | None:
     """The first variable read at import time whose value differs between ``env`` and the server's."""
-    names = {
-        n
-        for n in (*env, *server_env)
-        if n.startswith(_IMPORT_TIME_PREFIXES) and n not in _APPLIED_HERE and not n.startswith(_READ_WHEN_USED)
-    }
+    names = {n for n in (*env, *server_env) if n.startswith(_IMPORT_TIME_PREFIXES) and n not in _APPLIED_HERE}
     for name in sorted(names):
         if env.get(name) != server_env.get(name):
             return name

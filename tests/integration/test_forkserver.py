@@ -103,29 +103,33 @@ def test_only_variables_read_at_import_must_match_the_servers() -> None:
     server_env = {"HF_HOME": "/a", "RELAYRL_X": "1", "PYTHONPATH": "/p"}
     assert import_time_mismatch({**server_env, "RELAYRL_X": "2", "OMP_NUM_THREADS": "3"}, server_env) is None
     assert import_time_mismatch({**server_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, server_env) is None
-    torchrun_sets = {"TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    assert import_time_mismatch({**server_env, **torchrun_sets}, server_env) is None
     assert import_time_mismatch({**server_env, "HF_HOME": "/b"}, server_env) == "HF_HOME"
     assert import_time_mismatch({"RELAYRL_X": "1", "PYTHONPATH": "/p"}, server_env) == "HF_HOME"
     assert import_time_mismatch({**server_env, "TORCH_LOGS": "+dynamo"}, server_env) == "TORCH_LOGS"
 
 
-def test_torchrun_workers_are_forked_from_the_server_on_their_launchers_cpus(server: ForkServer) -> None:
-    # The launcher pinned to one CPU, as the stack pins a trainer: its workers, forked by the server
-    # (which may run anywhere), must run there too, as children it started itself would.
+def test_a_forked_service_runs_on_its_requesters_cpus_and_writes_to_its_streams(server: ForkServer) -> None:
+    # A requester pinned to one CPU, as the stack pins a trainer: what it starts through the server
+    # (which may run anywhere) runs there too, and writes to the requester's own stdout, as a child
+    # it started itself would.
     cpu = max(os.sched_getaffinity(0))
-    argv = [sys.executable, "-m", "relayrl.torchrun", "--standalone", "--nproc-per-node=2", "-m", *CHILD[2:], "0"]
+    script = (
+        "import os, subprocess, sys\n"
+        "from relayrl.subprocesses import start_process\n"
+        f"child = start_process({[*CHILD, '0']!r}, env=dict(os.environ), stdin=subprocess.DEVNULL)\n"
+        "print(type(child).__name__, flush=True)\n"
+        "sys.exit(child.wait(60))\n"
+    )
     done = subprocess.run(
-        argv,
+        [sys.executable, "-c", script],
         env=_env(server),
         cwd=REPO,
-        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=120,
         preexec_fn=functools.partial(os.sched_setaffinity, 0, [cpu]),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 2
-    assert all(r["preloaded"] and r["own_session"] and r["cpus"] == [cpu] for r in reports), reports
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    report = json.loads(line)
+    assert "ForkedProcess" in done.stdout.splitlines() and report["preloaded"] and report["cpus"] == [cpu]
