@@ -26,10 +26,12 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -168,20 +170,12 @@ def _fork_one(
         if differs is not None:
             raise ValueError(f"{differs} differs from this server's, and is read when libraries are imported")
     except (OSError, ValueError, TypeError) as exc:
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
-        conn.close()
+        _refuse(conn, fds, str(exc))
         return None
     try:
         pid = os.fork()
     except OSError as exc:  # out of processes or memory: the caller starts a new interpreter
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"error": f"fork failed: {exc}"}).encode() + b"\n")
-        conn.close()
+        _refuse(conn, fds, f"fork failed: {exc}")
         return None
     if pid == 0:
         selector.close()
@@ -199,6 +193,15 @@ def _fork_one(
     children[pidfd] = (pid, conn)
     selector.register(pidfd, selectors.EVENT_READ, "child")
     return None
+
+
+def _refuse(conn: socket.socket, fds: list[int], reason: str) -> None:
+    """Answers a request it will not run with ``reason`` (its caller starts a new interpreter)."""
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"error": reason}).encode() + b"\n")
+    conn.close()
 
 
 def _become(request: Request, fds: list[int], conn: socket.socket) -> None:
@@ -334,15 +337,6 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def __enter__(self) -> ForkedProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for stream in (self.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
-        self.wait()
-
 
 def _gone_returncode(pid: int) -> int | None:
     """For a child whose server died: None while it still runs, else -SIGKILL (its status is lost)."""
@@ -435,16 +429,17 @@ def spawn(
 
 
 class ForkServer:
-    """A fork server of this interpreter at ``path``, started with this process's environment (less
-    ``drop``) and stopped with :meth:`stop`. With ``wait``, returns once it serves; without, at
-    once (until it serves, :func:`spawn` fails to connect and its callers start new interpreters)."""
+    """A fork server of this interpreter, started with this process's environment and stopped with
+    :meth:`stop`. Its socket is ``path``, in a directory of its own under the temporary directory:
+    a Unix socket's path holds at most 107 bytes, which a run directory may not leave. With
+    ``wait``, returns once it serves; without, at once (until it serves, :func:`spawn` fails to
+    connect and its callers start new interpreters)."""
 
-    def __init__(self, path: Path, drop: Sequence[str] = (), wait: bool = True, ready_timeout_s: float = 120.0) -> None:
-        self.path = path
-        env = {k: v for k, v in os.environ.items() if k not in {ENV_VARIABLE, *drop}}
+    def __init__(self, wait: bool = True, ready_timeout_s: float = 120.0) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="relayrl-fs-")) / "socket"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "relayrl.forkserver", str(path)],
-            env=env,
+            [sys.executable, "-m", "relayrl.forkserver", str(self.path)],
+            env={k: v for k, v in os.environ.items() if k != ENV_VARIABLE},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -473,16 +468,12 @@ class ForkServer:
         return True
 
     def stop(self) -> None:
-        """Stops serving; children it started run on (each is stopped by whoever asked for it)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        """Stops serving and removes its socket; children it started run on (each is stopped by
+        whoever asked for it). Stopping again does nothing."""
+        from relayrl.subprocesses import stop_process
+
+        stop_process(self.process)
+        shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ runs one service's tests.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,14 +113,13 @@ def fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
     if not forkserver_usable() or all(item.get_closest_marker("unit") for item in request.session.items):
         yield
         return
-    server = ForkServer(Path(tempfile.mkdtemp(prefix="relayrl-fs-")) / "socket", wait=False)
+    server = ForkServer(wait=False)
     os.environ[FORKSERVER_VARIABLE] = str(server.path)
     try:
         yield
     finally:
         os.environ.pop(FORKSERVER_VARIABLE, None)
         server.stop()
-        server.path.parent.rmdir()
 
 
 @pytest.fixture(scope="session")

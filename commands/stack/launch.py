@@ -23,7 +23,6 @@ import logging
 import os
 import secrets
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -169,7 +168,7 @@ class LocalStack:
                 self.forkserver.wait_ready()
             except (RuntimeError, TimeoutError) as exc:
                 log.warning("components start as new interpreters: %s", exc)
-                self._stop_forkserver()
+                self.forkserver.stop()
                 self.forkserver = None
         self._start_queue_and_paramsync()
         # The trainer needs only the queue and paramsync: it loads its model while the engines load
@@ -207,14 +206,8 @@ class LocalStack:
     def _start_forkserver(self) -> None:
         if self.gpus is not None or FORKSERVER_VARIABLE in os.environ or not forkserver_usable():
             return
-        # A short path of its own: a Unix socket's path has at most 107 bytes, a run directory may not.
-        self.forkserver = ForkServer(Path(tempfile.mkdtemp(prefix="relayrl-fs-")) / "socket", wait=False)
-        self.supervisor.after_stop(self._stop_forkserver)
-
-    def _stop_forkserver(self) -> None:
-        if self.forkserver is not None:
-            self.forkserver.stop()
-            self.forkserver.path.parent.rmdir()
+        self.forkserver = ForkServer(wait=False)
+        self.supervisor.after_stop(self.forkserver.stop)
 
     def _start_redis(self) -> None:
         if self.settings.redis_url:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,10 +24,9 @@ CHILD = [sys.executable, "-m", "tests.integration.forkserver_child"]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ForkServer]:
-    running = ForkServer(Path(tempfile.mkdtemp(prefix="relayrl-fs-test-")) / "socket")
+    running = ForkServer()
     yield running
     running.stop()
-    running.path.parent.rmdir()
 
 
 def _env(server: ForkServer, **extra: str) -> dict[str, str]:
