@@ -470,9 +470,13 @@ class ForkServer:
     def stop(self) -> None:
         """Stops serving and removes its socket; children it started run on (each is stopped by
         whoever asked for it). Stopping again does nothing."""
-        from relayrl.subprocesses import stop_process
-
-        stop_process(self.process)
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
