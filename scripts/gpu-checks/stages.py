@@ -96,6 +96,14 @@ STAGES: tuple[Stage, ...] = (
         "the torch_native and triton attention backends",
         Run("torch-native-triton", (*ENGINE, "--attention", "torch_native,triton", "--no-floors"), 180),
     ),
+    # flex_attention (auto on cuda) against sdpa over the same packed rows (transformers confines sdpa
+    # to each sequence with a dense mask as long as the row squared).
+    _bench(
+        "trainer-attention",
+        "#46",
+        "attn_implementation sdpa over the packed rows",
+        Run("sdpa", (*SWITCH, "--attn-implementation", "sdpa"), 75),
+    ),
     _bench(
         "trainer-batch",
         "#46",

@@ -37,7 +37,7 @@ import json
 import random
 import shutil
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -140,9 +140,12 @@ def run_bench(
         }
         engines: dict[str, dict[str, Any]] = {}
         for backend in attention:
-            with _engine(model_dir, device, {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}) as url:
+            backend_settings = {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}
+            with _engine(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
                 figures = asyncio.run(_engine_run(url, work))
+                _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
                 figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
+                _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
             engines[figures["attention_backend"]] = figures
         best = max(engines.values(), key=lambda figures: figures["output_tokens_per_s"])
         result["engine"] = best
@@ -153,7 +156,9 @@ def run_bench(
             part = Workload(work.prompts[: floor_requests or None], work.output_lens[: floor_requests or None])
             result["floor_requests"] = len(part.prompts)
             result["hf_generate"] = _hf_generate(model_dir, device, dtype, part, hf_batch)
+            _progress(f"hf_generate: {result['hf_generate']}")
             result["generate_batch"] = _generate_batch(model_dir, device, dtype, part)
+            _progress(f"generate_batch: {result['generate_batch']}")
             for floor in ("hf_generate", "generate_batch"):
                 rate = result[floor].get("output_tokens_per_s")
                 for figures in engines.values():
@@ -169,7 +174,7 @@ def _gpu_name(device: str) -> str | None:
 
 
 @contextmanager
-def _engine(model_dir: Path, device: str, settings: dict[str, str]) -> Iterator[str]:
+def _engine(model_dir: Path, device: str, settings: dict[str, str], log: Path) -> Iterator[str]:
     from relayrl.net import free_port
     from relayrl.subprocesses import stop_process
     from services.engine.launch import launch_engine, wait_engine_healthy
@@ -183,18 +188,38 @@ def _engine(model_dir: Path, device: str, settings: dict[str, str]) -> Iterator[
     }
     if device == "cuda":
         env["RELAYRL_ENGINE_MAX_PREFILL_TOKENS"] = env.get("RELAYRL_ENGINE_MAX_PREFILL_TOKENS", "16384")
-    process = launch_engine(model_dir, port, stderr=subprocess.PIPE, settings=env)
+    # The engine's log goes to a file, not a pipe: a pipe nobody reads while the workload runs would
+    # block the engine once its buffer fills (a compiler's warnings are enough).
+    with log.open("wb") as stderr:
+        process = launch_engine(model_dir, port, stderr=stderr, settings=env)
     url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
     try:
         # CUDA graphs are captured at start: give it minutes.
         wait_engine_healthy(process, url, timeout_s=600)
+        backend = settings.get("RELAYRL_ENGINE_ATTENTION_BACKEND", "auto")
+        _progress(f"engine ({backend}) up in {time.perf_counter() - started:.1f} s")
         yield url
     except Exception:
-        if process.poll() is not None and process.stderr is not None:
-            raise RuntimeError(f"engine exited: {process.stderr.read().decode()[-2000:]}") from None
+        if process.poll() is not None:
+            raise RuntimeError(f"engine exited: {_tail(log, 2000)}") from None
+        _progress(f"the engine's log (last lines):\n{_tail(log)}")
+        raise
+    except KeyboardInterrupt:  # a budget or a hang: the engine's own account of where it was
+        _progress(f"interrupted; the engine's log (last lines):\n{_tail(log)}")
         raise
     finally:
         stop_process(process)
+
+
+def _tail(log: Path, size: int = 4000) -> str:
+    data = log.read_bytes() if log.exists() else b""
+    return data[-size:].decode(errors="replace")
+
+
+def _progress(line: str) -> None:
+    """One line on stderr per phase: a run cut short still says how far it got; stdout keeps the JSON."""
+    print(f"bench engine: {line}", file=sys.stderr, flush=True)
 
 
 async def _engine_run(url: str, work: Workload) -> dict[str, Any]:

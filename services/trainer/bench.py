@@ -66,6 +66,7 @@ class BenchConfig:
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = False
     use_torch_compile: bool = False
+    attn_implementation: str = "auto"
     single_process: bool = True  # also measure the plain model in one process
 
 
@@ -119,6 +120,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         use_remove_padding=cfg.use_remove_padding,
         enable_gradient_checkpointing=cfg.enable_gradient_checkpointing,
         use_torch_compile=cfg.use_torch_compile,
+        attn_implementation=cfg.attn_implementation,
     )
     models = build_models(settings, ctx, fsdp=fsdp)
     perf = StepPerf.of(models.actor, ctx.device, ctx.world_size, settings.mfu_peak_tflops)
@@ -150,6 +152,8 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         peak_memory = max(peak_memory, max_memory_allocated_gb(ctx.device) or 0.0)
         if ctx.device.type == "cuda":
             memory_by_step.append(torch.cuda.memory_allocated(ctx.device) / 1024**3)
+        if ctx.is_main:
+            _progress(fsdp, step, cfg.steps, sum(x.length for x in batch), trained, gathered, memory_by_step)
         if step == 0:
             continue  # warm-up: allocator, kernels, first all-gathers (and compilation)
         totals["wait_s"] += waited
@@ -165,6 +169,19 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
     result["max_memory_allocated_gb"] = peak_memory
     result["memory_allocated_gb_by_step"] = memory_by_step
     return result
+
+
+def _progress(fsdp: bool, step: int, steps: int, tokens: int, trained: float, gathered: float, memory: list) -> None:
+    """One line per step on stderr: a run cut short (a budget, a hang) still says how far it got
+    and where its time went; stdout keeps the one JSON line."""
+    what = "fsdp" if fsdp else "single"
+    label = "warm-up" if step == 0 else f"step {step}/{steps}"
+    allocated = f", allocated {memory[-1]:.2f} GiB" if memory else ""
+    print(
+        f"bench trainer: {what} {label}: {tokens} tokens, train {trained:.2f} s, gather {gathered:.2f} s{allocated}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _sync(cfg: BenchConfig) -> None:
@@ -197,9 +214,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             str(out),
         ]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # The ranks' output goes to stderr as it comes (not captured): their progress, and a
+        # traceback, stay readable when the run fails or is interrupted.
+        done = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr)
         if done.returncode != 0:
-            raise RuntimeError(f"FSDP benchmark ranks failed:\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"FSDP benchmark ranks failed (exit code {done.returncode}); their output is above")
         fsdp = json.loads(out.read_text())
         if cfg.device == "cpu":
             # The baseline gets the cores the N ranks had (one thread each), so the comparison is
@@ -221,6 +240,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "use_remove_padding": cfg.use_remove_padding,
         "enable_gradient_checkpointing": cfg.enable_gradient_checkpointing,
         "use_torch_compile": cfg.use_torch_compile,
+        "attn_implementation": cfg.attn_implementation,
         "micro_batch_tokens": cfg.micro_batch_tokens,
         "params": int(fsdp["params"]),
         "world_size": world,

@@ -96,6 +96,9 @@ def bench(
     use_remove_padding: Annotated[bool, typer.Option(help="Packed micro-batches (verl's name).")] = True,
     enable_gradient_checkpointing: Annotated[bool, typer.Option(help="verl's name.")] = False,
     use_torch_compile: Annotated[bool, typer.Option(help="verl's name: compile each decoder block.")] = False,
+    attn_implementation: Annotated[
+        str, typer.Option(help="verl's override_config.attn_implementation: auto, sdpa, flex_attention or eager.")
+    ] = "auto",
     single_process: Annotated[bool, typer.Option(help="Also measure the plain model in one process.")] = True,
 ) -> None:
     """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
@@ -112,6 +115,10 @@ def bench(
         raise typer.BadParameter(f"unknown mode {recompute_old_log_prob!r}; choose auto or always")
     if device not in BENCH_DEFAULTS:
         raise typer.BadParameter(f"unknown device {device!r}; choose cpu or cuda")
+    if attn_implementation not in ("auto", "sdpa", "flex_attention", "eager"):
+        raise typer.BadParameter(
+            f"unknown attention {attn_implementation!r}; choose auto, sdpa, flex_attention or eager"
+        )
     from relayrl.devices import available_device
 
     try:
@@ -142,6 +149,7 @@ def bench(
             use_remove_padding=use_remove_padding,
             enable_gradient_checkpointing=enable_gradient_checkpointing,
             use_torch_compile=use_torch_compile,
+            attn_implementation=attn_implementation,
             single_process=single_process,
             **shape,
         )

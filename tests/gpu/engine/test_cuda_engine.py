@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,11 +47,22 @@ class CudaEngine:
     def __init__(self, model_dir: Path, **settings: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = launch_engine(model_dir, self.port, stderr=subprocess.PIPE, settings={**SETTINGS, **settings})
-        wait_engine_healthy(self.process, self.url, timeout_s=300)
+        # A file, not a pipe: nobody reads the engine's log while it serves, and a full pipe would block it.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the engine runs; closed by stop)
+        self.process = launch_engine(model_dir, self.port, stderr=self.log, settings={**SETTINGS, **settings})
+        try:
+            wait_engine_healthy(self.process, self.url, timeout_s=300)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         stop_process(self.process)
+        self.log.seek(0)
+        tail = self.log.read()[-3000:].decode(errors="replace")
+        self.log.close()
+        if tail:
+            print(f"the engine's log (last lines):\n{tail}")
 
 
 @pytest.fixture(scope="module")
