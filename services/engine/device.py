@@ -110,8 +110,11 @@ class CudaGraphDecode:
         self.replays += 1
         return logits[:batch].clone()
 
+    @torch.inference_mode()
     def capture_all(self, runner: ModelRunner) -> None:
         """Captures every batch size now (at start), largest first so smaller graphs reuse its memory.
+        Under inference mode, as decode runs: a kernel compiled under another grad mode would be
+        compiled again at the first request.
 
         A capture that fails (an operation CUDA graphs cannot hold, in some torch or transformers
         version) leaves the engine serving eagerly rather than not at all; the log says why.
@@ -217,3 +220,11 @@ def cache_tokens(free: int, total: int, mem_fraction_static: float, bytes_per_to
             ],
         )
     return tokens
+
+
+def compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has built in this process (torch's own count). A count that grows
+    while serving means requests waited on a compilation that the start-up warm-up did not do."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.attention import AttentionBackend, PagedPass, PassInputs, backend_named, pad_tables, register
+from services.engine.attention import (
+    Q_BLOCK,
+    AttentionBackend,
+    PagedPass,
+    PassInputs,
+    backend_named,
+    pad_tables,
+    register,
+)
 from services.engine.device import DecodeRunner, EagerDecode
 from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool, KVLayout, OutOfBlocks, PagedKV, Slot
 from services.engine.lora import LoraAdapter, LoraSet
@@ -145,6 +153,28 @@ class ModelRunner:
         self.counts.decode += 1
         self.counts.max_decode_batch = max(self.counts.max_decode_batch, len(slots))
         return logits
+
+    @torch.inference_mode()
+    def warm_up(self, context_length: int) -> int:
+        """Runs one pass of each shape class a request can bring, before any request does, and
+        returns how many: a kernel that compiles at first use (``flex_attention`` under
+        ``torch.compile``, Triton's) then takes its general form at start instead of stalling the
+        first requests. ``torch.compile`` specialises sizes 1, so the classes are one row and
+        several, by a query of one token, of a few, and of more than one flex_attention query
+        block. Nothing stays behind: the rows are released, no counter or cache sees them.
+        """
+        lengths = sorted({1, 2, min(Q_BLOCK + 1, context_length - 1)})
+        passes = 0
+        for rows in (1, 2):
+            for length in lengths:
+                slots = [self.kv.add() for _ in range(rows)]
+                try:
+                    self._forward(slots, [[0] * length] * rows, [None] * rows)
+                finally:
+                    for slot in slots:
+                        self.kv.release(slot)
+                passes += 1
+        return passes
 
     def remember(self, slot: Slot, ids: Sequence[int], adapter: LoraAdapter | None) -> bool:
         """Keeps a finishing sequence's keys and values for prompts that continue it; ``ids`` are

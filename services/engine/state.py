@@ -15,7 +15,7 @@ import torch
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from services.engine.config import EngineSettings
-from services.engine.device import CudaGraphDecode, decode_runner, kv_pool_for
+from services.engine.device import CudaGraphDecode, compiled_graphs, decode_runner, kv_pool_for
 from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
@@ -131,6 +131,9 @@ class EngineState:
             attention=settings.resolved_attention_backend(),
             decoder=decoder,
         )
+        started = time.perf_counter()
+        passes = runner.warm_up(self.context_length)
+        log.info("warmed up %d pass shapes in %.1f s", passes, time.perf_counter() - started)
         if isinstance(decoder, CudaGraphDecode):
             decoder.capture_all(runner)
         return runner
@@ -270,6 +273,7 @@ class EngineState:
             "kv_peak_used_blocks": self.runner.pool.peak_used,
             "cuda_graph_batch_sizes": sorted(decoder.graphs) if isinstance(decoder, CudaGraphDecode) else [],
             "cuda_graph_replays": decoder.replays if isinstance(decoder, CudaGraphDecode) else 0,
+            "compiled_graphs": compiled_graphs(),
             "peak_device_memory_bytes": (
                 torch.cuda.max_memory_reserved(self.device) if self.device.type == "cuda" else None
             ),

@@ -204,3 +204,20 @@ def test_a_forked_row_continues_as_its_original(model: torch.nn.Module, attentio
     # Eight prompt tokens are two whole 4-token blocks, which the fork shares rather than copies.
     first, second = (slot.blocks for slot in running.slots)
     assert first[:2] == second[:2] and first[2:] != second[2:]
+
+
+def test_the_start_up_warm_up_leaves_no_row_block_count_or_cached_prefix_and_changes_no_answer(
+    model: torch.nn.Module, attention: str
+) -> None:
+    runner = runner_of(model, attention, cache_bytes=1 << 20)
+    prompt = [5, 9, 2, 7, 7, 3]
+
+    # Six shape classes: one row and two, by queries of 1, 2 and more than one flex query block.
+    assert runner.warm_up(context_length=512) == 6
+
+    assert runner.pool.used_blocks == 0 and len(runner.kv) == 0
+    assert runner.counts.total == 0 and runner.counts.prefill_tokens == 0
+    assert runner.prefixes.lookup(prompt, None) is None
+    prefilled = runner.prefill([prompt])
+    torch.testing.assert_close(prefilled[0].logits, lone_logits(model, prompt), rtol=1e-5, atol=1e-5)
+    assert prefilled[0].cached_tokens == 0
