@@ -7,7 +7,8 @@ behind SGLang's native API, on the ``small`` preset:
   flattened bucket per handle, sent from this process as a trainer on the same GPU) and from
   host buffers (``update_weights_from_disk``), the next tokens are exactly those of an engine
   started on the new weights;
-- abort and pause under load leave no KV block held once the prefix cache is flushed.
+- abort and pause under load leave no KV block held once the prefix cache is flushed;
+- requests of every shape class compile nothing that the engine's start did not.
 
 Run with ``make test-gpu`` (or ``scripts/gpu-checks/engine.sh``); skipped without a GPU.
 """
@@ -40,6 +41,9 @@ SETTINGS = {
     "RELAYRL_ENGINE_DEVICE": "cuda",
     "RELAYRL_ENGINE_DTYPE": "float32",
     "RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS": "16",
+    # A cache of its own size (1.5 GiB for `small`), not mem_fraction_static's share of the card: a
+    # test runs a second engine beside the module's, which would find no room left for its cache.
+    "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": "262144",
 }
 
 
@@ -129,6 +133,20 @@ def flattened_bucket_on_gpu(model_dir: Path) -> dict[str, object]:
     return flattened_bucket({name: t.to("cuda") for name, t in load_file(str(model_dir / "model.safetensors")).items()})
 
 
+async def test_serving_compiles_nothing_that_the_start_did_not(engine: CudaEngine) -> None:
+    before = (await model_info(engine.url))["compiled_graphs"]
+    long_prompt = [(7 * t) % 250 + 3 for t in range(300)]  # several flex query blocks
+    async with http_client.async_client(base_url=engine.url, timeout=120) as http:
+        # One row and many; short prompts and long; decode batches inside the graphs' sizes and past them.
+        for prompts in ([PROMPTS[0]], [long_prompt], PROMPTS, [long_prompt, *PROMPTS], PROMPTS * 4):
+            body = {"input_ids": prompts, "sampling_params": GREEDY}
+            assert (await http.post("/generate", json=body)).status_code == 200
+
+    info = await model_info(engine.url)
+    assert before > 0 and info["compiled_graphs"] == before
+    assert info["max_decode_batch_size"] > int(SETTINGS["RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS"])
+
+
 async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_new_weights(
     engine: CudaEngine, small_dir: Path, new_dir: Path, tmp_path: Path
 ) -> None:
@@ -200,9 +218,9 @@ async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: CudaEng
 
 def test_a_memory_fraction_with_no_room_for_the_kv_cache_stops_at_start_naming_it(small_dir: Path) -> None:
     port = free_port()
-    process = launch_engine(
-        small_dir, port, stderr=subprocess.PIPE, settings={**SETTINGS, "RELAYRL_ENGINE_MEM_FRACTION_STATIC": "0.001"}
-    )
+    # The cache sized by the fraction (max_total_tokens 0), as a user's engine sizes it.
+    fraction = {"RELAYRL_ENGINE_MAX_TOTAL_TOKENS": "0", "RELAYRL_ENGINE_MEM_FRACTION_STATIC": "0.001"}
+    process = launch_engine(small_dir, port, stderr=subprocess.PIPE, settings={**SETTINGS, **fraction})
     _, stderr = process.communicate(timeout=300)
 
     assert process.returncode == 2

@@ -33,6 +33,9 @@ SETTINGS = {
     "RELAYRL_ENGINE_DEVICE": "cuda",
     "RELAYRL_ENGINE_DTYPE": "float32",
     "RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS": "16",
+    # A cache of its own size (1.5 GiB for `small`), not mem_fraction_static's share of the card: a
+    # test runs a second engine beside the module's, which would find no room left for its cache.
+    "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": "262144",
 }
 
 
