@@ -52,6 +52,11 @@ def prepare_model(model: nn.Module, options: ModelOptions) -> nn.Module:
             hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if options.compile or options.attn_implementation == "flex_attention":
+        # Packed micro-batches differ in length at every step: compiled graphs (transformers compiles
+        # flex_attention and its block mask) take the length as a symbol from their first compile,
+        # instead of a first graph for one length and a second, general one at the next step.
+        torch._dynamo.config.assume_static_by_default = False
     if options.compile:
         for layer in _decoder_layers(model):
             layer.compile()

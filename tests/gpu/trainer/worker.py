@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 from services.trainer import checkpoint as ckpt
 from services.trainer import distributed as D
@@ -100,7 +101,7 @@ def memory(out: str, model_dir: str, steps: str) -> dict[str, Any]:
     gather = publish_gather(s, ctx.device)
     shape = BenchConfig(preset="base", workload="realistic", batch_groups=4, n_samples=8, prompt_len=128)
     shape = replace(shape, response_len=2048)
-    allocated, losses = [], []
+    allocated, losses, graphs = [], [], []
     torch.cuda.reset_peak_memory_stats()
     for n in range(int(steps)):
         metrics = train_step(models, make_batch(shape, n, 50000), s, pad_id=0)
@@ -108,7 +109,8 @@ def memory(out: str, model_dir: str, steps: str) -> dict[str, Any]:
         torch.cuda.synchronize()
         allocated.append(torch.cuda.memory_allocated())
         losses.append(metrics["actor/pg_loss"])
-    return {"allocated": allocated, "peak": torch.cuda.max_memory_allocated(), "losses": losses}
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+    return {"allocated": allocated, "peak": torch.cuda.max_memory_allocated(), "losses": losses, "graphs": graphs}
 
 
 def switches(out: str, model_dir: str) -> dict[str, Any]:
