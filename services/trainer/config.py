@@ -219,8 +219,8 @@ class TrainerSettings(ServiceSettings):
     )
     use_torch_compile: bool = Field(
         False,
-        description="verl's name: compile each decoder block with torch.compile (inductor). The first steps pay the"
-        " compilation; worth it on GPUs, rarely on CPUs.",
+        description="verl's name: compile each decoder block with torch.compile (inductor). The trainer compiles at"
+        " start, while the rollout generates the first batch; worth it on GPUs, rarely on CPUs.",
     )
     mfu_peak_tflops: float | None = Field(
         None,

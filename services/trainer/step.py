@@ -344,6 +344,51 @@ def update_critic(
     sums.values["critic/grad_norm"] += norm / world if ok else 0.0
 
 
+# Response lengths of the warm-up's made-up samples: short, and longer than a flex_attention block
+# (128 tokens), so packed rows hold several sequences of both kinds.
+WARM_UP_RESPONSES = (24, 300)
+
+
+def compiles(s: TrainerSettings) -> bool:
+    """Whether the models compile kernels at their first passes (flex_attention, use_torch_compile)."""
+    return s.use_torch_compile or s.resolved_attn_implementation == "flex_attention"
+
+
+def warm_up(models: Models, s: TrainerSettings, pad_id: int) -> bool:
+    """Runs the passes of a step once on made-up samples, without an update, when the models compile
+    (:func:`compiles`): the no-grad forward (proximal, reference, old values) and the forward and
+    backward of the actor and critic, so that their graphs are built at start, while the rollout
+    generates the first batch, and not inside the first steps. Every rank must call it (FSDP's
+    collectives). The gradients are dropped; weights, optimizer state and random state are as
+    before. Returns whether it ran."""
+    if not compiles(s):
+        return False
+    responses = [WARM_UP_RESPONSES[i % 2] for i in range(2 * D.world_size())]
+    samples = [TrainSample(i, [1] * 8, [1] * n, [0.0] * n, [0.0] * n, 0.0, 0) for i, n in enumerate(responses)]
+    plan = plan_mini_batch(samples, list(range(len(samples))), s, pad_id)
+    micro = plan.micro + ([dummy_micro_batch(pad_id)] if D.world_size() > 1 else [])
+    device = next(models.actor.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.no_grad():
+            for mb in micro:
+                policy_forward(models.actor, mb, s.temperature, False)
+                if models.ref is not None:
+                    policy_forward(models.ref, mb, s.temperature, False)
+                if models.critic is not None:
+                    value_forward(models.critic, mb)
+        models.actor.train()
+        for mb in micro:
+            out = policy_forward(models.actor, mb, s.temperature, with_entropy=True)
+            assert out.entropy_BT is not None
+            (out.logp_BT.sum() + out.entropy_BT.sum()).mul(0.0).backward()
+            if models.critic is not None:
+                value_forward(models.critic, mb).sum().mul(0.0).backward()
+    models.actor_opt.zero_grad(set_to_none=True)
+    if models.critic_opt is not None:
+        models.critic_opt.zero_grad(set_to_none=True)
+    return True
+
+
 def train_step(models: Models, samples: list[TrainSample], s: TrainerSettings, pad_id: int) -> dict[str, float]:
     """Trains on ``samples`` (the whole batch, identical on every rank); returns verl-named metrics.
 

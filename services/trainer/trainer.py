@@ -42,7 +42,7 @@ from services.trainer.staging import host_staging
 from services.trainer.staleness_control import StalenessController, StalenessRule, StepMeasure
 from services.trainer.state import TrainerState
 from services.trainer.status import TrainerStatus
-from services.trainer.step import Models, train_step
+from services.trainer.step import Models, train_step, warm_up
 from services.trainer.telemetry import Telemetry
 from services.trainer.trajectory_log import LOG_DIR, TrajectoryLog
 
@@ -245,6 +245,10 @@ class Trainer:
         if self.state.version > 0:
             self.publish()  # replicas must hold the version we train from (v0 is the model directory)
         self.control.ready.set()
+        started = time.perf_counter()
+        if warm_up(self.models, self.s, self.pad_id):
+            # After ready: the rollout generates the first batch meanwhile.
+            log.info("compiled a step's passes in %.1f s, before the first batch", time.perf_counter() - started)
         if self.s.val_before_train and self.state.step == 0:
             self.validate_before_training()
         while self.state.step < self.s.total_steps:

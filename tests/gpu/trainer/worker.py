@@ -34,7 +34,7 @@ from services.trainer.bench import BenchConfig, make_batch
 from services.trainer.config import TrainerSettings
 from services.trainer.gather import BucketGather
 from services.trainer.staging import host_staging
-from services.trainer.step import train_step
+from services.trainer.step import train_step, warm_up
 from services.trainer.trainer import build_models, gather_weights, publish_gather, stream_weights
 from tests.integration.trainer.fsdp_worker import batch
 
@@ -101,7 +101,9 @@ def memory(out: str, model_dir: str, steps: str) -> dict[str, Any]:
     gather = publish_gather(s, ctx.device)
     shape = BenchConfig(preset="base", workload="realistic", batch_groups=4, n_samples=8, prompt_len=128)
     shape = replace(shape, response_len=2048)
-    allocated, losses, graphs = [], [], []
+    allocated, losses = [], []
+    assert warm_up(models, s, pad_id=0)  # as the trainer does at start
+    graphs = [int(counters["stats"]["unique_graphs"])]
     torch.cuda.reset_peak_memory_stats()
     for n in range(int(steps)):
         metrics = train_step(models, make_batch(shape, n, 50000), s, pad_id=0)
