@@ -371,7 +371,17 @@ def _host(python: str) -> dict[str, object]:
         "torch": torch_v or None,
         "transformers": transformers_v or None,
         "cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
     }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model as /proc/cpuinfo names it (a figure's machine names its CPU)."""
+    try:
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return None
+    return found[1].strip() if found else None
 
 
 def _tail(path: Path, lines: int) -> str:
