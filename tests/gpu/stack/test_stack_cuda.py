@@ -30,6 +30,8 @@ GPU_CONFIG = REPO / "commands" / "stack" / "configs" / "long_add_gpu.yaml"
 STEPS = 4
 
 
+# up's own time limit, not pytest's 300 s: cold imports, the engine's graphs and the trainer's compile come first.
+@pytest.mark.timeout(960)
 def test_up_runs_the_gpu_example_for_a_few_steps_on_one_gpu(tmp_path: Path) -> None:
     config = yaml.safe_load(GPU_CONFIG.read_text())
     config["stack"] |= {"runs_dir": str(tmp_path / "runs"), "run_id": "gpu", "gpus": [int(visible_gpus()[0])]}

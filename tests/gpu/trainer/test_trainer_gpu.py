@@ -87,6 +87,8 @@ def test_a_checkpoint_on_cuda_resumes_bit_for_bit(tiny_model_dir, tmp_path):
         assert torch.equal(resumed["weights"][name], w), name
 
 
+# The job's own time limit, not pytest's default 300 s (a first compile on a cold host takes minutes).
+@pytest.mark.timeout(660)
 def test_base_trains_twenty_steps_with_allocated_memory_flat_after_the_second_and_nothing_compiled_after_the_warm_up(
     tmp_path,
 ):
@@ -107,6 +109,8 @@ def test_base_trains_twenty_steps_with_allocated_memory_flat_after_the_second_an
     assert set(seen["graphs"]) == {seen["graphs"][0]}, seen["graphs"]
 
 
+# The job's own time limit, not pytest's default 300 s (a first compile on a cold host takes minutes).
+@pytest.mark.timeout(660)
 def test_the_switches_change_no_loss_on_cuda(tiny_model_dir, tmp_path):
     runs = _run(tmp_path, "switches", "switches", str(tiny_model_dir), timeout_s=600)
     eager = runs["eager"]
