@@ -19,6 +19,7 @@ instead of failing.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -53,6 +54,8 @@ TRAINER = ("bench", "trainer", "--device", "cuda", "--preset", "base", "--worklo
 SWITCH = (*TRAINER, "--no-single-process", "--steps", "3")
 ENGINE = ("bench", "engine", "--device", "cuda", "--preset", "base", "--json")
 E2E = ("bench", "e2e", "--workload", "realistic", "--json")
+# Where a stage keeps what its later runs read (the learning stage's models): the session's work folder.
+WORK = os.environ.get("GPU_CHECKS_WORK", "/tmp/relayrl-gpu-checks")
 
 STAGES: tuple[Stage, ...] = (
     Stage("install", "#50", "install", 150, "scripts/install-offline.sh from the bundle, torch unchanged"),
@@ -116,6 +119,33 @@ STAGES: tuple[Stage, ...] = (
         "use_remove_padding off; ppo_max_token_len_per_gpu 32768",
         Run("padded", (*SWITCH, "--no-use-remove-padding"), 120),
         Run("32k", (*SWITCH, "--micro-batch-tokens", "32768"), 120),
+    ),
+    # The reasoning recipe on one GPU, as long_add_gpu.yaml's header runs it, against the CPU run's
+    # figures (docs/benchmarks/learning-long-add.json: 100 steps in about 530 s, val threshold 0.9).
+    _bench(
+        "learning-cuda",
+        "#50",
+        "the reasoning recipe (long_add, small) on the GPU: steps and wall time to the validation threshold",
+        Run("init", ("model", "init-tiny", f"{WORK}/small", "--preset", "small"), 30),
+        Run(
+            "sft",
+            (
+                *("sft", "--device", "cuda", "--model", f"{WORK}/small", "--data", "builtin:long_add"),
+                *("--difficulty", "2", "--size", "4800", "--train-batch-size", "32"),
+                *("--total-training-steps", "150", "--lr", "1e-3", "--out", f"{WORK}/long_add_sft"),
+            ),
+            150,
+        ),
+        # The bench's own limit ends the run inside the budget, so it still prints its JSON line.
+        Run(
+            "learning",
+            (
+                *("bench", "learning", "--config", "commands/stack/configs/long_add_gpu.yaml"),
+                *("--model-dir", f"{WORK}/long_add_sft", "--seeds", "1", "--val-threshold", "0.9"),
+                *("--out", f"{WORK}/learning", "--timeout-s", "330", "--json"),
+            ),
+            360,
+        ),
     ),
     # stack.cpus is auto by default: half the cores to the engine, half to the trainer.
     _bench(
