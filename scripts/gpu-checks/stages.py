@@ -75,7 +75,9 @@ STAGES: tuple[Stage, ...] = (
         Run(
             "realistic-base",
             ("bench", "e2e", "--device", "cuda", "--workload", "realistic", "--preset", "base", "--json"),
-            240,
+            # Three stacks one after another (alone, sync, async), each starting an engine and a trainer
+            # that compile: a call of its own.
+            480,
         ),
     ),
     _bench(
