@@ -174,6 +174,11 @@ class Session:
             record["relayrl_version"] = self.output([str(self.venv / "bin/relayrl"), "--version"], checkout=False)
             record["redis_server"] = self.output([str(self.venv / "bin/redis-server"), "--version"])
             record["installed"] = _installed(venv_python)
+            # Importing torch and transformers again, after the host's first import: whether the
+            # seconds a fresh process spends there are a cold disk's (once) or every process's.
+            started = time.monotonic()
+            self.output([venv_python, "-c", "import torch, transformers"])
+            record["import_s"] = round(time.monotonic() - started, 1)
             if not record["torch_unchanged"] or not record["relayrl_version"]:
                 outcome.status = "failed"
         _write_json(self.out / "install.json", record)
@@ -364,7 +369,10 @@ def _host(python: str) -> dict[str, object]:
             return ""
 
     versions = "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    started = time.monotonic()
     torch_v, _, transformers_v = out([python, "-c", versions]).partition(" ")
+    # The session's first import of both, from a cold disk; install.json's import_s repeats it.
+    import_s = round(time.monotonic() - started, 1)
     return {
         "gpu": out(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]) or None,
         "python": sys.version.split()[0],
@@ -372,6 +380,7 @@ def _host(python: str) -> dict[str, object]:
         "transformers": transformers_v or None,
         "cpus": len(os.sched_getaffinity(0)),
         "cpu_model": _cpu_model(),
+        "import_s": import_s,
     }
 
 
