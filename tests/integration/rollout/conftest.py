@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from relayrl.net import free_port
-from relayrl.subprocesses import ProcessExited, stop_process
+from relayrl.subprocesses import Process, ProcessExited, stop_process
 from services.engine.launch import launch_engine, wait_engine_healthy
 
 HERE = Path(__file__).parent
@@ -21,26 +21,37 @@ REPO = HERE.parents[2]
 
 @dataclass
 class EngineProcess:
-    """``relayrl engine serve`` in a subprocess on a free port."""
+    """``relayrl engine serve`` in a subprocess on a free port; ``settings`` adds ``RELAYRL_ENGINE_*``
+    variables (the CUDA engine's, in tests/gpu)."""
 
     model_dir: Path
     port: int
-    process: subprocess.Popen[bytes] | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    process: Process | None = None
+    log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> EngineProcess:
-        self.process = launch_engine(self.model_dir, self.port, stderr=subprocess.PIPE, cwd=REPO)
+        # A file, not a pipe: nobody reads the engine's log while it serves, and a full pipe blocks it.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open while the engine runs; closed by stop)
+        self.process = launch_engine(self.model_dir, self.port, stderr=self.log, cwd=REPO, settings=self.settings)
         try:
             wait_engine_healthy(self.process, self.url, timeout_s)
         except ProcessExited as exc:
-            raise RuntimeError(f"engine exited: {self.process.stderr.read().decode()[-2000:]}") from exc  # type: ignore[union-attr]
+            raise RuntimeError(f"engine exited: {self.log_tail()}") from exc
         except TimeoutError:
             self.stop()
             raise
         return self
+
+    def log_tail(self, size: int = 2000) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read()[-size:].decode(errors="replace")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -50,8 +61,9 @@ class EngineProcess:
     def stop(self) -> None:
         if self.process is not None:
             stop_process(self.process)
-        if self.process is not None and self.process.stderr is not None:
-            self.process.stderr.close()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 @pytest.fixture(scope="session")
