@@ -20,7 +20,7 @@ import pytest
 
 from relayrl.net import free_port
 from tests.integration.rollout import test_engine as contract
-from tests.integration.rollout.conftest import EngineProcess
+from tests.integration.rollout.conftest import EngineProcess, engines_started
 
 pytestmark = pytest.mark.gpu
 
@@ -48,16 +48,8 @@ def engine(tiny_model_dir: Path) -> Iterator[EngineProcess]:
 
 @pytest.fixture
 def start_engine(tiny_model_dir: Path) -> Iterator[Callable[..., EngineProcess]]:
-    started: list[EngineProcess] = []
-
-    def start(port: int | None = None) -> EngineProcess:
-        proc = EngineProcess(tiny_model_dir, port or free_port(), settings=CUDA).start(timeout_s=300)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
+    with engines_started(tiny_model_dir, CUDA, timeout_s=300) as start:
+        yield start
 
 
 def test_the_contract_runs_on_the_cuda_engine(engine: EngineProcess) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -78,19 +79,30 @@ def engine(tiny_model_dir: Path) -> Iterator[EngineProcess]:
     proc.stop()
 
 
-@pytest.fixture
-def start_engine(tiny_model_dir: Path) -> Iterator[Callable[..., EngineProcess]]:
-    """Starts private engine processes (for tests that kill one); stops them afterwards."""
+@contextmanager
+def engines_started(
+    model_dir: Path, settings: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> Iterator[Callable[..., EngineProcess]]:
+    """A function that starts private engine processes of ``model_dir``; stops them all at the end."""
     started: list[EngineProcess] = []
 
     def start(port: int | None = None) -> EngineProcess:
-        proc = EngineProcess(tiny_model_dir, port or free_port()).start()
+        proc = EngineProcess(model_dir, port or free_port(), settings or {}).start(timeout_s)
         started.append(proc)
         return proc
 
-    yield start
-    for proc in started:
-        proc.stop()
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stop()
+
+
+@pytest.fixture
+def start_engine(tiny_model_dir: Path) -> Iterator[Callable[..., EngineProcess]]:
+    """Starts private engine processes (for tests that kill one); stops them afterwards."""
+    with engines_started(tiny_model_dir) as start:
+        yield start
 
 
 def perturbed_weights(model_dir: Path, out_dir: Path, scale: float = 1.5) -> Path:
