@@ -20,7 +20,9 @@ layer) and attends with it per layer:
   from CUDA graphs. CUDA only (on CPU Triton runs only in its interpreter, which the tests use).
 
 A backend that can be captured in a CUDA graph says so (``graphable``): its decode plan reads
-nothing back to the host and keeps its shapes from step to step.
+nothing back to the host and keeps its shapes from step to step. One whose kernels are built at
+their first use (``torch.compile``, Triton's JIT) says so too (``compiles``): the engine then runs
+:meth:`~services.engine.model_runner.ModelRunner.warm_up` at start.
 
 A token at position ``p`` of a row sees the row's tokens ``[0, p]``; padding tokens of a batched
 pass sit at position 0 and write to the pool's scratch block.
@@ -59,6 +61,7 @@ class PassInputs:
 class AttentionBackend(Protocol):
     name: str
     graphable: bool
+    compiles: bool
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> Any: ...
 
@@ -73,6 +76,7 @@ class GatherSDPA:
     name = "torch_native"
     # The gather's width is the longest row of the step, read back to the host.
     graphable = False
+    compiles = False
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> tuple[torch.Tensor, torch.Tensor]:
         width = int(inputs.lengths_B.max())
@@ -102,6 +106,7 @@ class FlexPaged:
     def __init__(self, compiled: bool) -> None:
         from torch.nn.attention.flex_attention import flex_attention
 
+        self.compiles = compiled
         self._flex = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> Any:
@@ -164,6 +169,7 @@ class TritonPaged:
 
     name = "triton"
     graphable = True
+    compiles = True
 
     def __init__(self) -> None:
         from services.engine import triton_attention

@@ -131,9 +131,10 @@ class EngineState:
             attention=settings.resolved_attention_backend(),
             decoder=decoder,
         )
-        started = time.perf_counter()
-        passes = runner.warm_up(self.context_length)
-        log.info("warmed up %d pass shapes in %.1f s", passes, time.perf_counter() - started)
+        if runner.attention.compiles:
+            started = time.perf_counter()
+            passes = runner.warm_up(self.context_length)
+            log.info("warmed up %d pass shapes in %.1f s", passes, time.perf_counter() - started)
         if isinstance(decoder, CudaGraphDecode):
             decoder.capture_all(runner)
         return runner
