@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from services.trainer.batching import MicroBatch, gather_response
-from services.trainer.config import LrSchedulerType
+from services.trainer.config import LrSchedulerType, TrainerSettings
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -37,6 +37,16 @@ class ModelOptions:
     gradient_checkpointing: bool = False
     compile: bool = False
 
+    @classmethod
+    def of(cls, s: TrainerSettings) -> ModelOptions:
+        return cls(s.resolved_attn_implementation, s.enable_gradient_checkpointing, s.use_torch_compile)
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the model builds kernels at its first passes: its blocks compiled, or
+        flex_attention, which transformers compiles with its block mask."""
+        return self.compile or self.attn_implementation == "flex_attention"
+
 
 def prepare_model(model: nn.Module, options: ModelOptions) -> nn.Module:
     """Gradient checkpointing and compilation of each decoder block, before FSDP wraps them.
@@ -52,7 +62,7 @@ def prepare_model(model: nn.Module, options: ModelOptions) -> nn.Module:
             hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if options.compile or options.attn_implementation == "flex_attention":
+    if options.compiles:
         # Packed micro-batches differ in length at every step: compiled graphs (transformers compiles
         # flex_attention and its block mask) take the length as a symbol from their first compile,
         # instead of a first graph for one length and a second, general one at the next step.

@@ -37,7 +37,7 @@ from services.trainer.losses import (
     policy_loss,
     value_loss,
 )
-from services.trainer.model import clip_and_step, policy_forward, value_forward
+from services.trainer.model import ModelOptions, clip_and_step, policy_forward, value_forward
 from services.trainer.perf import synchronize
 
 
@@ -351,7 +351,7 @@ WARM_UP_RESPONSES = (24, 300)
 
 def compiles(s: TrainerSettings) -> bool:
     """Whether the models compile kernels at their first passes (flex_attention, use_torch_compile)."""
-    return s.use_torch_compile or s.resolved_attn_implementation == "flex_attention"
+    return ModelOptions.of(s).compiles
 
 
 def warm_up(models: Models, s: TrainerSettings, pad_id: int) -> bool:

@@ -67,7 +67,7 @@ class StepPlan:
 
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
     torch.manual_seed(s.seed)
-    options = ModelOptions(s.resolved_attn_implementation, s.enable_gradient_checkpointing, s.use_torch_compile)
+    options = ModelOptions.of(s)
 
     def wrap(m: torch.nn.Module) -> torch.nn.Module:
         m = prepare_model(m, options)
