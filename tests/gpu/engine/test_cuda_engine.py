@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +26,9 @@ import torch
 
 from relayrl import http_client
 from relayrl.net import free_port
-from relayrl.subprocesses import stop_process
-from services.engine.launch import launch_engine, wait_engine_healthy
+from services.engine.launch import launch_engine
 from services.engine.tensor_updates import flattened_bucket, serialize
+from tests.integration.rollout.conftest import EngineProcess
 
 pytestmark = pytest.mark.gpu
 
@@ -47,26 +46,9 @@ SETTINGS = {
 }
 
 
-class CudaEngine:
-    def __init__(self, model_dir: Path, **settings: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # A file, not a pipe: nobody reads the engine's log while it serves, and a full pipe would block it.
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the engine runs; closed by stop)
-        self.process = launch_engine(model_dir, self.port, stderr=self.log, settings={**SETTINGS, **settings})
-        try:
-            wait_engine_healthy(self.process, self.url, timeout_s=300)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.log.seek(0)
-        tail = self.log.read()[-3000:].decode(errors="replace")
-        self.log.close()
-        if tail:
-            print(f"the engine's log (last lines):\n{tail}")
+def cuda_engine(model_dir: Path, **settings: str) -> EngineProcess:
+    """An engine process of ``model_dir`` on the GPU, with these tests' settings and ``settings``."""
+    return EngineProcess(model_dir, free_port(), {**SETTINGS, **settings}).start(timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +68,8 @@ def new_dir(small_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(small_dir: Path) -> Iterator[CudaEngine]:
-    running = CudaEngine(small_dir)
+def engine(small_dir: Path) -> Iterator[EngineProcess]:
+    running = cuda_engine(small_dir)
     yield running
     running.stop()
 
@@ -118,7 +100,7 @@ async def model_info(url: str) -> dict:
         return (await http.get("/get_model_info")).json()
 
 
-async def test_greedy_output_equals_hf_generate_with_cuda_graphs(engine: CudaEngine, small_dir: Path) -> None:
+async def test_greedy_output_equals_hf_generate_with_cuda_graphs(engine: EngineProcess, small_dir: Path) -> None:
     got = await greedy(engine.url)
     info = await model_info(engine.url)
 
@@ -133,7 +115,7 @@ def flattened_bucket_on_gpu(model_dir: Path) -> dict[str, object]:
     return flattened_bucket({name: t.to("cuda") for name, t in load_file(str(model_dir / "model.safetensors")).items()})
 
 
-async def test_serving_compiles_nothing_that_the_start_did_not(engine: CudaEngine) -> None:
+async def test_serving_compiles_nothing_that_the_start_did_not(engine: EngineProcess) -> None:
     before = (await model_info(engine.url))["compiled_graphs"]
     long_prompt = [(7 * t) % 250 + 3 for t in range(300)]  # several flex query blocks
     async with http_client.async_client(base_url=engine.url, timeout=120) as http:
@@ -148,9 +130,9 @@ async def test_serving_compiles_nothing_that_the_start_did_not(engine: CudaEngin
 
 
 async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_new_weights(
-    engine: CudaEngine, small_dir: Path, new_dir: Path, tmp_path: Path
+    engine: EngineProcess, small_dir: Path, new_dir: Path, tmp_path: Path
 ) -> None:
-    reference = CudaEngine(new_dir)
+    reference = cuda_engine(new_dir)
     try:
         expected = await greedy(reference.url)
     finally:
@@ -187,7 +169,7 @@ async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_n
 
 
 @pytest.mark.parametrize("mode", ["abort", "retract"])
-async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: CudaEngine, mode: str) -> None:
+async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: EngineProcess, mode: str) -> None:
     params = {"temperature": 1.0, "max_new_tokens": 2000, "ignore_eos": True}
     async with http_client.async_client(base_url=engine.url, timeout=300) as http:
         load = [

@@ -53,9 +53,9 @@ def json_line(stdout: str) -> dict:
 
 
 async def test_the_triton_backend_greedy_output_equals_hf_generate_with_cuda_graphs(small_dir: Path) -> None:
-    from tests.gpu.engine.test_cuda_engine import CudaEngine, greedy, hf_greedy, model_info
+    from tests.gpu.engine.test_cuda_engine import cuda_engine, greedy, hf_greedy, model_info
 
-    engine = CudaEngine(small_dir, RELAYRL_ENGINE_ATTENTION_BACKEND="triton")
+    engine = cuda_engine(small_dir, RELAYRL_ENGINE_ATTENTION_BACKEND="triton")
     try:
         got = await greedy(engine.url)
         info = await model_info(engine.url)

@@ -63,6 +63,9 @@ class EngineProcess:
         if self.process is not None:
             stop_process(self.process)
         if self.log is not None:
+            # Shown with a failing test's captured output: the engine's own account.
+            if tail := self.log_tail(3000):
+                print(f"the engine's log (last lines):\n{tail}")
             self.log.close()
             self.log = None
 
