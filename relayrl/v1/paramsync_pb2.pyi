@@ -21,20 +21,32 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "created_at_unix_s", "trainer_step")
+    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "created_at_unix_s", "trainer_step", "handles")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     checksum_algorithm: str
     created_at_unix_s: float
     trainer_step: int
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., trainer_step: _Optional[int] = ...) -> None: ...
+    handles: WeightHandles
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., trainer_step: _Optional[int] = ..., handles: _Optional[_Union[WeightHandles, _Mapping]] = ...) -> None: ...
+
+class WeightHandles(_message.Message):
+    __slots__ = ("host", "load_format", "buckets")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    load_format: str
+    buckets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., load_format: _Optional[str] = ..., buckets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("tensor_name", "offset", "data")
@@ -109,18 +121,20 @@ class SubscribeRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., held_version: _Optional[int] = ..., engine_url: _Optional[str] = ...) -> None: ...
 
 class VersionAnnouncement(_message.Message):
-    __slots__ = ("version", "total_bytes", "published_at_unix_s", "transport", "disk_path")
+    __slots__ = ("version", "total_bytes", "published_at_unix_s", "transport", "disk_path", "handles")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DISK_PATH_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
     published_at_unix_s: float
     transport: str
     disk_path: str
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., published_at_unix_s: _Optional[float] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ...) -> None: ...
+    handles: WeightHandles
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., published_at_unix_s: _Optional[float] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., handles: _Optional[_Union[WeightHandles, _Mapping]] = ...) -> None: ...
 
 class ReportVersionRequest(_message.Message):
     __slots__ = ("replica_id", "version", "ok", "error", "sync_s")

@@ -63,7 +63,7 @@ from services.paramsync.errors import (
     is_transient,
     sync_retry_policy,
 )
-from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion, TensorSpec
+from services.paramsync.manifest import Announcement, Manifest, ReplicaVersion, TensorSpec, WeightHandles
 from services.paramsync.memfile import VersionFiles
 from services.paramsync.memory import RecycledMemory
 
@@ -348,8 +348,10 @@ class ParamSyncClient:
         version: int,
         tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         trainer_step: int = 0,
+        handles: WeightHandles | None = None,
     ) -> PublishResult:
         """Uploads ``version`` once; re-publishing the latest version with the same bytes is a no-op.
+        ``handles``: see :meth:`publish_streamed`.
 
         Raises VersionConflict if ``version`` is not newer than the latest and differs from it,
         ChecksumMismatch if paramsync saw different bytes than the manifest promised.
@@ -362,7 +364,7 @@ class ParamSyncClient:
             for start, stop in _runs_of(pairs, PUBLISH_RUN_BYTES):
                 yield [t for _, t in pairs[start:stop]]
 
-        return await self.publish_streamed(version, open_specs(pairs), buckets(), trainer_step)
+        return await self.publish_streamed(version, open_specs(pairs), buckets(), trainer_step, handles)
 
     async def publish_streamed(
         self,
@@ -370,6 +372,7 @@ class ParamSyncClient:
         specs: Sequence[TensorSpec],
         buckets: AsyncIterator[Sequence[torch.Tensor]],
         trainer_step: int = 0,
+        handles: WeightHandles | None = None,
     ) -> PublishResult:
         """Uploads ``version`` while its tensors are still being produced.
 
@@ -380,9 +383,13 @@ class ParamSyncClient:
         any call and the upload resumes from the start of the bucket in hand (paramsync keeps the
         bytes it verified). An upload that fails for good is aborted at paramsync, so it never
         becomes visible. Errors as :meth:`publish`.
+
+        With ``handles`` (the same tensors shared by handle on this host, see
+        ``services/trainer/weight_handles.py``), paramsync announces the version once its bytes are
+        complete, handles included, so a replica on this host can skip the bytes.
         """
         started = time.perf_counter()
-        manifest = Manifest(version, tuple(specs), self.checksum_algorithm, trainer_step)
+        manifest = Manifest(version, tuple(specs), self.checksum_algorithm, trainer_step, handles=handles)
         manifest.validate()
         if not manifest.is_open:
             raise ValueError("publish_streamed takes specs without checksums; they are computed from the buckets")

@@ -11,6 +11,7 @@ threads, never inside a request handler, so the trainer's upload is never slowed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -126,7 +127,7 @@ class ParamSyncCore:
                 continue
             if self._delivered is None or announcement.version > self._delivered.version:
                 self._delivered = announcement
-                if not self.delivery.forwards_uploads:
+                if not self.delivery.forwards_uploads or announcement.handles is not None:
                     self.announcer.announce(announcement)
 
     async def watch_discovery(self, discovery: ReplicaDiscovery) -> None:
@@ -157,14 +158,22 @@ class ParamSyncCore:
         """What a new subscriber is told at once: the newest version it can start loading now."""
         if not self.delivery.forwards_uploads:
             return self._delivered
-        newest = self.store.uploading or self.store.latest
+        uploading = self.store.uploading
+        # An upload shared by handle is announced once committed (begin_upload).
+        newest = uploading if uploading is not None and uploading.handles is None else self.store.latest
         return self.delivery.announcement(newest) if newest is not None else None
 
     # --- the upload life cycle, shared by the Publish RPC and the bulk data plane --------------
 
     def begin_upload(self, manifest: Manifest, resume_from: int = 0) -> StoredVersion | None:
         """Opens the upload of ``manifest``, or resumes its open upload from byte ``resume_from``
-        (None: the same bytes are already the latest version)."""
+        (None: the same bytes are already the latest version).
+
+        A version the trainer also shares by handle is announced once committed, not as its upload
+        begins: the handles' memory is only whole once every byte has left the trainer, and a
+        replica on the trainer's host then needs no bytes at all."""
+        handles = manifest.handles
+        manifest = dataclasses.replace(manifest, handles=None)
         try:
             stored = self.store.begin(manifest, resume_from)
         except StoreError as err:
@@ -174,7 +183,8 @@ class ParamSyncCore:
             log.info("version %d re-published with identical content; nothing to do", manifest.version)
             return None
         stored.link_epoch += 1
-        if stored.republish_of is None and resume_from == 0 and self.delivery.forwards_uploads:
+        stored.handles = handles
+        if stored.republish_of is None and resume_from == 0 and self.delivery.forwards_uploads and handles is None:
             self.announcer.announce(self.delivery.announcement(stored))
         if resume_from:
             log.info("upload of version %d resumed at byte %d", manifest.version, resume_from)

@@ -77,12 +77,37 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightHandles:
+    """A version's tensors shared by handle on the trainer's host (the proto WeightHandles): one
+    SGLang ``/update_weights_from_tensor`` payload per bucket."""
+
+    host: str
+    load_format: str
+    buckets: tuple[str, ...]
+
+    def to_proto(self) -> pb.WeightHandles:
+        return pb.WeightHandles(host=self.host, load_format=self.load_format, buckets=self.buckets)
+
+    @classmethod
+    def from_proto(cls, msg: pb.WeightHandles) -> WeightHandles | None:
+        """None for an absent (empty) message; ValueError for one without a host or buckets."""
+        if not (msg.host or msg.load_format or msg.buckets):
+            return None
+        if not msg.host or not msg.buckets:
+            raise ValueError("weight handles must name the trainer's host and at least one bucket")
+        return cls(msg.host, msg.load_format, tuple(msg.buckets))
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     version: int
     tensors: tuple[TensorSpec, ...]
     checksum_algorithm: str = DEFAULT_ALGORITHM
     trainer_step: int = 0
     created_at_unix_s: float = field(default_factory=time.time)
+    # Publish only: the trainer's handles to the same tensors (paramsync keeps them beside the
+    # stored version, not in the manifest it serves).
+    handles: WeightHandles | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -180,6 +205,7 @@ class Manifest:
             checksum_algorithm=self.checksum_algorithm,
             created_at_unix_s=self.created_at_unix_s,
             trainer_step=self.trainer_step,
+            handles=self.handles.to_proto() if self.handles is not None else None,
         )
 
     @classmethod
@@ -191,6 +217,7 @@ class Manifest:
             checksum_algorithm=msg.checksum_algorithm,
             trainer_step=msg.trainer_step,
             created_at_unix_s=msg.created_at_unix_s,
+            handles=WeightHandles.from_proto(msg.handles),
         )
         manifest.validate()
         if msg.total_bytes != manifest.total_bytes:
@@ -207,6 +234,7 @@ class Announcement:
     published_at_unix_s: float
     transport: str
     disk_path: str = ""
+    handles: WeightHandles | None = None
 
     def to_proto(self) -> pb.VersionAnnouncement:
         return pb.VersionAnnouncement(
@@ -215,11 +243,19 @@ class Announcement:
             published_at_unix_s=self.published_at_unix_s,
             transport=self.transport,
             disk_path=self.disk_path,
+            handles=self.handles.to_proto() if self.handles is not None else None,
         )
 
     @classmethod
     def from_proto(cls, msg: pb.VersionAnnouncement) -> Announcement:
-        return cls(msg.version, msg.total_bytes, msg.published_at_unix_s, msg.transport, msg.disk_path)
+        return cls(
+            msg.version,
+            msg.total_bytes,
+            msg.published_at_unix_s,
+            msg.transport,
+            msg.disk_path,
+            WeightHandles.from_proto(msg.handles),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from services.paramsync.digest import Hasher, new_hasher
-from services.paramsync.manifest import Manifest
+from services.paramsync.manifest import Manifest, WeightHandles
 from services.paramsync.memory import RecycledMemory, SharedVersionMemory, VersionMemory, header_room, new_memory
 from services.paramsync.wire import encode_chunk
 
@@ -64,6 +64,8 @@ class StoredVersion:
     writer: UploadWriter | None = None
     # Increases whenever the trainer's link to this upload breaks or comes back (see core).
     link_epoch: int = 0
+    # The trainer's handles to the same tensors on its host, announced with the version.
+    handles: WeightHandles | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _serialized: OrderedDict[tuple[int, int], bytes] = field(default_factory=OrderedDict)
     _offsets: list[int] = field(default_factory=list)

@@ -40,4 +40,6 @@ class Delivery(ABC):
 
     def announcement(self, stored: StoredVersion, disk_path: str = "") -> Announcement:
         manifest = stored.manifest
-        return Announcement(manifest.version, manifest.total_bytes, stored.published_at_unix_s, self.name, disk_path)
+        return Announcement(
+            manifest.version, manifest.total_bytes, stored.published_at_unix_s, self.name, disk_path, stored.handles
+        )
