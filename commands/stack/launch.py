@@ -359,6 +359,9 @@ class LocalStack:
         if self.settings.trainer_procs > 1:
             argv[2:2] = ["relayrl.torchrun", "--standalone", "--nproc-per-node", str(self.settings.trainer_procs), "-m"]
         device = {} if self.gpus is None else {"RELAYRL_TRAINER_DEVICE": "cuda", **self.gpus.trainer_env()}
+        if self.gpus is not None and self.gpus.engines_beside_trainer:
+            # Engines on the trainer's GPU take each version by CUDA IPC handle (the section may say no).
+            device["RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE"] = "true"
         return self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus, device)
 
     @property

@@ -244,6 +244,15 @@ class TrainerSettings(ServiceSettings):
         " of the model. verl uses 512 on GPUs; 64 keeps the CPU trainer's peak low and measured as fast as 512"
         " for the small preset (services/trainer/README.md).",
     )
+    share_weights_by_handle: bool = Field(
+        False,
+        description="Also share each published version by handle with engines on this host (CUDA IPC where"
+        " trainer and engine share a GPU; slime's colocated weight update): rank 0 keeps the version in two"
+        " slots of its own device memory (two copies of the model in the rollout dtype) and paramsync announces"
+        " handles to it with the version, which the replica passes to its engine's /update_weights_from_tensor"
+        " (SGLang's route): one device-to-device copy instead of a round trip through host memory. The bytes"
+        " still go to paramsync for replicas elsewhere. Full weights only (not with LoRA).",
+    )
     save_freq: int = Field(
         8,
         ge=1,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -115,7 +115,9 @@ class BucketGather:
         """Whether gathers go through shared memory (known after the first gather)."""
         return self._host is not None
 
-    def buckets(self, items: Items) -> Iterator[list[torch.Tensor]]:
+    def buckets(
+        self, items: Items, on_gathered: Callable[[list[torch.Tensor]], None] | None = None
+    ) -> Iterator[list[torch.Tensor]]:
         """Yields rank 0's buckets of the full CPU tensors of ``items``, in order (empty lists elsewhere),
         each of at most ``bucket_bytes``: a larger tensor comes as row ranges, each in its own bucket.
 
@@ -126,6 +128,9 @@ class BucketGather:
         collective's fixed latency each, most of a small model's publish. With a staging of depth
         1 (CUDA) a bucket is yielded once the next one's gather is queued, so its copy to the host
         overlaps that gather; rank 0 then holds up to three buckets on the host, not two.
+
+        ``on_gathered`` sees each of rank 0's buckets where it was gathered (cast), in order, before
+        its copy to the host is queued (a version shared by handle copies it into its slot there).
         """
         if self.share_host_memory and self._host is None:
             self.share_host_memory = False  # one try: the answer holds for the job's life
@@ -153,6 +158,8 @@ class BucketGather:
         in_flight: list[Staged] = []
         for part in [p for p in parts if p]:
             gathered = self._gather(part, capacity)
+            if on_gathered is not None and D.get_rank() == 0:
+                on_gathered([g.tensor for g in gathered])
             staged = self.staging.stage(gathered) if D.get_rank() == 0 else Staged([])
             for tensor in staged.tensors:
                 self._track(tensor)

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Reading paramsync's table is on the training thread's way to a publish shared by handle: no
+# longer than this (the version then goes as bytes only).
+REPLICA_TABLE_TIMEOUT_S = 2.0
+
 
 class Delivered(Protocol):
     """One delivered trajectory group (``services.queue.client.DeliveredGroup`` has this shape)."""
@@ -56,13 +60,19 @@ class WeightSink(Protocol):
     address: str
 
     async def publish_streamed(
-        self, version: int, specs: Sequence[Any], buckets: AsyncIterator[Sequence[Any]], trainer_step: int = 0
+        self,
+        version: int,
+        specs: Sequence[Any],
+        buckets: AsyncIterator[Sequence[Any]],
+        trainer_step: int = 0,
+        handles: Any = None,
     ) -> Any:
         """Uploads ``version`` while ``buckets`` still yields its tensors (ParamSyncClient.publish_streamed)."""
         ...
 
     async def list_replicas(self) -> Any:
-        """Anything with ``latest_version``: the newest version the weight service holds."""
+        """The version table: ``latest_version`` (the newest version the weight service holds) and
+        ``replicas`` (each with ``replica_id`` and the ``version`` it reported)."""
         ...
 
 
@@ -178,24 +188,27 @@ class Publisher:
         self._pending: list[concurrent.futures.Future[PublishRecord]] = []
         self.records: list[PublishRecord] = []
 
-    def begin_streamed(self, version: int, specs: Sequence[Any], trainer_step: int) -> BucketHandoff | None:
+    def begin_streamed(
+        self, version: int, specs: Sequence[Any], trainer_step: int, handles: Any = None
+    ) -> BucketHandoff | None:
         """Starts the upload of ``version`` fed bucket by bucket through the returned hand-off
-        (None without a sink: nothing to feed)."""
+        (None without a sink: nothing to feed), with the version's ``handles`` if it is also shared by handle."""
         if self._sink is None:
             self.records.append(PublishRecord(version, 0.0, True))
             return None
         handoff = BucketHandoff(version, f"paramsync {self._sink.address}", self.stage_timeout_s)
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._io.submit(self._upload_streamed(version, specs, handoff, trainer_step)))
+        upload = self._upload_streamed(version, specs, handoff, trainer_step, handles)
+        self._pending.append(self._io.submit(upload))
         return handoff
 
     async def _upload_streamed(
-        self, version: int, specs: Sequence[Any], handoff: BucketHandoff, trainer_step: int
+        self, version: int, specs: Sequence[Any], handoff: BucketHandoff, trainer_step: int, handles: Any
     ) -> PublishRecord:
         assert self._sink is not None
         try:
             return await self._record(
-                version, self._sink.publish_streamed(version, specs, handoff.buckets(), trainer_step)
+                version, self._sink.publish_streamed(version, specs, handoff.buckets(), trainer_step, handles)
             )
         finally:
             handoff.fail(RuntimeError(f"the upload of version {version} ended"))
@@ -215,6 +228,16 @@ class Publisher:
     def last_upload_s(self) -> float | None:
         """Seconds the latest finished upload took (from the start of its gather), if any finished."""
         return self.records[-1].seconds if self.records else None
+
+    def replica_table(self, timeout_s: float = REPLICA_TABLE_TIMEOUT_S) -> Any:
+        """Paramsync's version table, or None without a sink or when it does not come at once."""
+        if self._sink is None:
+            return None
+        try:
+            return self._io.call(self._sink.list_replicas(), timeout_s)
+        except Exception as exc:
+            log.warning("could not read paramsync's version table: %r", exc)
+            return None
 
     def latest_version(self) -> int:
         """The newest version the sink holds (0 without a sink)."""

@@ -45,6 +45,7 @@ from services.trainer.status import TrainerStatus
 from services.trainer.step import Models, train_step, warm_up
 from services.trainer.telemetry import Telemetry
 from services.trainer.trajectory_log import LOG_DIR, TrajectoryLog
+from services.trainer.weight_handles import HandleSlots
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,17 @@ def gather_weights(actor: torch.nn.Module, items: Items | None = None) -> Items 
 
 
 def stream_weights(
-    actor: torch.nn.Module, gather: BucketGather, publisher: Publisher | None, version: int, step: int
+    actor: torch.nn.Module,
+    gather: BucketGather,
+    publisher: Publisher | None,
+    version: int,
+    step: int,
+    slots: HandleSlots | None = None,
 ) -> dict[str, float]:
     """Publishes ``version``: every rank gathers bucket by bucket, rank 0 (the one with
-    ``publisher``) hands each bucket to the upload on its I/O thread as it comes.
+    ``publisher``) hands each bucket to the upload on its I/O thread as it comes. With ``slots``
+    (rank 0, ``share_weights_by_handle``) rank 0 also copies each bucket into a slot of its own
+    memory and the upload carries handles to it, where no engine may still read that slot.
 
     ``timing/gather_s`` is what training paid (the gather, plus any wait for an upload more than a
     bucket behind; ``timing/publish_s`` is its former name). ``timing/upload_s`` is the latest
@@ -118,8 +126,10 @@ def stream_weights(
     started = time.perf_counter()
     items = published_items(actor)
     specs = weight_specs(items, gather.dtype)
-    handoff = publisher.begin_streamed(version, specs, step) if publisher is not None else None
-    for bucket in gather.buckets(items):
+    claimed = slots.claim(version, specs, publisher.replica_table()) if slots and publisher else None
+    writer, handles = claimed if claimed is not None else (None, None)
+    handoff = publisher.begin_streamed(version, specs, step, handles) if publisher is not None else None
+    for bucket in gather.buckets(items, writer.write if writer is not None else None):
         if handoff is not None:
             handoff.put(bucket)
         del bucket
@@ -128,6 +138,8 @@ def stream_weights(
     gather_s = time.perf_counter() - started
     # timing_s/update_weights (verl's name): what training paid for the version, as timing/gather_s.
     metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s, "timing_s/update_weights": gather_s}
+    if slots is not None:
+        metrics["trainer/weights_shared_by_handle"] = float(writer is not None)
     if publisher is not None:
         metrics["perf/publish_peak_gathered_bytes"] = gather.peak_live_bytes
         upload_s = publisher.last_upload_s()
@@ -227,6 +239,9 @@ class Trainer:
             handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
             self.publisher = Publisher(io, sink, handoff_s)
         self.gather = publish_gather(settings, ctx.device)
+        # Adapter versions go to engines as adapters, never as full weights by handle.
+        shares = settings.share_weights_by_handle and ctx.is_main and not lora.is_peft(self.models.actor)
+        self.slots = HandleSlots(ctx.device) if shares else None
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
         s = self.s
@@ -316,7 +331,9 @@ class Trainer:
     def publish(self) -> dict[str, float]:
         """Gathers the weights bucket by bucket (collective) while rank 0's I/O thread uploads them."""
         publisher = self.publisher if self.ctx.is_main else None
-        metrics = stream_weights(self.models.actor, self.gather, publisher, self.state.version, self.state.step)
+        metrics = stream_weights(
+            self.models.actor, self.gather, publisher, self.state.version, self.state.step, self.slots
+        )
         if publisher is not None:
             self.state.param_sync_count += 1
         return metrics

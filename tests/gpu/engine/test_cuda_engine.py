@@ -7,6 +7,8 @@ behind SGLang's native API, on the ``small`` preset:
   flattened bucket per handle, sent from this process as a trainer on the same GPU) and from
   host buffers (``update_weights_from_disk``), the next tokens are exactly those of an engine
   started on the new weights;
+- versions written into the trainer's two slots (``share_weights_by_handle``) load through their
+  CUDA IPC handles, the same memory rewritten at the third version included;
 - abort and pause under load leave no KV block held once the prefix cache is flushed;
 - requests of every shape class compile nothing that the engine's start did not.
 
@@ -169,6 +171,44 @@ async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_n
 
 
 @pytest.mark.parametrize("mode", ["abort", "retract"])
+async def test_the_trainers_slots_reach_the_engine_by_cuda_ipc_version_after_version(
+    engine: EngineProcess, small_dir: Path, new_dir: Path
+) -> None:
+    """``share_weights_by_handle``'s sender: versions written into the trainer's two slots (the
+    same GPU memory again at the third) and loaded through their handles, one call per bucket."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from services.paramsync.tensors import as_pairs, open_specs
+    from services.trainer.weight_handles import HandleSlots
+
+    reference = cuda_engine(new_dir)
+    try:
+        expected = await greedy(reference.url)
+    finally:
+        reference.stop()
+    before = await greedy(engine.url)
+    slots = HandleSlots(torch.device("cuda"))
+    async with http_client.async_client(base_url=engine.url, timeout=120) as http:
+        for version, (model_dir, want) in enumerate(
+            [(new_dir, expected), (small_dir, before), (new_dir, expected), (small_dir, before)], start=1
+        ):
+            pairs = as_pairs({n: t.to("cuda") for n, t in load_file(str(model_dir / "model.safetensors")).items()})
+            # Every replica holds the version before: each slot is free when its turn comes.
+            claimed = slots.claim(version, open_specs(pairs), SimpleNamespace(latest_version=version - 1, replicas=[]))
+            assert claimed is not None
+            writer, handles = claimed
+            writer.write([t for _, t in pairs])
+            for i, payload in enumerate(handles.buckets):
+                last = i == len(handles.buckets) - 1
+                body = {"serialized_named_tensors": [payload], "load_format": handles.load_format}
+                body |= {"weight_version": str(version)} if last else {}
+                response = await http.post("/update_weights_from_tensor", json=body)
+                assert response.status_code == 200 and response.json()["success"], response.text
+            assert await greedy(engine.url) == want, f"version {version}"
+
+
 async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: EngineProcess, mode: str) -> None:
     params = {"temperature": 1.0, "max_new_tokens": 2000, "ignore_eos": True}
     async with http_client.async_client(base_url=engine.url, timeout=300) as http:

@@ -91,6 +91,12 @@ def test_each_component_starts_on_its_gpu_with_its_device(tmp_path):
     assert "RELAYRL_ENGINE_SHARED_WEIGHTS_DIR" not in engine.env
     # Nothing else computes on a GPU.
     assert all("CUDA_VISIBLE_DEVICES" not in spec.env for spec in stack._rollout_specs())
+    # The engine shares the trainer's GPU: versions reach it by CUDA IPC handle, unless the section says no.
+    assert trainer.env["RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE"] == "true"
+    declined = _stack(tmp_path, trainer={"share_weights_by_handle": False})._trainer_spec(tmp_path / "model")
+    assert declined.env["RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE"].lower() == "false"
+    apart = _stack(tmp_path, stack={"gpus": [3, 4]})._trainer_spec(tmp_path / "model")
+    assert "RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE" not in apart.env
 
 
 def test_a_section_setting_wins_over_the_stacks_default(tmp_path):
