@@ -170,7 +170,6 @@ async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_n
         assert (await http.post("/update_weights_from_disk", json={"model_path": str(small_dir)})).status_code == 200
 
 
-@pytest.mark.parametrize("mode", ["abort", "retract"])
 async def test_the_trainers_slots_reach_the_engine_by_cuda_ipc_version_after_version(
     engine: EngineProcess, small_dir: Path, new_dir: Path
 ) -> None:
@@ -209,6 +208,7 @@ async def test_the_trainers_slots_reach_the_engine_by_cuda_ipc_version_after_ver
             assert await greedy(engine.url) == want, f"version {version}"
 
 
+@pytest.mark.parametrize("mode", ["abort", "retract"])
 async def test_abort_and_pause_under_load_leave_no_kv_block_held(engine: EngineProcess, mode: str) -> None:
     params = {"temperature": 1.0, "max_new_tokens": 2000, "ignore_eos": True}
     async with http_client.async_client(base_url=engine.url, timeout=300) as http:
