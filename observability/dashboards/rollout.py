@@ -113,10 +113,13 @@ def build() -> Board:
         ),
         rates_panel(
             "Weight loads",
-            "Versions the replicas tried to load, and those that failed, per second.",
+            "Versions the replicas tried to load, and those that failed, per second; of those loaded, how many"
+            " by the trainer's handles (nothing fetched) and how many handle loads fell back to the bytes.",
             {
                 "requests": "relayrl_rollout_param_sync_requests_total",
                 "failures": "relayrl_rollout_param_sync_failures_total",
+                "by handle": 'relayrl_rollout_versions_loaded_total{route="handles"}',
+                "handle fallbacks": "relayrl_rollout_handle_fallbacks_total",
             },
         ),
         timeseries_panel(

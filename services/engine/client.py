@@ -11,9 +11,10 @@ the same client drives a real SGLang server on GPUs and the built-in CPU engine
   ``finish_reason`` (``{"type": "stop"|"length"|"abort", ...}``), ``prompt_tokens``,
   ``completion_tokens``, ``output_token_logprobs`` (``[[logprob, token_id, text|null], ...]``)
   and ``weight_version`` (a string; RelayRL writes its integer policy version there).
-- Weight updates (``/update_weights_from_disk``, ``/init_weights_update_group``,
-  ``/update_weights_from_distributed``, ``/destroy_weights_update_group``) answer
-  ``{"success", "message"}`` with status 200, or 400 when ``success`` is false.
+- Weight updates (``/update_weights_from_disk``, ``/update_weights_from_tensor``,
+  ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``) answer ``{"success", "message"}`` with status 200, or 400
+  when ``success`` is false.
 - LoRA: ``/load_lora_adapter`` (``{"lora_name", "lora_path"}``: a peft adapter directory) and
   ``/unload_lora_adapter`` (``{"lora_name"}``) answer ``{"success", "error_message",
   "loaded_adapters"}`` with 200, or 400 when ``success`` is false; ``lora_path`` on
@@ -413,6 +414,27 @@ class EngineClient:
         if load_format is not None:
             body["load_format"] = load_format
         return await self._update("/update_weights_from_disk", body)
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        load_format: str | None = None,
+        weight_version: str | int | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> UpdateResult:
+        """Tensors shared by handle on the engine's host (CUDA IPC, or shared memory on a CPU): one
+        base64 ``MultiprocessingSerializer`` payload per tensor-parallel rank, in ``load_format``."""
+        body: dict[str, Any] = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._update("/update_weights_from_tensor", body)
 
     async def init_weights_update_group(
         self,

@@ -127,7 +127,7 @@ class ParamSyncCore:
                 continue
             if self._delivered is None or announcement.version > self._delivered.version:
                 self._delivered = announcement
-                if not self.delivery.forwards_uploads or announcement.handles is not None:
+                if not self.delivery.forwards_uploads:
                     self.announcer.announce(announcement)
 
     async def watch_discovery(self, discovery: ReplicaDiscovery) -> None:
@@ -252,6 +252,9 @@ class ParamSyncCore:
         self.metrics.versions_published.inc()
         self.metrics.publish_duration.observe(time.perf_counter() - started)
         self._on_committed(stored)
+        if stored.handles is not None and self.delivery.forwards_uploads:
+            # Not announced at its start (begin_upload): now, not after the delivery's disk copy.
+            self.announcer.announce(self.delivery.announcement(stored))
         log.info("version %d committed (%d bytes)", stored.version, stored.received)
         return stored.received
 

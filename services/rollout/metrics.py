@@ -57,6 +57,20 @@ class RolloutMetrics:
             "param_sync_requests", "Weight versions the replica tried to load.", "total"
         )
         self.param_sync_failures = m.counter("param_sync_failures", "Weight versions that failed to load.", "total")
+        self.versions_loaded = m.counter(
+            "versions_loaded",
+            "Weight versions loaded into the engine, by route: handles (the trainer's tensors opened on its host,"
+            " nothing fetched) or bytes (fetched, or read from the announced directory). A distributed version"
+            " is pushed by its sender and counted in neither.",
+            "total",
+            labels=("route",),
+        )
+        self.handle_fallbacks = m.counter(
+            "handle_fallbacks",
+            "Loads by handle given up for the version's bytes: the engine could not open the handles, or failed"
+            " part way (then the bytes load before generation continues).",
+            "total",
+        )
         self.generation_paused = m.histogram(
             "generation_paused",
             "Seconds generation stood paused for one weight switch: pause to continue, or, where one update"

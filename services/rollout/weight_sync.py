@@ -17,6 +17,12 @@ written to disk and read back. So a file is reused only once the engine holds a 
 ``disk`` loads the announced ``disk_path`` directly; ``distributed`` is pushed into the engine
 by the sender (through the engine's ``/update_weights_from_distributed``), so the replica only
 waits until the engine reports it.
+
+A ``grpc`` or ``disk`` version the trainer also shares by handle on this host (``handles``: CUDA
+IPC, or shared memory on a CPU) is loaded with nothing fetched: one ``/update_weights_from_tensor``
+per bucket, several under one pause so no step runs on a mix of versions. When the engine cannot
+open them (a restarted trainer, another kind of engine) the bytes load as usual; when it fails
+part way, the bytes load before generation continues.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import asyncio
 import hashlib
 import logging
 import shutil
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +48,7 @@ from services.engine.client import (
     UpdateResult,
     engine_link_failed,
 )
+from services.paramsync.manifest import WeightHandles
 from services.paramsync.memfile import VersionFiles
 from services.rollout.config import RolloutSettings
 from services.rollout.generation import parse_version
@@ -61,6 +69,7 @@ class Announcement(Protocol):
     version: int
     transport: str
     disk_path: str
+    handles: WeightHandles | None
 
 
 class WeightSource(Protocol):
@@ -75,6 +84,15 @@ class WeightSource(Protocol):
     async def report_version(
         self, replica_id: str, version: int, ok: bool = True, error: str = "", sync_s: float = 0.0
     ) -> int: ...
+
+
+def _handles_here(ann: Announcement) -> WeightHandles | None:
+    """The trainer's handles to a version, where this replica may use them: a ``grpc`` or ``disk``
+    version shared on this host (only full weights are shared by handle)."""
+    handles = ann.handles
+    if handles is None or ann.transport not in ("grpc", "disk") or handles.host != socket.gethostname():
+        return None
+    return handles
 
 
 def versions_dir(settings: RolloutSettings, weights_dir: Path) -> Path:
@@ -109,6 +127,10 @@ async def resume_generation(engine: EngineClient, deadline_s: float = RESUME_DEA
     except (EngineUnavailableError, EngineLinkError) as exc:
         # The engine watch resumes it again when it sees the engine come back (EngineWatch.run).
         log.error("engine did not answer continue_generation for %.0fs: %r", deadline_s, exc)
+
+
+class HandlesRefused(EngineError):
+    """The engine refused the first bucket of a version's handles: nothing in it changed."""
 
 
 class SubscriptionEnded(RuntimeError):
@@ -208,14 +230,8 @@ class WeightSync:
             if ann.transport == "distributed":
                 await self._await_engine_version(ann.version)
             else:
-                fetch_started = time.perf_counter()
-                path = await self._materialise(ann)
-                self.metrics.weight_fetch.observe(time.perf_counter() - fetch_started)
-                adapter = self._adapter_dir(path, ann.version)
-                if adapter is None:
-                    await self._switch_weights(str(path), ann.version)
-                else:
-                    await self._switch_adapter(adapter, ann.version)
+                route = await self._load(ann)
+                self.metrics.versions_loaded.labels(route=route).inc()
         except Exception as exc:
             log.warning("could not load version %d: %r", ann.version, exc)
             self.metrics.param_sync_failures.inc()
@@ -230,6 +246,31 @@ class WeightSync:
             await self._unload_old_adapters()
         self.files.prune()
         return True
+
+    async def _load(self, ann: Announcement) -> str:
+        """Loads a ``grpc`` or ``disk`` version: by handle where the trainer shares it on this host,
+        else (or when the engine cannot open the handles) from its bytes. Returns the route that
+        loaded it: ``handles`` or ``bytes``."""
+        handles = _handles_here(ann)
+        if handles is not None:
+            try:
+                return await self._switch_by_handle(ann, handles)
+            except HandlesRefused as exc:
+                log.warning("version %d did not load by handle (%s); loading its bytes", ann.version, exc)
+                self.metrics.handle_fallbacks.inc()
+        path = await self._fetch(ann)
+        adapter = self._adapter_dir(path, ann.version)
+        if adapter is None:
+            await self._switch_weights(str(path), ann.version)
+        else:
+            await self._switch_adapter(adapter, ann.version)
+        return "bytes"
+
+    async def _fetch(self, ann: Announcement) -> Path:
+        started = time.perf_counter()
+        path = await self._materialise(ann)
+        self.metrics.weight_fetch.observe(time.perf_counter() - started)
+        return path
 
     async def _materialise(self, ann: Announcement) -> Path:
         if ann.transport == "disk":
@@ -338,6 +379,69 @@ class WeightSync:
             )
 
         await self._switch(version, update, pause=in_place)
+
+    async def _switch_by_handle(self, ann: Announcement, handles: WeightHandles) -> str:
+        """Full weights by handle, one ``/update_weights_from_tensor`` per bucket. One bucket is one
+        call, switched as :meth:`_switch_weights` switches; several are sent under one pause, as no
+        step may run between two of them. Raises :class:`HandlesRefused` when the engine refuses the
+        first bucket (nothing changed: the caller loads the bytes). When the engine may hold a mix
+        of versions, the version's bytes are loaded before generation continues. Returns the route
+        that loaded the version."""
+        in_place = self.settings.partial_rollout_mode == "in_place"
+        route = "handles"
+
+        async def update() -> UpdateResult:
+            nonlocal route
+            mixed = await self._send_buckets(handles, ann.version, in_place)
+            if mixed is None:
+                return UpdateResult(success=True, message=f"version {ann.version} loaded by handle")
+            route = "bytes"
+            return await self._mend_with_bytes(ann, mixed, in_place)
+
+        await self._switch(ann.version, update, pause=in_place or len(handles.buckets) > 1)
+        return route
+
+    async def _send_buckets(self, handles: WeightHandles, version: int, in_place: bool) -> str | None:
+        """Sends every bucket. Returns None once all loaded, else why the engine may hold a mix of
+        versions (a later bucket failed, or the link broke amid several). Raises
+        :class:`HandlesRefused` when the first is refused, and a lone bucket's link error (the
+        whole version in one call, as a switch by bytes)."""
+        for index in range(len(handles.buckets)):
+            try:
+                result = await self._update_by_handle(handles, index, version, in_place)
+            except EngineError as exc:
+                if len(handles.buckets) == 1:
+                    raise
+                return repr(exc)  # the engine may have loaded this bucket before the link broke
+            if not result.success:
+                if index == 0:
+                    raise HandlesRefused(result.message)
+                return result.message
+        return None
+
+    async def _update_by_handle(self, handles: WeightHandles, index: int, version: int, in_place: bool) -> UpdateResult:
+        """Bucket ``index`` of ``handles``; the last sets the version and flushes the cache as a byte switch does."""
+        last = index == len(handles.buckets) - 1
+        # Several buckets are sent under a pause, which has already stopped generation.
+        abort = len(handles.buckets) == 1 and not in_place
+        return await self.engine.update_weights_from_tensor(
+            [handles.buckets[index]],
+            handles.load_format or None,
+            weight_version=version if last else None,
+            flush_cache=last and not in_place,
+            abort_all_requests=abort,
+        )
+
+    async def _mend_with_bytes(self, ann: Announcement, why: str, in_place: bool) -> UpdateResult:
+        """A version that failed part way by handle: its bytes, loaded under the same pause."""
+        log.warning(
+            "version %d failed part way by handle (%s); loading its bytes before generation continues", ann.version, why
+        )
+        self.metrics.handle_fallbacks.inc()
+        path = await self._fetch(ann)
+        return await self.engine.update_weights_from_disk(
+            str(path), weight_version=ann.version, flush_cache=not in_place
+        )
 
     async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]], pause: bool = True) -> None:
         """Runs ``apply`` between a pause (as ``partial_rollout_mode`` asks) and a continue; with

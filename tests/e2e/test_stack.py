@@ -1,10 +1,13 @@
 """The whole system as local processes: it trains, keeps the staleness bound, loses nothing,
-obeys pause and resume, and η = 0 is strictly on-policy."""
+obeys pause and resume, and η = 0 is strictly on-policy (with versions handed to the engine by
+handle, as where trainer and engine share a GPU)."""
 
 import asyncio
 import subprocess
 import sys
 import time
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from relayrl import http_client
 from services.queue.client import QueueClient
@@ -73,10 +76,26 @@ def test_async_run_trains_within_the_bound_obeys_pause_and_loses_nothing(runs_di
     assert stats.total_consumed >= 14 * 4
 
 
+def _versions_loaded(rollout_url: str, route: str) -> float:
+    text = http_client.get(f"{rollout_url}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "relayrl_rollout_versions_loaded_total" and sample.labels.get("route") == route:
+                return sample.value
+    return 0.0
+
+
 def test_eta_zero_trains_strictly_on_policy(runs_dir, tiny_model_dir):
-    with running_stack(small_run(runs_dir, tiny_model_dir, max_staleness=0, total_steps=6)) as stack:
+    # The trainer also shares each version by handle, as the stack does where trainer and engine
+    # share a GPU (here CPU shared memory): the strict on-policy check below proves the engine
+    # held exactly each version it was handed that way.
+    config = small_run(runs_dir, tiny_model_dir, max_staleness=0, total_steps=6, share_weights_by_handle=True)
+    with running_stack(config) as stack:
         assert wait_for_trainer(stack, timeout_s=180) == 0
+        by_handle = _versions_loaded(stack.endpoints.rollouts_http[0], "handles")
     rows = training_rows(stack)
+    # At η = 0 every replica holds a version before the next is trained: each slot is free in turn.
+    assert by_handle >= 6 and all(r["trainer/weights_shared_by_handle"] == 1.0 for r in rows)
     assert len(rows) == 6
     for row in rows:
         # Every group was generated, from its first token to its last, by the version it trained at.
