@@ -3,7 +3,8 @@
 - ``relayrl up`` of the GPU example (``commands/stack/configs/long_add_gpu.yaml``, the ``small``
   preset, trainer and engine sharing one GPU) for a few steps: it finishes, the trainer computed
   on the GPU (its peak device memory is reported only there), the engine served on it (it captured
-  or tried CUDA graphs, which only a CUDA engine does), and weight versions reached the rollout;
+  or tried CUDA graphs, which only a CUDA engine does), and weight versions reached the rollout,
+  handed to the engine by CUDA IPC handle;
 - NVML reads the GPU's name and a busy fraction that a GPU kept busy shows.
 """
 
@@ -58,6 +59,10 @@ def test_up_runs_the_gpu_example_for_a_few_steps_on_one_gpu(tmp_path: Path) -> N
     # steps (version 3) takes only groups generated on version 1 or later, so it finished only because
     # the engine served a published version.
     assert steps[-1]["trainer/param_sync_count"] >= STEPS - 1
+    # Trainer and engine share the GPU: the stack has the trainer share versions by CUDA IPC handle,
+    # and the engine opened them (a refused handle would be logged as a fall back to the bytes).
+    assert any(r.get("trainer/weights_shared_by_handle") == 1.0 for r in steps)
+    assert "did not load by handle" not in (run_dir / "logs" / "rollout-0.log").read_text()
     assert STEPS - 1 - config["stack"]["max_staleness"] >= 1
 
 
