@@ -102,6 +102,10 @@ class ModeResult:
     trainer_mfu: float | None = None
     # NVML's busy share of the stack's GPUs over the window; None on CPU.
     gpu_busy_fraction: float | None = None
+    # The share of versions the trainer also handed over by handle (share_weights_by_handle; None
+    # where it is off), and the replicas' loads by handle that fell back to the bytes.
+    weights_by_handle: float | None = None
+    handle_fallbacks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +215,7 @@ ROLLOUT_FIGURES = {
     "update_count": "relayrl_rollout_weight_update_duration_seconds_count",
     "paused_sum": "relayrl_rollout_generation_paused_seconds_sum",
     "paused_count": "relayrl_rollout_generation_paused_seconds_count",
+    "handle_fallbacks": "relayrl_rollout_handle_fallbacks_total",
 }
 
 
@@ -324,6 +329,8 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         engine_tokens_per_s=(end["generated_tokens"] - window["generated_tokens"]) / elapsed,
         trainer_mfu=_mean_of(rows[1:], "perf/mfu/actor"),
         gpu_busy_fraction=gpu_busy,
+        weights_by_handle=_mean_of(rows, "trainer/weights_shared_by_handle"),
+        handle_fallbacks=int(end["handle_fallbacks"] - window["handle_fallbacks"]),
     )
 
 
@@ -501,6 +508,8 @@ def result_json(
         "engine_tokens_per_s": _by_mode(sync, asynchronous, "engine_tokens_per_s", 1),
         "trainer_mfu": _by_mode(sync, asynchronous, "trainer_mfu", 4),
         "gpu_busy_fraction": _by_mode(sync, asynchronous, "gpu_busy_fraction"),
+        "weights_by_handle": _by_mode(sync, asynchronous, "weights_by_handle"),
+        "handle_fallbacks": _by_mode(sync, asynchronous, "handle_fallbacks", 0),
         "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
         "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
         "lost_groups": sync.lost_groups + asynchronous.lost_groups,
@@ -544,6 +553,7 @@ def render_table(result: dict[str, Any]) -> str:
         "engine_tokens_per_s",
         "trainer_mfu",
         "gpu_busy_fraction",
+        "weights_by_handle",
         "trainer_idle_ratio",
         "rollout_idle_ratio",
         "cpu_busy_ratio",

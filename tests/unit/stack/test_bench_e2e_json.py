@@ -12,7 +12,9 @@ from commands.stack.environment import Calls
 from commands.stack.workloads import get_workload
 
 
-def _mode(samples_per_s: float, gpu_busy: float | None, mfu: float | None) -> ModeResult:
+def _mode(
+    samples_per_s: float, gpu_busy: float | None, mfu: float | None, by_handle: float | None = None
+) -> ModeResult:
     return ModeResult(
         samples_per_s=samples_per_s,
         trainer_idle_ratio=0.1,
@@ -33,6 +35,8 @@ def _mode(samples_per_s: float, gpu_busy: float | None, mfu: float | None) -> Mo
         engine_tokens_per_s=1234.56,
         trainer_mfu=mfu,
         gpu_busy_fraction=gpu_busy,
+        weights_by_handle=by_handle,
+        handle_fallbacks=0 if by_handle is None else 1,
     )
 
 
@@ -51,7 +55,7 @@ def test_the_serial_limit_is_the_two_stages_in_series_and_the_bottleneck_the_slo
 
 def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_figures():
     result = result_json(
-        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.6, 0.21), _mode(3.8, 0.93, 0.25),
+        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.6, 0.21, 1.0), _mode(3.8, 0.93, 0.25, 0.75),
         {"engines": [0], "trainer": [1]}, dtype="bf16", gpus=ONE_GPU,
     )  # fmt: skip
     assert result["device"] == "cuda"
@@ -62,6 +66,9 @@ def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_f
     assert result["trainer_mfu"] == {"sync": 0.21, "async": 0.25}
     assert result["engine_tokens_per_s"] == {"sync": 1234.6, "async": 1234.6}
     assert result["weight_version_s"] == {"sync": 0.4, "async": 0.4}
+    # On the trainer's GPU versions also go by CUDA IPC handle: the share that did, and the fall backs.
+    assert result["weights_by_handle"] == {"sync": 1.0, "async": 0.75}
+    assert result["handle_fallbacks"] == {"sync": 1, "async": 1}
     json.loads(json.dumps(result))  # one JSON line
     table = render_table(result)
     assert "gpu_busy_fraction" in table and "limit: serial" in table
@@ -76,6 +83,7 @@ def test_on_cpu_the_limit_is_the_bottleneck_and_gpu_figures_are_none():
     assert (result["limit"], result["limit_samples_per_s"], result["pipeline_efficiency"]) == ("bottleneck", 6.0, 0.9)
     assert result["gpu_busy_fraction"] == {"sync": None, "async": None}
     assert result["trainer_mfu"] == {"sync": None, "async": None}
+    assert result["weights_by_handle"] == {"sync": None, "async": None}
     assert "gpu_busy_fraction" in render_table(result)
 
 
