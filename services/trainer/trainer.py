@@ -135,6 +135,7 @@ def stream_weights(
         del bucket
     if handoff is not None:
         handoff.end()
+    assert writer is None or writer.complete, "the gathered tensors did not fill the version's slot"
     gather_s = time.perf_counter() - started
     # timing_s/update_weights (verl's name): what training paid for the version, as timing/gather_s.
     metrics = {"timing/gather_s": gather_s, "timing/publish_s": gather_s, "timing_s/update_weights": gather_s}

@@ -2,7 +2,8 @@
 as the bf16 cast of the trained fp32 weights, byte for byte, in half the bytes; an fp32 publish is
 the trained weights themselves. The engine side is the rollout's path: the version received into
 a file (``fetch_to_file``), read and applied by the engine's own loader (``services.engine.weights``)
-to a model loaded in the engine's dtype."""
+to a model loaded in the engine's dtype. Shared by handle as well, the bf16 version's slot holds
+the same bytes."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ async def test_a_bf16_publish_is_the_cast_of_the_trained_weights_at_paramsync_an
         assert bf16.tensors[name].dtype == torch.bfloat16, name
         assert torch.equal(_bytes(bf16.tensors[name]), _bytes(weights[name].to(torch.bfloat16))), name
     assert bf16.manifest.total_bytes * 2 == fp32.manifest.total_bytes
+    # Shared by handle too, the slot assembled from the FSDP gather's row ranges holds the same bytes.
+    by_handle = saved["by_handle"]
+    assert list(by_handle) == published
+    for name in published:
+        assert torch.equal(_bytes(by_handle[name]), _bytes(bf16.tensors[name])), name
     assert {s.dtype for s in bf16.manifest.tensors} == {"bfloat16"}
 
     # The engine's loader, in each engine dtype, holds the version as sent.
