@@ -126,7 +126,7 @@ def stream_weights(
     started = time.perf_counter()
     items = published_items(actor)
     specs = weight_specs(items, gather.dtype)
-    claimed = slots.claim(version, specs, publisher.replica_table()) if slots and publisher else None
+    claimed = slots.claim(version, specs, publisher.replica_table()) if slots is not None and publisher else None
     writer, handles = claimed if claimed is not None else (None, None)
     handoff = publisher.begin_streamed(version, specs, step, handles) if publisher is not None else None
     for bucket in gather.buckets(items, writer.write if writer is not None else None):

@@ -199,6 +199,9 @@ async def test_the_trainers_slots_reach_the_engine_by_cuda_ipc_version_after_ver
             assert claimed is not None
             writer, handles = claimed
             writer.write([t for _, t in pairs])
+            # The trainer's version is announced only once its bytes reached paramsync, which their
+            # host copies, queued after these, precede: here nothing else orders the engine's read.
+            torch.cuda.synchronize()
             for i, payload in enumerate(handles.buckets):
                 last = i == len(handles.buckets) - 1
                 body = {"serialized_named_tensors": [payload], "load_format": handles.load_format}
