@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,9 @@ class BenchConfig:
     use_torch_compile: bool = False
     attn_implementation: str = "auto"
     single_process: bool = True  # also measure the plain model in one process
+    # Unix time after which no further step is measured (each run still measures one after its
+    # warm-up) and the plain-model run is not started; None: no limit.
+    deadline_unix: float | None = None
 
 
 def response_length(cfg: BenchConfig, rng: random.Random) -> int:
@@ -136,11 +139,17 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         "padding_ratio": 0.0,
         "update_actor_s": 0.0,
     }
-    peak_memory, memory_by_step = 0.0, []
+    peak_memory, memory_by_step, measured = 0.0, [], 0
     for step in range(cfg.steps + 1):
         reset_peak_memory(ctx.device)
         started = time.perf_counter()
-        batch = D.broadcast_object(make_batch(cfg, step, vocab) if ctx.is_main else None)
+        # Rank 0 decides for every rank, with the batch: the ranks must stop at the same step.
+        stop = measured > 0 and cfg.deadline_unix is not None and time.time() > cfg.deadline_unix
+        stop, batch = D.broadcast_object(
+            (stop, None if stop else make_batch(cfg, step, vocab)) if ctx.is_main else None
+        )
+        if stop:
+            break
         waited = time.perf_counter() - started
         _sync(cfg)
         started = time.perf_counter()
@@ -156,6 +165,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
             _progress(fsdp, step, cfg.steps, sum(x.length for x in batch), trained, gathered, memory_by_step)
         if step == 0:
             continue  # warm-up: allocator, kernels, first all-gathers (and compilation)
+        measured += 1
         totals["wait_s"] += waited
         totals["optimizer_s"] += metrics["timing/optimizer_s"]
         totals["forward_backward_s"] += trained - metrics["timing/optimizer_s"]
@@ -163,7 +173,8 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         totals["tokens"] += sum(x.length for x in batch)
         totals["padding_ratio"] += metrics["perf/padding_ratio"]
         totals["update_actor_s"] += metrics["timing_s/update_actor"]
-    result: dict[str, Any] = {k: v / cfg.steps for k, v in totals.items()}
+    result: dict[str, Any] = {k: v / measured for k, v in totals.items()}
+    result["steps"] = measured
     result["params"] = float(perf.params)
     result["peak"] = perf.peak
     result["max_memory_allocated_gb"] = peak_memory
@@ -196,7 +207,12 @@ def _mfu(cfg: BenchConfig, tokens_per_s: float, params: float, peak: float | Non
     return None if peak is None else tokens_per_s * flops_per_param * params / (peak * world_size)
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, timeout_s: float | None = None) -> dict[str, Any]:
+    """FSDP over the ranks, then the plain model in this process; with ``timeout_s``, steps and the
+    plain-model run that would start after it are left out (the JSON says how many were measured),
+    so a budgeted run still reports the FSDP figures."""
+    if timeout_s is not None:
+        cfg = replace(cfg, deadline_unix=time.time() + timeout_s)
     world = cfg.world_size or (torch.cuda.device_count() if cfg.device == "cuda" else 2)
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-trainer-") as tmp:
         model_dir = write_model(cfg, Path(tmp) / "model")
@@ -224,7 +240,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             # The baseline gets the cores the N ranks had (one thread each), so the comparison is
             # of FSDP against plain intra-op parallelism on the same hardware.
             torch.set_num_threads(world * int(env["OMP_NUM_THREADS"]))
-        single = _measure(cfg, model_dir, fsdp=False) if cfg.single_process else None
+        late = cfg.deadline_unix is not None and time.time() > cfg.deadline_unix
+        single = _measure(cfg, model_dir, fsdp=False) if cfg.single_process and not late else None
 
     def rate(r: dict[str, Any]) -> float:
         return r["tokens"] / (r["forward_backward_s"] + r["optimizer_s"])
@@ -257,11 +274,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "gather_s": round(fsdp["gather_s"], 5),
         "padding_ratio": round(fsdp["padding_ratio"], 4),
         "memory_allocated_gb_by_step": [round(m, 4) for m in fsdp["memory_allocated_gb_by_step"]],
-        "steps": cfg.steps,
+        "steps": fsdp["steps"],
     }
+    if cfg.single_process and single is None:
+        result["single_process_skipped"] = "timeout"
     if cfg.device == "cuda":
         result["mfu"] = _mfu(cfg, rate(fsdp), fsdp["params"], fsdp["peak"], world)
     if single is not None:
+        result["single_process_steps"] = single["steps"]
         result["single_process_tokens_per_s"] = round(rate(single), 2)
         result["single_process_forward_backward_s"] = round(single["forward_backward_s"], 5)
         result["single_process_optimizer_s"] = round(single["optimizer_s"], 5)

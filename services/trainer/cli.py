@@ -100,6 +100,13 @@ def bench(
         str, typer.Option(help="verl's override_config.attn_implementation: auto, sdpa, flex_attention or eager.")
     ] = "auto",
     single_process: Annotated[bool, typer.Option(help="Also measure the plain model in one process.")] = True,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="After this many seconds measure no further step (each run measures at least one after its"
+            " warm-up) and start no plain-model run: the JSON reports the steps measured. Default: no limit."
+        ),
+    ] = None,
 ) -> None:
     """Trainer throughput: FSDP over N processes vs one process without FSDP, same work, same run.
 
@@ -152,6 +159,7 @@ def bench(
             attn_implementation=attn_implementation,
             single_process=single_process,
             **shape,
-        )
+        ),
+        timeout_s,
     )
     typer.echo(json.dumps(result) if json_output else json.dumps(result, indent=1))

@@ -1,13 +1,16 @@
 """`relayrl bench trainer` runs end to end on the tiny model (a proof that it works, not a figure):
 one JSON line with verl's perf names, the long-tailed realistic workload, and the switches it was
-given echoed back."""
+given echoed back; past its deadline it measures no further step."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+from dataclasses import replace
 
+from services.trainer.bench import BenchConfig, _measure, write_model
 from tests.integration.trainer.harness import REPO, python_env
 
 
@@ -23,3 +26,12 @@ def test_the_trainer_bench_prints_verl_perf_metrics_for_the_realistic_workload()
     assert result["fsdp_over_single"] > 0 and result["single_process_tokens_per_s"] > 0
     # No peak FLOP/s or allocator on a CPU: those figures are left out, not made up.
     assert result["perf/mfu/actor"] is None and result["perf/max_memory_allocated_gb"] is None
+
+
+def test_past_its_deadline_a_bench_run_measures_one_step_after_its_warm_up(tmp_path):
+    """``--timeout-s``: a budgeted GPU session keeps the figures of the steps that fit."""
+    cfg = BenchConfig(steps=2, world_size=1, batch_groups=2, n_samples=2)
+    model_dir = write_model(cfg, tmp_path / "model")
+    assert _measure(cfg, model_dir, fsdp=False)["steps"] == 2
+    late = replace(cfg, deadline_unix=time.time() - 1.0)
+    assert _measure(late, model_dir, fsdp=False)["steps"] == 1
