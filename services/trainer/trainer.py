@@ -240,8 +240,10 @@ class Trainer:
             handoff_s = lag_deadline_s(settings.sync_timeout, settings.max_sync_retries, settings.sync_retry_delay)
             self.publisher = Publisher(io, sink, handoff_s)
         self.gather = publish_gather(settings, ctx.device)
-        # Adapter versions go to engines as adapters, never as full weights by handle.
-        shares = settings.share_weights_by_handle and ctx.is_main and not lora.is_peft(self.models.actor)
+        shares = settings.share_weights_by_handle and ctx.is_main
+        if shares and lora.is_peft(self.models.actor):
+            log.warning("share_weights_by_handle is off with LoRA: adapter versions reach engines as adapters")
+            shares = False
         self.slots = HandleSlots(ctx.device) if shares else None
 
     def _val_rows(self, tokenizer: Any) -> list[PromptRow]:
