@@ -78,7 +78,7 @@ STAGES: tuple[Stage, ...] = (
         "engine",
         "#47",
         "tokens/s against the floors, TTFT, ITL, update pauses",
-        Run("base", (*ENGINE, "--floor-requests", "32"), 210),
+        Run("base", (*ENGINE, "--floor-requests", "32", "--timeout-s", "150"), 210),
     ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
     _bench(
@@ -118,7 +118,11 @@ STAGES: tuple[Stage, ...] = (
         "engine-backends",
         "#47",
         "the torch_native and triton attention backends",
-        Run("torch-native-triton", (*ENGINE, "--attention", "torch_native,triton", "--no-floors"), 180),
+        Run(
+            "torch-native-triton",
+            (*ENGINE, "--attention", "torch_native,triton", "--no-floors", "--timeout-s", "130"),
+            180,
+        ),
     ),
     # flex_attention (auto on cuda) against sdpa over the same packed rows (transformers confines sdpa
     # to each sequence with a dense mask as long as the row squared).

@@ -82,8 +82,9 @@ class StreamTiming:
     itl_s: list[float] = field(default_factory=list)
 
 
-def read_stream(lines: Sequence[tuple[float, bytes]], sent_at: float) -> StreamTiming:
-    """Times one streamed ``/generate`` from its event lines, each with the time it arrived.
+def read_stream(lines: Sequence[tuple[float, bytes]], sent_at: float, until: float | None = None) -> StreamTiming:
+    """Times one streamed ``/generate`` from its event lines, each with the time it arrived (those
+    after ``until`` left out).
 
     Chunks are incremental (``incremental_streaming_output``): each brings its new ``output_ids``.
     A chunk of ``k`` tokens that came ``gap`` seconds after the previous one counts ``k`` gaps of
@@ -92,6 +93,8 @@ def read_stream(lines: Sequence[tuple[float, bytes]], sent_at: float) -> StreamT
     timing = StreamTiming()
     last = sent_at
     for arrived, line in lines:
+        if until is not None and arrived > until:
+            break
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
         chunk = json.loads(line[6:])
@@ -120,8 +123,14 @@ def run_bench(
     settings: dict[str, str],
     floor_requests: int = 0,
     attention: Sequence[str] = ("auto",),
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
+    """With ``timeout_s``, a workload still running then (or ``MIN_WINDOW_S`` after it began, if
+    later) is aborted and its rate taken over the tokens streamed so far (``cut_short``), and no
+    later engine or floor starts past it: a budgeted run still reports what it measured."""
     from relayrl.models.tiny import init_tiny, preset_spec
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     dtype = "bfloat16" if device == "cuda" else "float32"
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-engine-") as tmp:
@@ -140,9 +149,12 @@ def run_bench(
         }
         engines: dict[str, dict[str, Any]] = {}
         for backend in attention:
+            if engines and _past(deadline):
+                result.setdefault("skipped", {})[backend] = "timeout"
+                continue
             backend_settings = {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}
             with _engine(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
-                figures = asyncio.run(_engine_run(url, work))
+                figures = asyncio.run(_engine_run(url, work, deadline))
                 _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
                 figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
                 _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
@@ -151,7 +163,9 @@ def run_bench(
         result["engine"] = best
         result["engines"] = engines
         result["weight_update_pause_s"] = best["weight_update_pause_s"]
-        if floors:
+        if floors and _past(deadline):
+            result.setdefault("skipped", {})["floors"] = "timeout"
+        elif floors:
             # The floors may run the first floor_requests requests only: their rate, not their total, is compared.
             part = Workload(work.prompts[: floor_requests or None], work.output_lens[: floor_requests or None])
             result["floor_requests"] = len(part.prompts)
@@ -165,6 +179,14 @@ def run_bench(
                     figures[f"ratio_vs_{floor}"] = round(figures["output_tokens_per_s"] / rate, 2) if rate else None
                 result[f"ratio_vs_{floor}"] = best[f"ratio_vs_{floor}"]
         return result
+
+
+# A workload cut by --timeout-s still runs this long, whatever is left: a rate needs a window.
+MIN_WINDOW_S = 10.0
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
 
 
 def _gpu_name(device: str) -> str | None:
@@ -222,14 +244,16 @@ def _progress(line: str) -> None:
     print(f"bench engine: {line}", file=sys.stderr, flush=True)
 
 
-async def _engine_run(url: str, work: Workload) -> dict[str, Any]:
+async def _engine_run(
+    url: str, work: Workload, deadline: float | None = None, min_window_s: float = MIN_WINDOW_S
+) -> dict[str, Any]:
     import aiohttp
 
     # aiohttp reads hundreds of concurrent streams with less of the bench's own time per chunk than httpx.
     connector = aiohttp.TCPConnector(limit=len(work.prompts) + 8)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
 
-        async def one(prompt: list[int], output_len: int) -> StreamTiming:
+        async def one(prompt: list[int], output_len: int) -> tuple[list[tuple[float, bytes]], float]:
             params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
             body = {"input_ids": prompt, "sampling_params": params, "stream": True}
             lines: list[tuple[float, bytes]] = []
@@ -238,13 +262,22 @@ async def _engine_run(url: str, work: Workload) -> dict[str, Any]:
                 response.raise_for_status()
                 async for line in response.content:
                     lines.append((time.perf_counter(), line.rstrip(b"\r\n")))
-            return read_stream(lines, sent_at)
+            return lines, sent_at
 
         # A warm-up request: the first pass pays one-off costs (kernels, compilation) no request should carry.
         await one(work.prompts[0][:16], 4)
         started = time.perf_counter()
-        timings = await asyncio.gather(*(one(p, n) for p, n in zip(work.prompts, work.output_lens, strict=True)))
+        runs = [asyncio.ensure_future(one(p, n)) for p, n in zip(work.prompts, work.output_lens, strict=True)]
+        left = None if deadline is None else max(deadline - time.monotonic(), min_window_s)
+        _, running = await asyncio.wait(runs, timeout=left)
         wall = time.perf_counter() - started
+        if running:
+            # Past the deadline: what streamed so far is the rate; the rest end as aborted.
+            async with http.post("/abort_request", json={"abort_all": True}) as response:
+                response.raise_for_status()
+        streams = await asyncio.gather(*runs)
+        until = started + wall if running else None
+        timings = [read_stream(lines, sent_at, until) for lines, sent_at in streams]
         async with http.get("/get_model_info") as response:
             info = await response.json()
     tokens = sum(timing.tokens for timing in timings)
@@ -253,6 +286,8 @@ async def _engine_run(url: str, work: Workload) -> dict[str, Any]:
     peak = info.get("peak_device_memory_bytes")
     return {
         "output_tokens": tokens,
+        "cut_short": bool(running),
+        "finished_requests": len(runs) - len(running),
         "wall_s": round(wall, 3),
         "output_tokens_per_s": round(tokens / wall, 1),
         "ttft_p50_s": round(percentile(ttft, 0.5), 4),

@@ -79,6 +79,13 @@ def bench(
     stream_interval: Annotated[
         int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
     ] = 1,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="At this many seconds abort a workload still running (its rate is taken over the tokens streamed"
+            " until then: cut_short) and start no further engine or floor (skipped). Default: no limit."
+        ),
+    ] = None,
 ) -> None:
     """nano-vllm's workload streamed through the engine's HTTP API, with HF generate and generate_batch as floors,
     one run."""
@@ -111,7 +118,17 @@ def bench(
         "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
     }
     result = run_bench(
-        preset, device, requests, min_len, max_len, hf_batch, floors, settings, floor_requests, attention=backends
+        preset,
+        device,
+        requests,
+        min_len,
+        max_len,
+        hf_batch,
+        floors,
+        settings,
+        floor_requests,
+        attention=backends,
+        timeout_s=timeout_s,
     )
     typer.echo(json.dumps(result))
 

@@ -1,15 +1,22 @@
 """``relayrl bench engine`` on CPU, briefly: the command a GPU session runs with ``--device cuda
 --preset base`` works end to end and prints the figures it promises, for each attention backend
-it is given, in one run."""
+it is given, in one run; and with ``--timeout-s`` a workload still running at its deadline is cut,
+rated over what streamed until then, and leaves the engine idle."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from commands.cli import app
-from services.engine.bench import Workload
+from commands.stack.progress import read_samples
+from services.engine.bench import Workload, _engine, _engine_run
+from tests.waiting import wait_until
 
 
 def test_the_workload_is_nano_vllms_and_fixed_by_its_seed() -> None:
@@ -55,3 +62,20 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
     floor = figures["generate_batch"]
     assert "output_tokens_per_s" in floor or "skipped" in floor or "error" in floor
     assert (figures["ratio_vs_generate_batch"] is None) == ("output_tokens_per_s" not in floor)
+
+
+def test_a_workload_past_its_deadline_is_cut_and_rated_over_what_streamed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    work = Workload.nano_vllm(requests=24, min_len=200, max_len=400, vocab=250)
+    with _engine(tiny_model_dir, "cpu", {}, tmp_path / "engine.log") as url:
+        figures = asyncio.run(_engine_run(url, work, deadline=time.monotonic(), min_window_s=1.0))
+
+        def idle() -> bool:
+            samples = read_samples(url)
+            return samples["relayrl_engine_running_requests"] == samples["relayrl_engine_waiting_requests"] == 0
+
+        # Aborted, not left running: the update pauses measured next, and the next engine, find it idle.
+        wait_until(idle, 10, "the aborted workload to leave the engine")
+    assert figures["cut_short"] and figures["finished_requests"] < len(work.prompts)
+    assert 0 < figures["output_tokens"] < sum(work.output_lens)
+    assert 1.0 <= figures["wall_s"] < 5.0
+    assert figures["output_tokens_per_s"] == pytest.approx(figures["output_tokens"] / figures["wall_s"], rel=2e-3)
