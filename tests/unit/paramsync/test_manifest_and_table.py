@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from relayrl.config import load_settings
+from relayrl.v1 import paramsync_pb2 as pb
 from services.paramsync.config import ParamSyncSettings, parse_static_replicas
-from services.paramsync.manifest import Manifest, TensorSpec, _numel_up_to
+from services.paramsync.manifest import Manifest, TensorSpec, WeightHandles, _numel_up_to
 from services.paramsync.metrics import ParamSyncMetrics
 from services.paramsync.table import IN_SYNC, LAGGING, SYNCING, VersionTable, lag_deadline_s
 from services.paramsync.tensors import as_pairs, build_manifest, raw_bytes, typed_view
@@ -70,6 +71,18 @@ def test_manifest_round_trips_and_describes_every_dtype_exactly():
 def test_malformed_manifests_are_refused_with_the_reason(tensors, problem):
     with pytest.raises(ValueError, match=problem):
         Manifest(1, tensors).validate()
+
+
+def test_weight_handles_round_trip_and_handles_without_a_host_or_a_bucket_are_refused():
+    spec = TensorSpec("a", "uint8", (1,), 1, "x")
+    shared = Manifest(1, (spec,), handles=WeightHandles("trainer-host", "flattened_bucket", ("p0", "p1")))
+    assert Manifest.from_proto(shared.to_proto()) == shared
+    assert Manifest.from_proto(Manifest(1, (spec,)).to_proto()).handles is None
+    for host, buckets in (("", ("p0",)), ("trainer-host", ())):
+        proto = Manifest(1, (spec,)).to_proto()
+        proto.handles.CopyFrom(pb.WeightHandles(host=host, load_format="flattened_bucket", buckets=buckets))
+        with pytest.raises(ValueError, match="host and at least one bucket"):
+            Manifest.from_proto(proto)
 
 
 def test_unknown_checksum_algorithm_and_non_positive_version_are_refused():
