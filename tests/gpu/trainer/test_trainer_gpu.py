@@ -6,6 +6,7 @@ bf16 compute unless said otherwise), through tests/gpu/trainer/worker.py:
 - a GRPO and a PPO step on CUDA take the fp32 CPU step, within bf16's tolerance;
 - publish → paramsync → fetch: the version is the bf16 cast of the trained weights byte for byte
   (the NCCL gather, the cast on the GPU, pinned staging on a copy stream, the streamed upload);
+- a LoRA step on CUDA publishes the trained adapter alone, as the bf16 cast of its weights;
 - a checkpoint taken on CUDA and resumed in a new process continues bit for bit;
 - ``base`` (Qwen2.5-0.5B's shape) trains 20 steps of a long-tailed batch, each followed by a
   publish's gather, with allocated memory flat after the second and nothing compiled after the
@@ -73,6 +74,24 @@ def test_publish_fetch_on_cuda_gives_the_bf16_cast_of_the_trained_bytes(tiny_mod
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
     assert saved["peak"] <= 3 * 16 * 1024  # the upload's bucket, the handed-on one, the staged one
+
+
+def test_a_lora_step_on_cuda_publishes_the_trained_adapter_alone(tiny_model_dir, tmp_path):
+    async def publish_and_fetch():
+        async with running_service() as (address, _), ParamSyncClient(address) as ps:
+            saved = await asyncio.to_thread(_run, tmp_path, "lora", "lora", str(tiny_model_dir), address)
+            return saved, await ps.fetch_version(1)
+
+    saved, fetched = asyncio.run(publish_and_fetch())
+    adapter = saved["adapter"]
+    assert adapter and all("lora_" in name for name in adapter)
+    assert list(fetched.tensors) == list(adapter)
+    for name, got in fetched.tensors.items():
+        want = adapter[name].cpu().to(torch.bfloat16).contiguous()
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    # lora_B starts at zero: the step on the GPU moved it.
+    assert any(adapter[n].abs().sum() > 0 for n in adapter if "lora_B" in n)
+    assert saved["metrics"]["actor/grad_norm"] > 0
 
 
 def test_a_checkpoint_on_cuda_resumes_bit_for_bit(tiny_model_dir, tmp_path):

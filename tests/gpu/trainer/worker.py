@@ -8,6 +8,8 @@ trainer's own code path: ``build_models``, ``train_step``, ``stream_weights``, t
 - ``publish MODEL ADDRESS BUCKET_BYTES``: one step, then version 1 published to paramsync at ADDRESS
   in the rollout's dtype (bf16 on cuda, cast on the GPU) with the device's staging (pinned host
   buffers, a copy stream); writes the trained (fp32) weights.
+- ``lora MODEL ADDRESS``: one step of a LoRA adapter (rank 4), then version 1, the adapter alone,
+  published to paramsync at ADDRESS; writes the metrics and the trained adapter.
 - ``resume MODEL ROOT PHASE``: PHASE ``through`` trains 4 steps with a checkpoint after the 2nd,
   ``resumed`` loads that checkpoint and trains steps 3 and 4; each writes the last two steps'
   metrics and the final weights.
@@ -80,6 +82,29 @@ def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[s
     }
 
 
+def lora(out: str, model_dir: str, address: str) -> dict[str, Any]:
+    from services.paramsync.client import ParamSyncClient
+    from services.trainer.gather import published_items
+    from services.trainer.links import IoThread, Publisher
+
+    ctx = D.init_distributed("cuda")
+    s = _settings(model_dir, "cuda", lora_rank=4, lora_alpha=8, target_modules="q_proj,v_proj,down_proj")
+    models = build_models(s, ctx)
+    metrics = train_step(models, batch(0), s, pad_id=0)
+    io = IoThread()
+
+    async def client() -> ParamSyncClient:
+        return ParamSyncClient(address)
+
+    publisher = Publisher(io, io.call(client()))
+    stream_weights(models.actor, publish_gather(s, ctx.device), publisher, version=1, step=1)
+    publisher.drain()
+    record = publisher.records[-1]
+    assert record.ok, record.error
+    adapter = gather_weights(models.actor, published_items(models.actor))
+    return {"metrics": metrics, "adapter": dict(adapter) if adapter is not None else None}
+
+
 def resume(out: str, model_dir: str, root: str, phase: str) -> dict[str, Any]:
     s = _settings(model_dir, "cuda")
     models = build_models(s, D.init_distributed("cuda"))
@@ -135,7 +160,14 @@ def _weights(models: Any) -> dict[str, torch.Tensor] | None:
     return dict(weights) if weights is not None else None
 
 
-KINDS = {"step": step, "publish": publish, "resume": resume, "memory": memory, "switches": switches}
+KINDS = {
+    "step": step,
+    "publish": publish,
+    "lora": lora,
+    "resume": resume,
+    "memory": memory,
+    "switches": switches,
+}
 
 
 def main(kind: str, out: str, *args: str) -> None:

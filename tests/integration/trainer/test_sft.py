@@ -33,9 +33,9 @@ def write_data(path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def run_sft(model_dir, data, out, nproc: int, steps: int) -> list[dict]:
+def run_sft(model_dir, data, out, nproc: int, steps: int, device: str = "cpu") -> list[dict]:
     cmd = [
-        sys.executable, "-m", "commands.cli", "sft",
+        sys.executable, "-m", "commands.cli", "sft", "--device", device,
         "--model", str(model_dir), "--data", str(data), "--out", str(out), "--nproc", str(nproc),
         "--train-batch-size", "8", "--micro-batch-size-per-gpu", "2", "--lr", "3e-3",
         "--total-training-steps", str(steps), "--seed", "3",
