@@ -136,3 +136,15 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     server = RedisProcess(data_dir=tmp_path / "redis").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def file_system_sharing() -> Iterator[None]:
+    """CPU tensors shared by file name, which another process (an engine) may open, as a trainer on
+    the engine's host shares them (torch's default shares by descriptor, which only children open)."""
+    import torch.multiprocessing
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    yield
+    torch.multiprocessing.set_sharing_strategy(before)

@@ -404,15 +404,7 @@ class EngineClient:
         flush_cache: bool = True,
         load_format: str | None = None,
     ) -> UpdateResult:
-        body: dict[str, Any] = {
-            "model_path": model_path,
-            "abort_all_requests": abort_all_requests,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
-        if load_format is not None:
-            body["load_format"] = load_format
+        body = _update_body(weight_version, abort_all_requests, flush_cache, load_format, model_path=model_path)
         return await self._update("/update_weights_from_disk", body)
 
     async def update_weights_from_tensor(
@@ -425,15 +417,13 @@ class EngineClient:
     ) -> UpdateResult:
         """Tensors shared by handle on the engine's host (CUDA IPC, or shared memory on a CPU): one
         base64 ``MultiprocessingSerializer`` payload per tensor-parallel rank, in ``load_format``."""
-        body: dict[str, Any] = {
-            "serialized_named_tensors": list(serialized_named_tensors),
-            "abort_all_requests": abort_all_requests,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
-        if load_format is not None:
-            body["load_format"] = load_format
+        body = _update_body(
+            weight_version,
+            abort_all_requests,
+            flush_cache,
+            load_format,
+            serialized_named_tensors=list(serialized_named_tensors),
+        )
         return await self._update("/update_weights_from_tensor", body)
 
     async def init_weights_update_group(
@@ -542,3 +532,19 @@ class EngineClient:
 
 def _count(payload: Any) -> str:
     return str(len(payload)) if isinstance(payload, list) else "a single object instead of a list of"
+
+
+def _update_body(
+    weight_version: str | int | None,
+    abort_all_requests: bool,
+    flush_cache: bool,
+    load_format: str | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A weight update's request in SGLang's shape: ``fields`` and the options every update takes."""
+    body: dict[str, Any] = {**fields, "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
+    if weight_version is not None:
+        body["weight_version"] = str(weight_version)
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body

@@ -83,6 +83,14 @@ async def greedy(url: str) -> list[list[int]]:
         return [body["output_ids"] for body in response.json()]
 
 
+async def greedy_of_an_engine_started_on(model_dir: Path) -> list[list[int]]:
+    reference = cuda_engine(model_dir)
+    try:
+        return await greedy(reference.url)
+    finally:
+        reference.stop()
+
+
 def hf_greedy(model_dir: Path) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
@@ -134,11 +142,7 @@ async def test_serving_compiles_nothing_that_the_start_did_not(engine: EnginePro
 async def test_after_each_weight_route_the_tokens_are_an_engine_started_on_the_new_weights(
     engine: EngineProcess, small_dir: Path, new_dir: Path, tmp_path: Path
 ) -> None:
-    reference = cuda_engine(new_dir)
-    try:
-        expected = await greedy(reference.url)
-    finally:
-        reference.stop()
+    expected = await greedy_of_an_engine_started_on(new_dir)
     before = await greedy(engine.url)
     assert before != expected
 
@@ -182,11 +186,7 @@ async def test_the_trainers_slots_reach_the_engine_by_cuda_ipc_version_after_ver
     from services.paramsync.tensors import as_pairs, open_specs
     from services.trainer.weight_handles import HandleSlots
 
-    reference = cuda_engine(new_dir)
-    try:
-        expected = await greedy(reference.url)
-    finally:
-        reference.stop()
+    expected = await greedy_of_an_engine_started_on(new_dir)
     before = await greedy(engine.url)
     slots = HandleSlots(torch.device("cuda"))
     async with http_client.async_client(base_url=engine.url, timeout=120) as http:

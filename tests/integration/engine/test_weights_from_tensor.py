@@ -41,14 +41,6 @@ def engines(tiny_model_dir: Path, new_model_dir: Path) -> Iterator[tuple[EngineP
     reference.stop()
 
 
-@pytest.fixture
-def file_system_sharing() -> Iterator[None]:
-    before = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    yield
-    torch.multiprocessing.set_sharing_strategy(before)
-
-
 async def greedy(http: httpx.AsyncClient) -> list[int]:
     response = await http.post("/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY})
     response.raise_for_status()

@@ -11,7 +11,7 @@ import contextlib
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +53,6 @@ class SwitchLog(EngineClient):
 
     def paths(self) -> list[str]:
         return [path for path, _ in self.calls]
-
-
-@pytest.fixture
-def file_system_sharing() -> Iterator[None]:
-    """CPU tensors shared by file name, which another process (the engine) may open."""
-    before = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    yield
-    torch.multiprocessing.set_sharing_strategy(before)
 
 
 def shared_buckets(tensors: dict[str, torch.Tensor], count: int) -> tuple[list[dict[str, Any]], list[str]]:
@@ -206,6 +197,30 @@ async def test_a_version_shared_by_handle_loads_with_nothing_fetched(
         assert not any(body["abort_all_requests"] for body in updates)
 
 
+async def load_falling_back(
+    engine: EngineProcess, model_dir: Path, tmp_path: Path, tensors: dict[str, torch.Tensor], handles: WeightHandles
+) -> tuple[WeightSync, list[str]]:
+    """Publishes ``tensors`` with ``handles`` the engine cannot fully use; checks that the replica
+    loaded the version and that the engine then answers as after the same bytes. Returns the
+    replica's WeightSync (its counters) and the engine calls its switch made."""
+    async with (
+        paramsync_service() as address,
+        ParamSyncClient(address) as paramsync,
+        SwitchLog(engine.url) as client,
+        original_weights_after(client, model_dir),
+    ):
+        new = int(await client.weight_version()) + 1
+        sync, state = bare_weight_sync(paramsync, client, "r-fallback", "abort_resume", tmp_path / "weights", new - 1)
+        await publish_and_load(sync, state, paramsync, new, tensors, handles)
+        engine_version = await client.weight_version()
+        loaded = await greedy_logprobs(client)
+        paths = client.paths()
+        by_bytes = await logprobs_by_bytes(client, tensors, tmp_path / "bytes")
+    assert engine_version == str(new)
+    assert loaded == by_bytes
+    return sync, paths
+
+
 @pytest.mark.parametrize("why", ["freed", "other_host"])
 async def test_handles_the_engine_cannot_use_fall_back_to_the_bytes(
     engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, file_system_sharing: None, why: str
@@ -219,22 +234,7 @@ async def test_handles_the_engine_cannot_use_fall_back_to_the_bytes(
         # Other weights than the bytes: opened by mistake, they would show in what the engine generates.
         _, payloads = shared_buckets(new_policy(tiny_model_dir, 1.3), 2)
         handles = WeightHandles(f"{socket.gethostname()}-elsewhere", FLATTENED_BUCKET, tuple(payloads))
-    async with (
-        paramsync_service() as address,
-        ParamSyncClient(address) as paramsync,
-        SwitchLog(engine.url) as client,
-        original_weights_after(client, tiny_model_dir),
-    ):
-        new = int(await client.weight_version()) + 1
-        sync, state = bare_weight_sync(paramsync, client, "r-fallback", "abort_resume", tmp_path / "weights", new - 1)
-        await publish_and_load(sync, state, paramsync, new, tensors, handles)
-        engine_version = await client.weight_version()
-        loaded = await greedy_logprobs(client)
-        paths = client.paths()
-        by_bytes = await logprobs_by_bytes(client, tensors, tmp_path / "bytes")
-
-    assert engine_version == str(new)
-    assert loaded == by_bytes
+    sync, paths = await load_falling_back(engine, tiny_model_dir, tmp_path, tensors, handles)
     tried = why == "freed"
     assert counts(sync) == {"handles": 0, "bytes": 1, "fallbacks": int(tried), "fetches": 1, "applies": 1}
     # A refused first bucket is given up under its pause; the bytes then switch as always.
@@ -250,23 +250,8 @@ async def test_a_bucket_refused_after_others_loaded_loads_the_bytes_before_gener
     tensors = new_policy(tiny_model_dir, 1.1)
     buckets, payloads = shared_buckets(tensors, 2)
     handles = handles_here([payloads[0], "%%% not a payload"])
-    async with (
-        paramsync_service() as address,
-        ParamSyncClient(address) as paramsync,
-        SwitchLog(engine.url) as client,
-        original_weights_after(client, tiny_model_dir),
-    ):
-        new = int(await client.weight_version()) + 1
-        sync, state = bare_weight_sync(paramsync, client, "r-mended", "abort_resume", tmp_path / "weights", new - 1)
-        await publish_and_load(sync, state, paramsync, new, tensors, handles)
-        engine_version = await client.weight_version()
-        loaded = await greedy_logprobs(client)
-        paths = client.paths()
-        by_bytes = await logprobs_by_bytes(client, tensors, tmp_path / "bytes")
+    sync, paths = await load_falling_back(engine, tiny_model_dir, tmp_path, tensors, handles)
     del buckets
-
-    assert engine_version == str(new)
-    assert loaded == by_bytes
     assert counts(sync) == {"handles": 0, "bytes": 1, "fallbacks": 1, "fetches": 1, "applies": 1}
     assert paths == [
         "/pause_generation",

@@ -6,9 +6,7 @@ reported its version) is never rewritten: that version goes as bytes only."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
-import pytest
 import torch
 
 from relayrl.models.loading import load_causal_lm
@@ -23,13 +21,6 @@ from tests.integration.paramsync.harness import running_service
 
 # Smaller than most of the tiny model's tensors: they come from the gather in row ranges.
 BUCKET_BYTES = 4 * 1024
-
-
-@pytest.fixture
-def sharing_strategy() -> Iterator[None]:
-    before = torch.multiprocessing.get_sharing_strategy()
-    yield
-    torch.multiprocessing.set_sharing_strategy(before)
 
 
 def opened(ann: Announcement) -> dict[str, torch.Tensor]:
@@ -52,7 +43,7 @@ async def _client(address: str) -> ParamSyncClient:
 
 
 async def test_handles_hold_the_published_bytes_and_a_slot_still_read_is_not_rewritten(
-    tiny_model_dir, sharing_strategy
+    tiny_model_dir, file_system_sharing
 ):
     model = load_causal_lm(tiny_model_dir)
     gather = BucketGather(BUCKET_BYTES, dtype=torch.bfloat16)
