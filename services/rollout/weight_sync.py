@@ -174,6 +174,11 @@ class WeightSync:
     def close(self) -> None:
         self.files.close()
 
+    @property
+    def in_place(self) -> bool:
+        """``partial_rollout_mode: in_place``: running requests keep their KV cache across a switch."""
+        return self.settings.partial_rollout_mode == "in_place"
+
     async def run_forever(self) -> None:
         """Runs the subscription; subscribes again when it breaks, when a version did not load, or
         when the engine restarted (paramsync then sends the latest version at once, so a restarted
@@ -371,14 +376,13 @@ class WeightSync:
         the round trips between a pause, the update and a continue, and no lost pause or continue
         answer can leave it paused. The aborted samples come back and are resubmitted at the new
         version."""
-        in_place = self.settings.partial_rollout_mode == "in_place"
 
         async def update() -> UpdateResult:
             return await self.engine.update_weights_from_disk(
-                path, weight_version=version, flush_cache=not in_place, abort_all_requests=not in_place
+                path, weight_version=version, flush_cache=not self.in_place, abort_all_requests=not self.in_place
             )
 
-        await self._switch(version, update, pause=in_place)
+        await self._switch(version, update, pause=self.in_place)
 
     async def _switch_by_handle(self, ann: Announcement, handles: WeightHandles) -> str:
         """Full weights by handle, one ``/update_weights_from_tensor`` per bucket. One bucket is one
@@ -387,28 +391,27 @@ class WeightSync:
         first bucket (nothing changed: the caller loads the bytes). When the engine may hold a mix
         of versions, the version's bytes are loaded before generation continues. Returns the route
         that loaded the version."""
-        in_place = self.settings.partial_rollout_mode == "in_place"
         route = "handles"
 
         async def update() -> UpdateResult:
             nonlocal route
-            mixed = await self._send_buckets(handles, ann.version, in_place)
+            mixed = await self._send_buckets(handles, ann.version)
             if mixed is None:
                 return UpdateResult(success=True, message=f"version {ann.version} loaded by handle")
             route = "bytes"
-            return await self._mend_with_bytes(ann, mixed, in_place)
+            return await self._mend_with_bytes(ann, mixed)
 
-        await self._switch(ann.version, update, pause=in_place or len(handles.buckets) > 1)
+        await self._switch(ann.version, update, pause=self.in_place or len(handles.buckets) > 1)
         return route
 
-    async def _send_buckets(self, handles: WeightHandles, version: int, in_place: bool) -> str | None:
+    async def _send_buckets(self, handles: WeightHandles, version: int) -> str | None:
         """Sends every bucket. Returns None once all loaded, else why the engine may hold a mix of
         versions (a later bucket failed, or the link broke amid several). Raises
         :class:`HandlesRefused` when the first is refused, and a lone bucket's link error (the
         whole version in one call, as a switch by bytes)."""
         for index in range(len(handles.buckets)):
             try:
-                result = await self._update_by_handle(handles, index, version, in_place)
+                result = await self._update_by_handle(handles, index, version)
             except EngineError as exc:
                 if len(handles.buckets) == 1:
                     raise
@@ -419,20 +422,20 @@ class WeightSync:
                 return result.message
         return None
 
-    async def _update_by_handle(self, handles: WeightHandles, index: int, version: int, in_place: bool) -> UpdateResult:
+    async def _update_by_handle(self, handles: WeightHandles, index: int, version: int) -> UpdateResult:
         """Bucket ``index`` of ``handles``; the last sets the version and flushes the cache as a byte switch does."""
         last = index == len(handles.buckets) - 1
         # Several buckets are sent under a pause, which has already stopped generation.
-        abort = len(handles.buckets) == 1 and not in_place
+        abort = len(handles.buckets) == 1 and not self.in_place
         return await self.engine.update_weights_from_tensor(
             [handles.buckets[index]],
             handles.load_format or None,
             weight_version=version if last else None,
-            flush_cache=last and not in_place,
+            flush_cache=last and not self.in_place,
             abort_all_requests=abort,
         )
 
-    async def _mend_with_bytes(self, ann: Announcement, why: str, in_place: bool) -> UpdateResult:
+    async def _mend_with_bytes(self, ann: Announcement, why: str) -> UpdateResult:
         """A version that failed part way by handle: its bytes, loaded under the same pause."""
         log.warning(
             "version %d failed part way by handle (%s); loading its bytes before generation continues", ann.version, why
@@ -440,7 +443,7 @@ class WeightSync:
         self.metrics.handle_fallbacks.inc()
         path = await self._fetch(ann)
         return await self.engine.update_weights_from_disk(
-            str(path), weight_version=ann.version, flush_cache=not in_place
+            str(path), weight_version=ann.version, flush_cache=not self.in_place
         )
 
     async def _switch(self, version: int, apply: Callable[[], Awaitable[UpdateResult]], pause: bool = True) -> None:
@@ -452,11 +455,10 @@ class WeightSync:
             # A replica paused by its operator stays paused; the update still lands.
             user_paused = self.state.paused
             pausing = pause and not user_paused
-            in_place = self.settings.partial_rollout_mode == "in_place"
             paused_at = time.perf_counter()
             try:
                 if pausing:
-                    await self.engine.pause_generation("in_place" if in_place else "abort")
+                    await self.engine.pause_generation("in_place" if self.in_place else "abort")
                 applying = time.perf_counter()
                 result = await apply()
                 self.metrics.weight_apply.observe(time.perf_counter() - applying)

@@ -72,6 +72,9 @@ class BenchConfig:
     # warm-up) and the plain-model run is not started; None: no limit.
     deadline_unix: float | None = None
 
+    def past_deadline(self) -> bool:
+        return self.deadline_unix is not None and time.time() > self.deadline_unix
+
 
 def response_length(cfg: BenchConfig, rng: random.Random) -> int:
     """One response's length under ``cfg.workload``."""
@@ -144,7 +147,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         reset_peak_memory(ctx.device)
         started = time.perf_counter()
         # Rank 0 decides for every rank, with the batch: the ranks must stop at the same step.
-        stop = measured > 0 and cfg.deadline_unix is not None and time.time() > cfg.deadline_unix
+        stop = measured > 0 and cfg.past_deadline()
         stop, batch = D.broadcast_object(
             (stop, None if stop else make_batch(cfg, step, vocab)) if ctx.is_main else None
         )
@@ -240,8 +243,7 @@ def run_bench(cfg: BenchConfig, timeout_s: float | None = None) -> dict[str, Any
             # The baseline gets the cores the N ranks had (one thread each), so the comparison is
             # of FSDP against plain intra-op parallelism on the same hardware.
             torch.set_num_threads(world * int(env["OMP_NUM_THREADS"]))
-        late = cfg.deadline_unix is not None and time.time() > cfg.deadline_unix
-        single = _measure(cfg, model_dir, fsdp=False) if cfg.single_process and not late else None
+        single = _measure(cfg, model_dir, fsdp=False) if cfg.single_process and not cfg.past_deadline() else None
 
     def rate(r: dict[str, Any]) -> float:
         return r["tokens"] / (r["forward_backward_s"] + r["optimizer_s"])
