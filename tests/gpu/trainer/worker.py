@@ -54,9 +54,6 @@ def step(out: str, device: str, model_dir: str, estimator: str) -> dict[str, Any
 
 
 def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[str, Any]:
-    from services.paramsync.client import ParamSyncClient
-    from services.trainer.links import IoThread, Publisher
-
     ctx = D.init_distributed("cuda")
     s = _settings(model_dir, "cuda")
     models = build_models(s, ctx)
@@ -64,16 +61,7 @@ def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[s
     # rollout_dtype auto: bf16 on cuda, each bucket cast on the GPU before its pinned copy.
     dtype = getattr(torch, s.resolved_rollout_dtype)
     gather = BucketGather(int(bucket_bytes), staging=host_staging(ctx.device), dtype=dtype)
-    io = IoThread()
-
-    async def client() -> ParamSyncClient:
-        return ParamSyncClient(address)
-
-    publisher = Publisher(io, io.call(client()))
-    stream_weights(models.actor, gather, publisher, version=1, step=1)
-    publisher.drain()
-    record = publisher.records[-1]
-    assert record.ok, record.error
+    _publish_version_1(models, gather, address)
     return {
         "weights": _weights(models),
         "staging": type(gather.staging).__name__,
@@ -83,24 +71,13 @@ def publish(out: str, model_dir: str, address: str, bucket_bytes: str) -> dict[s
 
 
 def lora(out: str, model_dir: str, address: str) -> dict[str, Any]:
-    from services.paramsync.client import ParamSyncClient
     from services.trainer.gather import published_items
-    from services.trainer.links import IoThread, Publisher
 
     ctx = D.init_distributed("cuda")
     s = _settings(model_dir, "cuda", lora_rank=4, lora_alpha=8, target_modules="q_proj,v_proj,down_proj")
     models = build_models(s, ctx)
     metrics = train_step(models, batch(0), s, pad_id=0)
-    io = IoThread()
-
-    async def client() -> ParamSyncClient:
-        return ParamSyncClient(address)
-
-    publisher = Publisher(io, io.call(client()))
-    stream_weights(models.actor, publish_gather(s, ctx.device), publisher, version=1, step=1)
-    publisher.drain()
-    record = publisher.records[-1]
-    assert record.ok, record.error
+    _publish_version_1(models, publish_gather(s, ctx.device), address)
     adapter = gather_weights(models.actor, published_items(models.actor))
     return {"metrics": metrics, "adapter": dict(adapter) if adapter is not None else None}
 
@@ -153,6 +130,23 @@ def switches(out: str, model_dir: str) -> dict[str, Any]:
         models = build_models(s, ctx)
         runs[name] = train_step(models, batch(0), s, pad_id=0)
     return runs
+
+
+def _publish_version_1(models: Any, gather: BucketGather, address: str) -> None:
+    """The trainer's streamed publish of version 1 to paramsync at ``address``, waited for."""
+    from services.paramsync.client import ParamSyncClient
+    from services.trainer.links import IoThread, Publisher
+
+    io = IoThread()
+
+    async def client() -> ParamSyncClient:
+        return ParamSyncClient(address)
+
+    publisher = Publisher(io, io.call(client()))
+    stream_weights(models.actor, gather, publisher, version=1, step=1)
+    publisher.drain()
+    record = publisher.records[-1]
+    assert record.ok, record.error
 
 
 def _weights(models: Any) -> dict[str, torch.Tensor] | None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,6 @@ class SwitchLog(EngineClient):
         if path in _SWITCH_PATHS:
             self.calls.append((path, json))
         return await super()._send_once(method, path, json)
-
-    def paths(self) -> list[str]:
-        return [path for path, _ in self.calls]
 
 
 def shared_buckets(tensors: dict[str, torch.Tensor], count: int) -> tuple[list[dict[str, Any]], list[str]]:
@@ -152,57 +150,31 @@ def counts(sync: WeightSync) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize(("count", "mode"), [(3, "abort_resume"), (3, "in_place"), (1, "abort_resume")])
-async def test_a_version_shared_by_handle_loads_with_nothing_fetched(
-    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, file_system_sharing: None, count: int, mode: str
-) -> None:
-    tensors = new_policy(tiny_model_dir, 1.1)
-    buckets, payloads = shared_buckets(tensors, count)
-    async with (
-        paramsync_service() as address,
-        ParamSyncClient(address) as paramsync,
-        SwitchLog(engine.url) as client,
-        original_weights_after(client, tiny_model_dir),
-    ):
-        new = int(await client.weight_version()) + 1
-        before = await greedy_logprobs(client)
-        sync, state = bare_weight_sync(paramsync, client, "r-handles", mode, tmp_path / "weights", new - 1)
-        await publish_and_load(sync, state, paramsync, new, tensors, handles_here(payloads))
-        engine_version = await client.weight_version()
-        by_handle = await greedy_logprobs(client)
-        switch = list(client.calls)
-        by_bytes = await logprobs_by_bytes(client, tensors, tmp_path / "bytes")
-    del buckets  # the engine has copied them
+@dataclass
+class Loaded:
+    """A version loaded through a replica: what the engine answered before and after, its number,
+    the replica's WeightSync (its counters), and every call the switch made to the engine."""
 
-    assert engine_version == str(new)
-    assert by_handle != before, "the version must answer differently for this test to mean anything"
-    assert by_handle == by_bytes
-    # Nothing fetched, one apply (every call together), as the route counter says.
-    assert counts(sync) == {"handles": 1, "bytes": 0, "fallbacks": 0, "fetches": 0, "applies": 1}
-    updates = [body for path, body in switch if path == "/update_weights_from_tensor"]
-    assert [body["serialized_named_tensors"] for body in updates] == [[p] for p in payloads]
-    # Only the last call sets the version (and flushes, where the bytes route would).
-    assert [body.get("weight_version") for body in updates] == [None] * (count - 1) + [str(new)]
-    assert [body["flush_cache"] for body in updates] == [False] * (count - 1) + [mode != "in_place"]
-    if count == 1 and mode != "in_place":
-        # As a switch by bytes: one call that aborts and applies between two engine steps.
-        assert [path for path, _ in switch] == ["/update_weights_from_tensor"]
-        assert updates[0]["abort_all_requests"] is True
-    else:
-        # No step may run on a mix of versions: one pause around every call.
-        assert [path for path, _ in switch] == ["/pause_generation"] + ["/update_weights_from_tensor"] * count + [
-            "/continue_generation"
-        ]
-        assert switch[0][1] == {"mode": "in_place" if mode == "in_place" else "abort"}
-        assert not any(body["abort_all_requests"] for body in updates)
+    before: list[float]
+    after: list[float]
+    version: int
+    sync: WeightSync
+    calls: list[tuple[str, Any]]
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.calls]
 
 
-async def load_falling_back(
-    engine: EngineProcess, model_dir: Path, tmp_path: Path, tensors: dict[str, torch.Tensor], handles: WeightHandles
-) -> tuple[WeightSync, list[str]]:
-    """Publishes ``tensors`` with ``handles`` the engine cannot fully use; checks that the replica
-    loaded the version and that the engine then answers as after the same bytes. Returns the
-    replica's WeightSync (its counters) and the engine calls its switch made."""
+async def load_through_replica(
+    engine: EngineProcess,
+    model_dir: Path,
+    tmp_path: Path,
+    tensors: dict[str, torch.Tensor],
+    handles: WeightHandles,
+    mode: str = "abort_resume",
+) -> Loaded:
+    """Publishes ``tensors`` with ``handles`` and lets a replica in ``mode`` load the version; checks
+    that the engine then holds it and answers exactly as after the same bytes loaded from a file."""
     async with (
         paramsync_service() as address,
         ParamSyncClient(address) as paramsync,
@@ -210,15 +182,47 @@ async def load_falling_back(
         original_weights_after(client, model_dir),
     ):
         new = int(await client.weight_version()) + 1
-        sync, state = bare_weight_sync(paramsync, client, "r-fallback", "abort_resume", tmp_path / "weights", new - 1)
+        before = await greedy_logprobs(client)
+        sync, state = bare_weight_sync(paramsync, client, "r-handles", mode, tmp_path / "weights", new - 1)
         await publish_and_load(sync, state, paramsync, new, tensors, handles)
         engine_version = await client.weight_version()
-        loaded = await greedy_logprobs(client)
-        paths = client.paths()
+        after = await greedy_logprobs(client)
+        calls = list(client.calls)
         by_bytes = await logprobs_by_bytes(client, tensors, tmp_path / "bytes")
     assert engine_version == str(new)
-    assert loaded == by_bytes
-    return sync, paths
+    assert after == by_bytes
+    return Loaded(before, after, new, sync, calls)
+
+
+@pytest.mark.parametrize(("count", "mode"), [(3, "abort_resume"), (3, "in_place"), (1, "abort_resume")])
+async def test_a_version_shared_by_handle_loads_with_nothing_fetched(
+    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, file_system_sharing: None, count: int, mode: str
+) -> None:
+    tensors = new_policy(tiny_model_dir, 1.1)
+    buckets, payloads = shared_buckets(tensors, count)
+    loaded = await load_through_replica(engine, tiny_model_dir, tmp_path, tensors, handles_here(payloads), mode)
+    del buckets  # the engine has copied them
+
+    assert loaded.after != loaded.before, "the version must answer differently for this test to mean anything"
+    # Nothing fetched, one apply (every call together), as the route counter says.
+    assert counts(loaded.sync) == {"handles": 1, "bytes": 0, "fallbacks": 0, "fetches": 0, "applies": 1}
+    switch = loaded.calls
+    updates = [body for path, body in switch if path == "/update_weights_from_tensor"]
+    assert [body["serialized_named_tensors"] for body in updates] == [[p] for p in payloads]
+    # Only the last call sets the version (and flushes, where the bytes route would).
+    assert [body.get("weight_version") for body in updates] == [None] * (count - 1) + [str(loaded.version)]
+    assert [body["flush_cache"] for body in updates] == [False] * (count - 1) + [mode != "in_place"]
+    if count == 1 and mode != "in_place":
+        # As a switch by bytes: one call that aborts and applies between two engine steps.
+        assert loaded.paths() == ["/update_weights_from_tensor"]
+        assert updates[0]["abort_all_requests"] is True
+    else:
+        # No step may run on a mix of versions: one pause around every call.
+        assert loaded.paths() == ["/pause_generation"] + ["/update_weights_from_tensor"] * count + [
+            "/continue_generation"
+        ]
+        assert switch[0][1] == {"mode": "in_place" if mode == "in_place" else "abort"}
+        assert not any(body["abort_all_requests"] for body in updates)
 
 
 @pytest.mark.parametrize("why", ["freed", "other_host"])
@@ -234,12 +238,12 @@ async def test_handles_the_engine_cannot_use_fall_back_to_the_bytes(
         # Other weights than the bytes: opened by mistake, they would show in what the engine generates.
         _, payloads = shared_buckets(new_policy(tiny_model_dir, 1.3), 2)
         handles = WeightHandles(f"{socket.gethostname()}-elsewhere", FLATTENED_BUCKET, tuple(payloads))
-    sync, paths = await load_falling_back(engine, tiny_model_dir, tmp_path, tensors, handles)
+    loaded = await load_through_replica(engine, tiny_model_dir, tmp_path, tensors, handles)
     tried = why == "freed"
-    assert counts(sync) == {"handles": 0, "bytes": 1, "fallbacks": int(tried), "fetches": 1, "applies": 1}
+    assert counts(loaded.sync) == {"handles": 0, "bytes": 1, "fallbacks": int(tried), "fetches": 1, "applies": 1}
     # A refused first bucket is given up under its pause; the bytes then switch as always.
     handle_calls = ["/pause_generation", "/update_weights_from_tensor", "/continue_generation"] if tried else []
-    assert paths == [*handle_calls, "/update_weights_from_disk"]
+    assert loaded.paths() == [*handle_calls, "/update_weights_from_disk"]
 
 
 async def test_a_bucket_refused_after_others_loaded_loads_the_bytes_before_generation_continues(
@@ -250,10 +254,10 @@ async def test_a_bucket_refused_after_others_loaded_loads_the_bytes_before_gener
     tensors = new_policy(tiny_model_dir, 1.1)
     buckets, payloads = shared_buckets(tensors, 2)
     handles = handles_here([payloads[0], "%%% not a payload"])
-    sync, paths = await load_falling_back(engine, tiny_model_dir, tmp_path, tensors, handles)
+    loaded = await load_through_replica(engine, tiny_model_dir, tmp_path, tensors, handles)
     del buckets
-    assert counts(sync) == {"handles": 0, "bytes": 1, "fallbacks": 1, "fetches": 1, "applies": 1}
-    assert paths == [
+    assert counts(loaded.sync) == {"handles": 0, "bytes": 1, "fallbacks": 1, "fetches": 1, "applies": 1}
+    assert loaded.paths() == [
         "/pause_generation",
         "/update_weights_from_tensor",
         "/update_weights_from_tensor",
