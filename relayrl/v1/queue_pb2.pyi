@@ -22,20 +22,28 @@ class PushResponse(_message.Message):
     def __init__(self, entry_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("consumer", "current_version", "max_staleness", "max_groups", "block_timeout_s", "session_id")
+    __slots__ = ("consumer", "current_version", "max_staleness", "max_groups", "block_timeout_s", "session_id", "held")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     current_version: int
     max_staleness: int
     max_groups: int
     block_timeout_s: float
     session_id: str
-    def __init__(self, consumer: _Optional[str] = ..., current_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., max_groups: _Optional[int] = ..., block_timeout_s: _Optional[float] = ..., session_id: _Optional[str] = ...) -> None: ...
+    held: HeldEntries
+    def __init__(self, consumer: _Optional[str] = ..., current_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., max_groups: _Optional[int] = ..., block_timeout_s: _Optional[float] = ..., session_id: _Optional[str] = ..., held: _Optional[_Union[HeldEntries, _Mapping]] = ...) -> None: ...
+
+class HeldEntries(_message.Message):
+    __slots__ = ("entry_ids",)
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    entry_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entry_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeliveredGroup(_message.Message):
     __slots__ = ("entry_id", "group", "delivery_count", "age_versions")

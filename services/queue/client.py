@@ -12,7 +12,7 @@ under the same consumer name gets its own un-acknowledged entries re-delivered f
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
@@ -113,10 +113,13 @@ class QueueClient:
         max_staleness: int,
         max_groups: int,
         block_timeout_s: float = 0.0,
+        held: Sequence[str] | None = None,
     ) -> list[DeliveredGroup]:
         """Up to ``max_groups`` groups fresh for ``current_version`` under bound ``max_staleness``.
 
         Blocks up to ``block_timeout_s`` for the first group; returns ``[]`` when none came.
+        ``held``: the entries this consumer holds unacknowledged, given when more are pending for it
+        than that; the others are delivered again first (their replies were lost).
         """
         request = qpb.PullRequest(
             consumer=consumer,
@@ -125,6 +128,7 @@ class QueueClient:
             max_groups=max_groups,
             block_timeout_s=block_timeout_s,
             session_id=self.session_id,
+            held=None if held is None else qpb.HeldEntries(entry_ids=held),
         )
         reply = await _call(self._trajectories.Pull, request, _deadline(block_timeout_s, default_s=60.0))
         return [DeliveredGroup.from_proto(d) for d in reply.groups]

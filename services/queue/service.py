@@ -76,6 +76,7 @@ class TrajectoryQueueServicer(qgrpc.TrajectoryQueueServicer):
                 max_staleness=request.max_staleness,
                 max_groups=request.max_groups,
                 block_timeout_s=request.block_timeout_s,
+                held=list(request.held.entry_ids) if request.HasField("held") else None,
             )
         )
         try:

@@ -39,8 +39,10 @@ Re-delivery, in the order a pull serves it:
 
 0. Entries read for a pull whose reply never reached the consumer (client deadline or
    disconnect) are handed back to the same consumer on its next pull. Kept in the service's
-   memory: if the service restarts too, they wait for the consumer's restart or death.
-   Everything else below is kept in Redis, so several service instances may share a run.
+   memory; when the service instance died with the reply (or Redis died after the read), the
+   consumer finds more entries pending for it than it holds, says which it holds (``held``),
+   and gets the others. Everything else below is kept in Redis, so several service instances
+   may share a run.
 1. A consumer name seen with a new session id (a restarted trainer) first gets its own
    pending entries again (``XREADGROUP`` from id 0, then onward), before anything new.
 2. Pending entries of *another* consumer are claimed (``XCLAIM``) only when that consumer
@@ -58,6 +60,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,17 +383,29 @@ class TrajectoryQueue:
         max_staleness: int,
         max_groups: int,
         block_timeout_s: float,
+        held: Collection[str] | None = None,
     ) -> PullResult:
+        """Up to ``max_groups`` groups for ``consumer``, owed ones first (see the module's re-delivery order).
+
+        ``held``: the entries the consumer holds unacknowledged, when it sees more pending for it
+        than that; the others pending to it are owed (:meth:`_owed_to`).
+        """
         self._check_pull_args(consumer, current_version, max_staleness, max_groups, block_timeout_s)
+        if held is not None and len(held) > self._settings.capacity:
+            cap = self._settings.capacity
+            raise BadRequest(f"held lists {len(held)} entries; no consumer holds more than capacity={cap}")
         deadline = time.monotonic() + min(block_timeout_s, self._settings.max_block_timeout_s)
         # New entries come last: read them up front only when nothing can be owed first.
         read_now = (
-            self._no_cursor.get(consumer) == session_id
+            held is None
+            and self._no_cursor.get(consumer) == session_id
             and not self._undelivered.get(consumer)
             and not self._reclaim_due()
         )
         rollbacks = await self.rollbacks()
         cursor, batch = await self._begin_pull(consumer, session_id, max_groups if read_now else 0)
+        if held is not None and cursor is None:  # a cursor walks every pending entry anyway
+            self._undelivered[consumer] = await self._owed_to(consumer, held)
         delivered: list[Delivery] = []
         dropped_stale = 0
         while True:
@@ -420,6 +435,31 @@ class TrajectoryQueue:
         if deliveries:
             log.warning("pull reply to %s was not received: %d entries will be re-delivered", consumer, len(deliveries))
             self._undelivered.setdefault(consumer, []).extend(d.entry_id for d in deliveries)
+
+    async def _owed_to(self, consumer: str, held: Collection[str]) -> list[str]:
+        """The entries pending to ``consumer`` that it does not hold, oldest first.
+
+        Entries read for a pull are pending to the consumer from that read on. When the service
+        instance dies before its reply reaches the consumer (or Redis dies after the read, before
+        answering it), nothing remembers them (:meth:`not_received` is memory): a live consumer
+        never restarts its session, so they stayed pending to it for good, and a trainer waiting
+        for them waited for good. Only the consumer knows what it holds.
+        """
+        pending = await self._redis.xpending_range(
+            self._keys.trajectories, TRAINER_GROUP, "-", "+", self._settings.capacity, consumername=consumer
+        )
+        kept = set(held)
+        owed = [i for i in (_text(p["message_id"]) for p in pending) if i not in kept]
+        if owed:
+            log.warning(
+                "consumer %s holds %d of the %d entries pending to it: the other %d were read for replies it never "
+                "received, and are delivered again",
+                consumer,
+                len(pending) - len(owed),
+                len(pending),
+                len(owed),
+            )
+        return owed
 
     async def _undelivered_first(self, consumer: str, want: int) -> list[_RawEntry]:
         ids = self._undelivered.get(consumer)

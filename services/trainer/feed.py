@@ -118,6 +118,9 @@ class Feed:
         # counted there as outstanding training work, so each is made up for like a drop.
         self._resumed, self._strays = False, 0
         self._outstanding = 0  # prompts and groups the queue holds for training, at the last stats
+        # Entries pending for the trainer beyond those it holds, at the last stats: read for replies
+        # that never reached it (see _pull).
+        self._unheld = 0
         self._wanted_evals: set[str] = set()  # prompt ids of the validation under way
 
     # --- checkpoints --------------------------------------------------------------------
@@ -255,15 +258,24 @@ class Feed:
         self._generated_long = (stats.generated_long_threshold_tokens, stats.generated_long_token_share)
         waiting = prompt_stats.waiting + prompt_stats.leased + stats.queue_size + stats.pending
         self._outstanding = int(waiting) - len(self._unacked)
+        self._unheld = int(stats.pending) - len(self._seen)
 
     # --- pulling ------------------------------------------------------------------------
 
     def _pull(self, version: int, max_groups: int) -> int:
-        """Pulls and routes up to ``max_groups`` groups; returns how many came."""
+        """Pulls and routes up to ``max_groups`` groups; returns how many came.
+
+        Every entry pending for the trainer is one it holds, unless a pull's reply died with the
+        queue instance (or Redis) that read it: those stay pending to this live consumer and nothing
+        delivers them again. The trainer would wait for them for good (its count of work out
+        includes them), so when more are pending than it holds, it tells the queue what it holds.
+        """
         s = self.settings
         rpc_s = self._rpc_s
+        held = sorted(self._seen) if self._unheld > 0 else None
         got = self._rpc(
-            "pull", lambda: self.queue.pull(s.consumer, version, self.max_staleness, max_groups, s.pull_timeout_s)
+            "pull",
+            lambda: self.queue.pull(s.consumer, version, self.max_staleness, max_groups, s.pull_timeout_s, held=held),
         )
         if not got:
             self._rpc_s = rpc_s  # an empty pull only blocked, waiting for groups

@@ -46,7 +46,13 @@ class TrajectoryQueue(Protocol):
     async def release(self, prompts: list[PromptSpec]) -> int: ...
 
     async def pull(
-        self, consumer: str, current_version: int, max_staleness: int, max_groups: int, block_timeout_s: float = 0.0
+        self,
+        consumer: str,
+        current_version: int,
+        max_staleness: int,
+        max_groups: int,
+        block_timeout_s: float = 0.0,
+        held: Sequence[str] | None = None,
     ) -> list[Any]: ...
 
     async def ack(self, consumer: str, entry_ids: list[str]) -> int: ...

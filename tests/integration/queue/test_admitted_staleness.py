@@ -5,22 +5,13 @@ never dropped because η fell afterwards (relayrl/staleness.py states the rule).
 from __future__ import annotations
 
 import asyncio
-import logging
-
-from prometheus_client import CollectorRegistry, Gauge
 
 from relayrl.schema import Group, Sample
-from relayrl.stalls import StallWatch
 from services.queue.client import QueueClient
-from services.trainer.config import TrainerSettings
-from services.trainer.control import Control
-from services.trainer.data import PromptDataset, PromptRow
-from services.trainer.feed import Feed
 from services.trainer.links import IoThread
 
-from .helpers import make_group
+from .helpers import make_group, trainer_feed
 
-log = logging.getLogger(__name__)
 BATCH = 2
 
 
@@ -41,16 +32,6 @@ async def test_a_group_is_judged_by_the_eta_it_was_admitted_under_not_the_pulls(
         assert (await client.stats()).dropped_by_reason["stale"] == 2
 
 
-def _feed(address: str, io: IoThread) -> Feed:
-    async def connect() -> QueueClient:
-        return QueueClient(address)
-
-    settings = TrainerSettings(batch_size=BATCH, max_staleness="auto", staleness_initial=0, total_steps=100)
-    rows = [PromptRow(f"p/{i}", [1, 2], "s", "", {}) for i in range(64)]
-    stalls = StallWatch(Gauge("t_stalled_seconds", "", ["waiting_for", "peer"], registry=CollectorRegistry()), 60, log)
-    return Feed(settings, io.call(connect()), io, PromptDataset(rows, seed=0), Control(), stalls)
-
-
 async def _lease_all(client: QueueClient, held_version: int) -> list:
     batch = await client.lease_batch("replica-0", 64, held_version, block_timeout_s=0)
     return [lease.prompt for lease in batch.leases]
@@ -59,7 +40,9 @@ async def _lease_all(client: QueueClient, held_version: int) -> list:
 async def test_admission_follows_a_new_eta_at_once_and_a_lower_eta_drops_nothing_admitted_before(start_queue):
     server = await start_queue()
     io = IoThread()
-    feed = _feed(server.grpc_address, io)
+    feed = trainer_feed(
+        server.grpc_address, io, batch_size=BATCH, max_staleness="auto", staleness_initial=0, total_steps=100
+    )
     try:
         async with QueueClient(server.grpc_address) as client:
             # η = 0 at step 1, version 1: one batch for version 1, startable only by version 1.

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -16,10 +17,11 @@ import pytest
 from relayrl.v1 import queue_pb2 as qpb
 from relayrl.v1 import queue_pb2_grpc as qgrpc
 from services.queue.client import QueueClient
-from services.queue.keys import Keys
+from services.queue.keys import TRAINER_GROUP, Keys
+from services.trainer.links import IoThread
 from tests.waiting import wait_until_async
 
-from .helpers import make_group
+from .helpers import make_group, trainer_feed
 
 # A trainer stand-in: pulls, reports what it got, then hangs until killed (never acks).
 _CONSUMER = """
@@ -164,6 +166,55 @@ async def test_a_group_whose_pull_was_not_received_is_delivered_once_after_the_c
             got = await restarted.pull("trainer-0", 0, 0, max_groups=10, block_timeout_s=0.2)
             delivered += [d.group.group_id for d in got]
     assert delivered == ["g0"]
+
+
+async def test_groups_read_for_a_reply_that_died_with_the_service_come_to_the_live_consumer_that_says_what_it_holds(
+    start_queue, raw_redis
+):
+    # The chaos test's stall: a queue instance (or Redis) died between reading groups for a live
+    # trainer's pull and answering it. The trainer kept its session, so nothing walked its pending
+    # entries again, and it waited for those groups for good.
+    first, second = await start_queue(), await start_queue()
+    keys = Keys(first.settings.run_id)
+    async with QueueClient(first.grpc_address) as trainer:
+        await trainer.push([make_group(i) for i in range(3)])
+        held = await trainer.pull("trainer-0", current_version=0, max_staleness=0, max_groups=1)
+        # What the dying instance did before it could answer: read the next two for the same consumer.
+        await raw_redis.xreadgroup(TRAINER_GROUP, "trainer-0", {keys.trajectories: ">"}, count=2)
+    async with QueueClient(second.grpc_address, session_id=trainer.session_id) as same_session:
+        assert await same_session.pull("trainer-0", 0, 0, max_groups=10, block_timeout_s=0.2) == []
+        assert (await same_session.stats()).pending == 3
+        owed = await same_session.pull("trainer-0", 0, 0, max_groups=10, held=[d.entry_id for d in held])
+        assert [(d.group.group_id, d.delivery_count) for d in owed] == [("g1", 2), ("g2", 2)]
+        # The group it holds was not handed out again: one delivery, as before.
+        pending = await raw_redis.xpending_range(keys.trajectories, TRAINER_GROUP, "-", "+", 10)
+        assert {p["message_id"].decode(): p["times_delivered"] for p in pending}[held[0].entry_id] == 1
+        everything = [d.entry_id for d in held + owed]
+        again = await same_session.pull("trainer-0", 0, 0, max_groups=10, block_timeout_s=0.2, held=everything)
+        assert again == []
+        assert await same_session.ack("trainer-0", everything) == 3
+
+
+async def test_the_trainer_trains_on_groups_whose_pull_reply_died_with_the_queue_instance(start_queue, raw_redis):
+    server = await start_queue()
+    io = IoThread()
+    feed = trainer_feed(server.grpc_address, io, batch_size=2, total_steps=10, pull_timeout_s=0.2)
+    # Without its groups the trainer would wait for good: bound the wait, and say so.
+    give_up = threading.Timer(30, feed.control.stop_requested.set)
+    try:
+        async with QueueClient(server.grpc_address) as client:
+            await client.push([make_group(i) for i in range(2)])
+        # Read for the trainer by an instance that died before answering.
+        await raw_redis.xreadgroup(
+            TRAINER_GROUP, feed.settings.consumer, {Keys(server.settings.run_id).trajectories: ">"}, count=2
+        )
+        give_up.start()
+        batch = await asyncio.to_thread(feed.next_batch, 0, 0)
+        assert batch is not None, "the trainer waited 30 s for groups pending to it that it never received"
+        assert sorted(g.group_id for g in batch.groups) == ["g0", "g1"]
+    finally:
+        give_up.cancel()
+        io.stop()
 
 
 async def test_restart_redelivery_works_across_service_instances(start_queue):

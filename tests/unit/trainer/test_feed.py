@@ -69,7 +69,7 @@ class _Queue:
     async def release(self, prompts: list) -> int:
         return len(prompts)
 
-    async def pull(self, consumer, version, max_staleness, max_groups, timeout_s) -> list[_Delivered]:
+    async def pull(self, consumer, version, max_staleness, max_groups, timeout_s, held=None) -> list[_Delivered]:
         got, self.waiting = self.waiting[:max_groups], self.waiting[max_groups:]
         return got
 
