@@ -213,18 +213,20 @@ class RenewResponse(_message.Message):
     def __init__(self, renewed: _Optional[_Iterable[str]] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class AbandonRequest(_message.Message):
-    __slots__ = ("replica_id", "lease_ids", "reason", "min_start_version", "all_held")
+    __slots__ = ("replica_id", "lease_ids", "reason", "min_start_version", "all_held", "keep_lease_ids")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MIN_START_VERSION_FIELD_NUMBER: _ClassVar[int]
     ALL_HELD_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     min_start_version: int
     all_held: bool
-    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., min_start_version: _Optional[int] = ..., all_held: _Optional[bool] = ...) -> None: ...
+    keep_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., min_start_version: _Optional[int] = ..., all_held: _Optional[bool] = ..., keep_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AbandonResponse(_message.Message):
     __slots__ = ("requeued", "dropped")

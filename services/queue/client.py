@@ -186,16 +186,23 @@ class QueueClient:
         return list(reply.renewed), reply.expires_at_unix_s
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0, all_held: bool = False
+        self,
+        replica_id: str,
+        lease_ids: list[str],
+        reason: str,
+        min_start_version: int = 0,
+        all_held: bool = False,
+        keep_lease_ids: Sequence[str] = (),
     ) -> tuple[list[str], list[str]]:
-        """Gives leases back for leasing again now (every one ``replica_id`` holds with ``all_held``);
-        returns (requeued lease ids, dropped lease ids)."""
+        """Gives leases back for leasing again now (with ``all_held``, every one ``replica_id`` holds
+        but ``keep_lease_ids``); returns (requeued lease ids, dropped lease ids)."""
         request = qpb.AbandonRequest(
             replica_id=replica_id,
             lease_ids=lease_ids,
             reason=reason,
             min_start_version=min_start_version,
             all_held=all_held,
+            keep_lease_ids=keep_lease_ids,
         )
         reply = await _call(self._prompts.Abandon, request, 60.0)
         return list(reply.requeued), list(reply.dropped)

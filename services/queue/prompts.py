@@ -124,15 +124,19 @@ return renewed
 # KEYS: waiting, leased, min_start, stats, data, deliveries, owner, abandons, bell channel.
 # ARGV: replica, reason, min_start_version, max_abandons, all_held (1/0), then key and delivery
 # pairs. Only a lease this replica still holds is given back (as in renew); with all_held, every
-# lease it holds. Returns the requeued and the dropped lease ids, the first list's length first.
+# lease it holds but those the pairs name. Returns the requeued and the dropped lease ids, the
+# first list's length first.
 _ABANDON_LUA = """
 local pairs_ = {}
 if ARGV[5] == '1' then
+  local keep = {}
+  for i = 6, #ARGV, 2 do keep[ARGV[i] .. '.' .. ARGV[i + 1]] = true end
   local owners = redis.call('HGETALL', KEYS[7])
   for i = 1, #owners, 2 do
-    if owners[i + 1] == ARGV[1] then
+    local d = redis.call('HGET', KEYS[6], owners[i])
+    if owners[i + 1] == ARGV[1] and not keep[owners[i] .. '.' .. tostring(d)] then
       table.insert(pairs_, owners[i])
-      table.insert(pairs_, redis.call('HGET', KEYS[6], owners[i]))
+      table.insert(pairs_, d)
     end
   end
 else
@@ -278,16 +282,25 @@ class PromptQueue:
         return [r.decode() for r in renewed], expires
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int, all_held: bool = False
+        self,
+        replica_id: str,
+        lease_ids: list[str],
+        reason: str,
+        min_start_version: int,
+        all_held: bool = False,
+        keep_lease_ids: list[str] | None = None,
     ) -> tuple[list[str], list[str]]:
-        """Gives back leases ``replica_id`` still holds (all of them with ``all_held``); (requeued, dropped) ids."""
+        """Gives back leases ``replica_id`` still holds (with ``all_held``, all of them but
+        ``keep_lease_ids``); (requeued, dropped) ids."""
         if not replica_id:
             raise BadRequest("replica_id must be set")
         if not ABANDON_REASON.match(reason):
             raise BadRequest(f"reason must be 1-32 lower-case letters or underscores, got {reason!r}")
         if min_start_version < 0:
             raise BadRequest(f"min_start_version must be >= 0, got {min_start_version}")
-        pairs = [] if all_held else _parse_lease_ids(lease_ids)
+        if keep_lease_ids and not all_held:
+            raise BadRequest("keep_lease_ids needs all_held: it names the leases all_held keeps")
+        pairs = _parse_lease_ids(keep_lease_ids or []) if all_held else _parse_lease_ids(lease_ids)
         if not pairs and not all_held:
             return [], []
         args: list[str | int] = [

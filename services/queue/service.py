@@ -165,7 +165,12 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
     @_status_mapped
     async def Abandon(self, request: qpb.AbandonRequest, context: grpc.aio.ServicerContext) -> qpb.AbandonResponse:
         requeued, dropped = await self._store.abandon(
-            request.replica_id, list(request.lease_ids), request.reason, request.min_start_version, request.all_held
+            request.replica_id,
+            list(request.lease_ids),
+            request.reason,
+            request.min_start_version,
+            request.all_held,
+            list(request.keep_lease_ids),
         )
         return qpb.AbandonResponse(requeued=requeued, dropped=dropped)
 

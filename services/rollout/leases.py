@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from relayrl.retry import RetryPolicy, any_error, call_with_retries, retrying
@@ -54,7 +54,13 @@ class ReplicaQueue(Protocol):
     async def renew(self, replica_id: str, lease_ids: list[str]) -> tuple[list[str], float]: ...
 
     async def abandon(
-        self, replica_id: str, lease_ids: list[str], reason: str, min_start_version: int = 0, all_held: bool = False
+        self,
+        replica_id: str,
+        lease_ids: list[str],
+        reason: str,
+        min_start_version: int = 0,
+        all_held: bool = False,
+        keep_lease_ids: Sequence[str] = (),
     ) -> tuple[list[str], list[str]]: ...
 
     async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]: ...
@@ -68,6 +74,8 @@ class LeaseKeeper:
     stalls: StallWatch
     block_timeout_s: float
     push_timeout_s: float
+    # A lease call failed since the last give-back of what such a call may have leased.
+    _answer_lost: bool = field(default=False, init=False)
 
     @property
     def replica_id(self) -> str:
@@ -99,11 +107,33 @@ class LeaseKeeper:
             with attempt:
                 if not self.state.leasable():
                     return []
+                if self._answer_lost:
+                    await self._give_back_unknown_leases()
                 held = self.state.held_version
-                answer = await self.queue.lease_batch(self.replica_id, max_prompts, held, self.block_timeout_s)
+                try:
+                    answer = await self.queue.lease_batch(self.replica_id, max_prompts, held, self.block_timeout_s)
+                except Exception:
+                    self._answer_lost = True
+                    raise
         if answer.newer_version_waiting and self.state.held_version == held:
             await self.state.version_changed(self.block_timeout_s)
         return answer.leases
+
+    async def _give_back_unknown_leases(self) -> None:
+        """Gives back every lease the queue counts as this replica's but it does not hold.
+
+        A lease call that failed may have leased prompts all the same: the queue instance, or Redis,
+        died after the leases were taken and before the answer came back. Nobody would generate
+        those prompts until the queue's lease timeout (600 s by default) re-issued them, and a
+        trainer needing them for its next step would wait as long.
+        """
+        requeued, dropped = await self.queue.abandon(
+            self.replica_id, [], "lost_answer", all_held=True, keep_lease_ids=self.state.lease_ids()
+        )
+        self._answer_lost = False
+        if requeued or dropped:
+            self.metrics.abandoned_leases.labels(reason="lost_answer").inc(len(requeued) + len(dropped))
+            log.warning("gave back %d leases a failed lease call took without its answer", len(requeued) + len(dropped))
 
     async def keep(self) -> None:
         """Renews each lease in flight when half its time is left; drops prompts whose lease was lost.

@@ -43,7 +43,8 @@ class RolloutMetrics:
         )
         self.abandoned_leases = m.counter(
             "abandoned_leases",
-            "Leases given back to the queue (group dropped as stale, or generation failed), by reason.",
+            "Leases given back to the queue (group dropped as stale, generation failed, or taken by a lease call"
+            " whose answer was lost), by reason.",
             "total",
             labels=("reason",),
         )

@@ -241,6 +241,9 @@ class ReplicaState:
     def leases_held(self) -> int:
         return len(self._leases)
 
+    def lease_ids(self) -> list[str]:
+        return list(self._leases)
+
     def lease_tasks(self) -> list[asyncio.Task[None]]:
         return [held.task for held in self._leases.values()]
 

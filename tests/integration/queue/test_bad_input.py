@@ -121,15 +121,20 @@ async def test_undecodable_push_bytes_get_invalid_argument(start_queue, body, ne
         (qpb.LeaseRequest(replica_id="r", max_prompts=0), "max_prompts"),
         (qpb.LeaseRequest(replica_id="r", max_prompts=1, held_version=-1), "held_version"),
         (qpb.CompleteRequest(replica_id="r", lease_ids=["bogus"]), "not a lease id"),
+        (qpb.AbandonRequest(replica_id="r", reason="x", keep_lease_ids=["000000000001.1"]), "needs all_held"),
+        (qpb.AbandonRequest(replica_id="r", reason="x", all_held=True, keep_lease_ids=["bogus"]), "not a lease id"),
     ],
 )
 async def test_bad_prompt_arguments_get_invalid_argument(start_queue, request_, needle):
     server = await start_queue()
     async with grpc.aio.insecure_channel(server.grpc_address) as channel:
         stub = qgrpc.PromptQueueStub(channel)
-        method = {qpb.ReleaseRequest: stub.Release, qpb.LeaseRequest: stub.Lease, qpb.CompleteRequest: stub.Complete}[
-            type(request_)
-        ]
+        method = {
+            qpb.ReleaseRequest: stub.Release,
+            qpb.LeaseRequest: stub.Lease,
+            qpb.CompleteRequest: stub.Complete,
+            qpb.AbandonRequest: stub.Abandon,
+        }[type(request_)]
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await method(request_)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -1,16 +1,22 @@
-"""A Redis SIGKILL right after a replica's push was stored: the prompt still yields one group.
+"""A Redis SIGKILL right after a replica's call was carried out and before its answer came back.
 
-Issue #52's chaos run: the push stored the group, the ``complete`` after it failed while Redis
-restarted, the replica gave the lease back (as ``RolloutLoop.process`` does after a failed
+A push (issue #52's chaos run): the push stored the group, the ``complete`` after it failed while
+Redis restarted, the replica gave the lease back (as ``RolloutLoop.process`` does after a failed
 delivery), and the prompt was generated a second time. Its second group was one more than the
 trainer released for; since the trainer makes up for every drop, that surplus never drained and
 came back as stale drops at every step for the rest of the run (649 of 5,398 groups). The push now
 completes the prompt in the transaction that stores the group (the replica makes no ``complete``
 call of its own), and stores no group for a prompt finished already.
+
+A lease: the prompts it took stayed leased to a replica that never heard of them, until the
+queue's lease timeout (600 s by default) re-issued them; a trainer that needed them waited as
+long. A replica whose lease call failed now gives back, before it leases again, every lease the
+queue counts as its own but it does not hold.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -32,25 +38,34 @@ REPLICA = "replica-0"
 log = logging.getLogger(__name__)
 
 
-class PushReplyLostWithRedis:
-    """The replica's queue, with redis-server SIGKILLed once right after the first push was stored:
-    the push's answer never reaches the replica, which sees the queue unavailable."""
+class AnswerLostWithRedis:
+    """The replica's queue, with redis-server SIGKILLed once right after the first call of ``method``
+    was carried out: its answer never reaches the replica, which sees the queue unavailable. With
+    ``restart``, Redis is back at once (from its append-only file)."""
 
-    def __init__(self, client: QueueClient, redis: RedisProcess) -> None:
+    def __init__(self, client: QueueClient, redis: RedisProcess, method: str, restart: bool = False) -> None:
         self._client = client
         self._redis = redis
+        self._method = method
+        self._restart = restart
         self.killed = False
 
     def __getattr__(self, name: str) -> object:
-        return getattr(self._client, name)
+        call = getattr(self._client, name)
+        if name != self._method:
+            return call
 
-    async def push(self, groups: list[Group], timeout_s: float = 0.0) -> list[str]:
-        stored = await self._client.push(groups, timeout_s=timeout_s)
-        if self.killed:
-            return stored
-        self.killed = True
-        self._redis.kill()
-        raise QueueUnavailable("redis-server was killed before the push's answer came back")
+        async def answer_lost(*args: object, **kwargs: object) -> object:
+            answer = await call(*args, **kwargs)
+            if self.killed:
+                return answer
+            self.killed = True
+            self._redis.kill()
+            if self._restart:
+                self._redis.start()
+            raise QueueUnavailable(f"redis-server was killed before the {name}'s answer came back")
+
+        return answer_lost
 
 
 def _prompt(i: int) -> PromptSpec:
@@ -71,7 +86,9 @@ def _group(lease: PromptLease) -> Group:
 def _keeper(queue: ReplicaQueue) -> LeaseKeeper:
     metrics = RolloutMetrics()
     stalls = StallWatch(metrics.stalled, 60.0, log)
-    return LeaseKeeper(ReplicaState(REPLICA, metrics), queue, metrics, stalls, block_timeout_s=0.0, push_timeout_s=5.0)
+    state = ReplicaState(REPLICA, metrics)
+    state.set_engine_ready(True)
+    return LeaseKeeper(state, queue, metrics, stalls, block_timeout_s=0.0, push_timeout_s=5.0)
 
 
 async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again(tmp_path) -> None:
@@ -85,7 +102,7 @@ async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again
             first, *others = await client.lease(REPLICA, 3, held_version=0)
             assert len(others) == 2
 
-            killing = PushReplyLostWithRedis(client, redis)
+            killing = AnswerLostWithRedis(client, redis, "push")
             with pytest.raises(QueueUnavailable):
                 await _keeper(killing).deliver(first, _group(first))
             assert killing.killed
@@ -119,6 +136,37 @@ async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again
             # The gauges are refreshed every stats_refresh_s (2 s).
             await wait_until_async(counted, 10.0, "the duplicate to show on /metrics")
     finally:
+        if server is not None:
+            await server.stop()
+        redis.stop()
+
+
+async def test_prompts_leased_by_a_call_whose_answer_died_with_redis_are_leased_again_at_once(tmp_path) -> None:
+    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
+    server = None
+    working = asyncio.create_task(asyncio.Event().wait())  # the generation of the lease it holds
+    try:
+        settings = QueueSettings(redis_url=redis.url, run_id="lost-lease", lease_timeout_s=600.0)
+        server = await start_queue_server(settings)
+        async with QueueClient(server.grpc_address) as client:
+            await client.release([_prompt(i) for i in range(3)])
+            keeper = _keeper(AnswerLostWithRedis(client, redis, "lease_batch", restart=True))
+            [first] = await client.lease(REPLICA, 1, held_version=0)
+            keeper.state.add_lease(first.lease_id, working, first.expires_at)
+
+            # The first call leases the other two and loses its answer; the retry gets them at once.
+            again = await keeper.lease(4)
+            assert sorted(lease.prompt.prompt_id for lease in again) == ["lost/1", "lost/2"]
+            assert {lease.lease_id.split(".")[1] for lease in again} == {"2"}  # each one's second delivery
+            stats = await client.prompt_stats()
+            assert (stats.waiting, stats.leased, stats.abandoned_by_reason) == (0, 3, {"lost_answer": 2}), stats
+            # The lease the replica works on was kept, and is still its own to renew.
+            renewed, _ = await client.renew(REPLICA, [first.lease_id])
+            assert renewed == [first.lease_id]
+            counted = keeper.metrics.abandoned_leases.labels(reason="lost_answer")._value.get()
+            assert counted == 2
+    finally:
+        working.cancel()
         if server is not None:
             await server.stop()
         redis.stop()
