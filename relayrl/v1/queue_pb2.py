@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from relayrl.v1 import trajectory_pb2 as relayrl_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16relayrl/v1/queue.proto\x12\nrelayrl.v1\x1a\x1brelayrl/v1/trajectory.proto\"M\n\x0bPushRequest\x12+\n\x06groups\x18\x01 \x03(\x0b\x32\x1b.relayrl.v1.TrajectoryGroup\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"!\n\x0cPushResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"\xb7\x01\n\x0bPullRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x15\n\rmax_staleness\x18\x03 \x01(\x03\x12\x12\n\nmax_groups\x18\x04 \x01(\x05\x12\x17\n\x0f\x62lock_timeout_s\x18\x05 \x01(\x01\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12%\n\x04held\x18\x07 \x01(\x0b\x32\x17.relayrl.v1.HeldEntries\" \n\x0bHeldEntries\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"|\n\x0e\x44\x65liveredGroup\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12*\n\x05group\x18\x02 \x01(\x0b\x32\x1b.relayrl.v1.TrajectoryGroup\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\x12\x14\n\x0c\x61ge_versions\x18\x04 \x01(\x03\"Q\n\x0cPullResponse\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.relayrl.v1.DeliveredGroup\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"1\n\nAckRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"F\n\x0fRollbackRequest\x12\x1a\n\x12\x63heckpoint_version\x18\x01 \x01(\x03\x12\x17\n\x0fresumed_version\x18\x02 \x01(\x03\".\n\x10RollbackResponse\x12\x1a\n\x12readmitted_prompts\x18\x01 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x83\x04\n\nQueueStats\x12\x12\n\nqueue_size\x18\x01 \x01(\x03\x12\x16\n\x0etotal_produced\x18\x02 \x01(\x03\x12\x16\n\x0etotal_consumed\x18\x03 \x01(\x03\x12\x46\n\x11\x64ropped_by_reason\x18\x04 \x03(\x0b\x32+.relayrl.v1.QueueStats.DroppedByReasonEntry\x12\x0f\n\x07pending\x18\x05 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x03\x12\x1f\n\x17\x61vg_sample_age_versions\x18\x07 \x01(\x01\x12\x1f\n\x17max_sample_age_versions\x18\x08 \x01(\x01\x12\x18\n\x10\x61vg_sample_age_s\x18\t \x01(\x01\x12\x18\n\x10max_sample_age_s\x18\n \x01(\x01\x12\x1b\n\x13stale_samples_ratio\x18\x0b \x01(\x01\x12\x14\n\x0c\x63onsumer_lag\x18\x0c \x01(\x03\x12\'\n\x1fgenerated_long_threshold_tokens\x18\r \x01(\x01\x12\"\n\x1agenerated_long_token_share\x18\x0e \x01(\x01\x12\x18\n\x10\x64uplicate_groups\x18\x0f \x01(\x03\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\":\n\x0eReleaseRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.PromptGroup\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"f\n\x0cLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\x12\x14\n\x0cheld_version\x18\x03 \x01(\x03\x12\x17\n\x0f\x62lock_timeout_s\x18\x04 \x01(\x01\"u\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.relayrl.v1.PromptGroup\x12\x19\n\x11\x65xpires_at_unix_s\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65livery_count\x18\x04 \x01(\x05\"Q\n\rLeaseResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.relayrl.v1.Lease\x12\x1d\n\x15newer_version_waiting\x18\x02 \x01(\x08\"8\n\x0f\x43ompleteRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"%\n\x10\x43ompleteResponse\x12\x11\n\tcompleted\x18\x01 \x01(\x05\"5\n\x0cRenewRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\";\n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x03(\t\x12\x19\n\x11\x65xpires_at_unix_s\x18\x02 \x01(\x01\"\x8c\x01\n\x0e\x41\x62\x61ndonRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x19\n\x11min_start_version\x18\x04 \x01(\x03\x12\x10\n\x08\x61ll_held\x18\x05 \x01(\x08\x12\x16\n\x0ekeep_lease_ids\x18\x06 \x03(\t\"4\n\x0f\x41\x62\x61ndonResponse\x12\x10\n\x08requeued\x18\x01 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x02 \x03(\t\"\x14\n\x12PromptStatsRequest\"\x8e\x03\n\x10PromptQueueStats\x12\x0f\n\x07waiting\x18\x01 \x01(\x03\x12\x0e\n\x06leased\x18\x02 \x01(\x03\x12\x16\n\x0etotal_released\x18\x03 \x01(\x03\x12\x17\n\x0ftotal_completed\x18\x04 \x01(\x03\x12\x16\n\x0etotal_reissued\x18\x05 \x01(\x03\x12P\n\x13\x61\x62\x61ndoned_by_reason\x18\x06 \x03(\x0b\x32\x33.relayrl.v1.PromptQueueStats.AbandonedByReasonEntry\x12L\n\x11\x64ropped_by_reason\x18\x07 \x03(\x0b\x32\x31.relayrl.v1.PromptQueueStats.DroppedByReasonEntry\x1a\x38\n\x16\x41\x62\x61ndonedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xc1\x02\n\x0fTrajectoryQueue\x12\x39\n\x04Push\x12\x17.relayrl.v1.PushRequest\x1a\x18.relayrl.v1.PushResponse\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x18.relayrl.v1.PullResponse\x12\x36\n\x03\x41\x63k\x12\x16.relayrl.v1.AckRequest\x1a\x17.relayrl.v1.AckResponse\x12\x39\n\x05Stats\x12\x18.relayrl.v1.StatsRequest\x1a\x16.relayrl.v1.QueueStats\x12\x45\n\x08Rollback\x12\x1b.relayrl.v1.RollbackRequest\x1a\x1c.relayrl.v1.RollbackResponse2\x9f\x03\n\x0bPromptQueue\x12\x42\n\x07Release\x12\x1a.relayrl.v1.ReleaseRequest\x1a\x1b.relayrl.v1.ReleaseResponse\x12<\n\x05Lease\x12\x18.relayrl.v1.LeaseRequest\x1a\x19.relayrl.v1.LeaseResponse\x12\x45\n\x08\x43omplete\x12\x1b.relayrl.v1.CompleteRequest\x1a\x1c.relayrl.v1.CompleteResponse\x12<\n\x05Renew\x12\x18.relayrl.v1.RenewRequest\x1a\x19.relayrl.v1.RenewResponse\x12\x42\n\x07\x41\x62\x61ndon\x12\x1a.relayrl.v1.AbandonRequest\x1a\x1b.relayrl.v1.AbandonResponse\x12\x45\n\x05Stats\x12\x1e.relayrl.v1.PromptStatsRequest\x1a\x1c.relayrl.v1.PromptQueueStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16relayrl/v1/queue.proto\x12\nrelayrl.v1\x1a\x1brelayrl/v1/trajectory.proto\"M\n\x0bPushRequest\x12+\n\x06groups\x18\x01 \x03(\x0b\x32\x1b.relayrl.v1.TrajectoryGroup\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"!\n\x0cPushResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"\xb7\x01\n\x0bPullRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x15\n\rmax_staleness\x18\x03 \x01(\x03\x12\x12\n\nmax_groups\x18\x04 \x01(\x05\x12\x17\n\x0f\x62lock_timeout_s\x18\x05 \x01(\x01\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12%\n\x04held\x18\x07 \x01(\x0b\x32\x17.relayrl.v1.HeldEntries\" \n\x0bHeldEntries\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"|\n\x0e\x44\x65liveredGroup\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12*\n\x05group\x18\x02 \x01(\x0b\x32\x1b.relayrl.v1.TrajectoryGroup\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\x12\x14\n\x0c\x61ge_versions\x18\x04 \x01(\x03\"Q\n\x0cPullResponse\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.relayrl.v1.DeliveredGroup\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"1\n\nAckRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"F\n\x0fRollbackRequest\x12\x1a\n\x12\x63heckpoint_version\x18\x01 \x01(\x03\x12\x17\n\x0fresumed_version\x18\x02 \x01(\x03\".\n\x10RollbackResponse\x12\x1a\n\x12readmitted_prompts\x18\x01 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x83\x04\n\nQueueStats\x12\x12\n\nqueue_size\x18\x01 \x01(\x03\x12\x16\n\x0etotal_produced\x18\x02 \x01(\x03\x12\x16\n\x0etotal_consumed\x18\x03 \x01(\x03\x12\x46\n\x11\x64ropped_by_reason\x18\x04 \x03(\x0b\x32+.relayrl.v1.QueueStats.DroppedByReasonEntry\x12\x0f\n\x07pending\x18\x05 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x03\x12\x1f\n\x17\x61vg_sample_age_versions\x18\x07 \x01(\x01\x12\x1f\n\x17max_sample_age_versions\x18\x08 \x01(\x01\x12\x18\n\x10\x61vg_sample_age_s\x18\t \x01(\x01\x12\x18\n\x10max_sample_age_s\x18\n \x01(\x01\x12\x1b\n\x13stale_samples_ratio\x18\x0b \x01(\x01\x12\x14\n\x0c\x63onsumer_lag\x18\x0c \x01(\x03\x12\'\n\x1fgenerated_long_threshold_tokens\x18\r \x01(\x01\x12\"\n\x1agenerated_long_token_share\x18\x0e \x01(\x01\x12\x18\n\x10\x64uplicate_groups\x18\x0f \x01(\x03\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"N\n\x0eReleaseRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.PromptGroup\x12\x12\n\nrelease_id\x18\x02 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"f\n\x0cLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\x12\x14\n\x0cheld_version\x18\x03 \x01(\x03\x12\x17\n\x0f\x62lock_timeout_s\x18\x04 \x01(\x01\"u\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.relayrl.v1.PromptGroup\x12\x19\n\x11\x65xpires_at_unix_s\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65livery_count\x18\x04 \x01(\x05\"Q\n\rLeaseResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.relayrl.v1.Lease\x12\x1d\n\x15newer_version_waiting\x18\x02 \x01(\x08\"8\n\x0f\x43ompleteRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"%\n\x10\x43ompleteResponse\x12\x11\n\tcompleted\x18\x01 \x01(\x05\"5\n\x0cRenewRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\";\n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x03(\t\x12\x19\n\x11\x65xpires_at_unix_s\x18\x02 \x01(\x01\"\x8c\x01\n\x0e\x41\x62\x61ndonRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x19\n\x11min_start_version\x18\x04 \x01(\x03\x12\x10\n\x08\x61ll_held\x18\x05 \x01(\x08\x12\x16\n\x0ekeep_lease_ids\x18\x06 \x03(\t\"4\n\x0f\x41\x62\x61ndonResponse\x12\x10\n\x08requeued\x18\x01 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x02 \x03(\t\"\x14\n\x12PromptStatsRequest\"\x8e\x03\n\x10PromptQueueStats\x12\x0f\n\x07waiting\x18\x01 \x01(\x03\x12\x0e\n\x06leased\x18\x02 \x01(\x03\x12\x16\n\x0etotal_released\x18\x03 \x01(\x03\x12\x17\n\x0ftotal_completed\x18\x04 \x01(\x03\x12\x16\n\x0etotal_reissued\x18\x05 \x01(\x03\x12P\n\x13\x61\x62\x61ndoned_by_reason\x18\x06 \x03(\x0b\x32\x33.relayrl.v1.PromptQueueStats.AbandonedByReasonEntry\x12L\n\x11\x64ropped_by_reason\x18\x07 \x03(\x0b\x32\x31.relayrl.v1.PromptQueueStats.DroppedByReasonEntry\x1a\x38\n\x16\x41\x62\x61ndonedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xc1\x02\n\x0fTrajectoryQueue\x12\x39\n\x04Push\x12\x17.relayrl.v1.PushRequest\x1a\x18.relayrl.v1.PushResponse\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x18.relayrl.v1.PullResponse\x12\x36\n\x03\x41\x63k\x12\x16.relayrl.v1.AckRequest\x1a\x17.relayrl.v1.AckResponse\x12\x39\n\x05Stats\x12\x18.relayrl.v1.StatsRequest\x1a\x16.relayrl.v1.QueueStats\x12\x45\n\x08Rollback\x12\x1b.relayrl.v1.RollbackRequest\x1a\x1c.relayrl.v1.RollbackResponse2\x9f\x03\n\x0bPromptQueue\x12\x42\n\x07Release\x12\x1a.relayrl.v1.ReleaseRequest\x1a\x1b.relayrl.v1.ReleaseResponse\x12<\n\x05Lease\x12\x18.relayrl.v1.LeaseRequest\x1a\x19.relayrl.v1.LeaseResponse\x12\x45\n\x08\x43omplete\x12\x1b.relayrl.v1.CompleteRequest\x1a\x1c.relayrl.v1.CompleteResponse\x12<\n\x05Renew\x12\x18.relayrl.v1.RenewRequest\x1a\x19.relayrl.v1.RenewResponse\x12\x42\n\x07\x41\x62\x61ndon\x12\x1a.relayrl.v1.AbandonRequest\x1a\x1b.relayrl.v1.AbandonResponse\x12\x45\n\x05Stats\x12\x1e.relayrl.v1.PromptStatsRequest\x1a\x1c.relayrl.v1.PromptQueueStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -65,37 +65,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUEUESTATS_DROPPEDBYREASONENTRY']._serialized_start=1289
   _globals['_QUEUESTATS_DROPPEDBYREASONENTRY']._serialized_end=1343
   _globals['_RELEASEREQUEST']._serialized_start=1345
-  _globals['_RELEASEREQUEST']._serialized_end=1403
-  _globals['_RELEASERESPONSE']._serialized_start=1405
-  _globals['_RELEASERESPONSE']._serialized_end=1440
-  _globals['_LEASEREQUEST']._serialized_start=1442
-  _globals['_LEASEREQUEST']._serialized_end=1544
-  _globals['_LEASE']._serialized_start=1546
-  _globals['_LEASE']._serialized_end=1663
-  _globals['_LEASERESPONSE']._serialized_start=1665
-  _globals['_LEASERESPONSE']._serialized_end=1746
-  _globals['_COMPLETEREQUEST']._serialized_start=1748
-  _globals['_COMPLETEREQUEST']._serialized_end=1804
-  _globals['_COMPLETERESPONSE']._serialized_start=1806
-  _globals['_COMPLETERESPONSE']._serialized_end=1843
-  _globals['_RENEWREQUEST']._serialized_start=1845
-  _globals['_RENEWREQUEST']._serialized_end=1898
-  _globals['_RENEWRESPONSE']._serialized_start=1900
-  _globals['_RENEWRESPONSE']._serialized_end=1959
-  _globals['_ABANDONREQUEST']._serialized_start=1962
-  _globals['_ABANDONREQUEST']._serialized_end=2102
-  _globals['_ABANDONRESPONSE']._serialized_start=2104
-  _globals['_ABANDONRESPONSE']._serialized_end=2156
-  _globals['_PROMPTSTATSREQUEST']._serialized_start=2158
-  _globals['_PROMPTSTATSREQUEST']._serialized_end=2178
-  _globals['_PROMPTQUEUESTATS']._serialized_start=2181
-  _globals['_PROMPTQUEUESTATS']._serialized_end=2579
-  _globals['_PROMPTQUEUESTATS_ABANDONEDBYREASONENTRY']._serialized_start=2467
-  _globals['_PROMPTQUEUESTATS_ABANDONEDBYREASONENTRY']._serialized_end=2523
+  _globals['_RELEASEREQUEST']._serialized_end=1423
+  _globals['_RELEASERESPONSE']._serialized_start=1425
+  _globals['_RELEASERESPONSE']._serialized_end=1460
+  _globals['_LEASEREQUEST']._serialized_start=1462
+  _globals['_LEASEREQUEST']._serialized_end=1564
+  _globals['_LEASE']._serialized_start=1566
+  _globals['_LEASE']._serialized_end=1683
+  _globals['_LEASERESPONSE']._serialized_start=1685
+  _globals['_LEASERESPONSE']._serialized_end=1766
+  _globals['_COMPLETEREQUEST']._serialized_start=1768
+  _globals['_COMPLETEREQUEST']._serialized_end=1824
+  _globals['_COMPLETERESPONSE']._serialized_start=1826
+  _globals['_COMPLETERESPONSE']._serialized_end=1863
+  _globals['_RENEWREQUEST']._serialized_start=1865
+  _globals['_RENEWREQUEST']._serialized_end=1918
+  _globals['_RENEWRESPONSE']._serialized_start=1920
+  _globals['_RENEWRESPONSE']._serialized_end=1979
+  _globals['_ABANDONREQUEST']._serialized_start=1982
+  _globals['_ABANDONREQUEST']._serialized_end=2122
+  _globals['_ABANDONRESPONSE']._serialized_start=2124
+  _globals['_ABANDONRESPONSE']._serialized_end=2176
+  _globals['_PROMPTSTATSREQUEST']._serialized_start=2178
+  _globals['_PROMPTSTATSREQUEST']._serialized_end=2198
+  _globals['_PROMPTQUEUESTATS']._serialized_start=2201
+  _globals['_PROMPTQUEUESTATS']._serialized_end=2599
+  _globals['_PROMPTQUEUESTATS_ABANDONEDBYREASONENTRY']._serialized_start=2487
+  _globals['_PROMPTQUEUESTATS_ABANDONEDBYREASONENTRY']._serialized_end=2543
   _globals['_PROMPTQUEUESTATS_DROPPEDBYREASONENTRY']._serialized_start=1289
   _globals['_PROMPTQUEUESTATS_DROPPEDBYREASONENTRY']._serialized_end=1343
-  _globals['_TRAJECTORYQUEUE']._serialized_start=2582
-  _globals['_TRAJECTORYQUEUE']._serialized_end=2903
-  _globals['_PROMPTQUEUE']._serialized_start=2906
-  _globals['_PROMPTQUEUE']._serialized_end=3321
+  _globals['_TRAJECTORYQUEUE']._serialized_start=2602
+  _globals['_TRAJECTORYQUEUE']._serialized_end=2923
+  _globals['_PROMPTQUEUE']._serialized_start=2926
+  _globals['_PROMPTQUEUE']._serialized_end=3341
 # @@protoc_insertion_point(module_scope)

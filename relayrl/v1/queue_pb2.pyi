@@ -139,10 +139,12 @@ class QueueStats(_message.Message):
     def __init__(self, queue_size: _Optional[int] = ..., total_produced: _Optional[int] = ..., total_consumed: _Optional[int] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ..., pending: _Optional[int] = ..., capacity: _Optional[int] = ..., avg_sample_age_versions: _Optional[float] = ..., max_sample_age_versions: _Optional[float] = ..., avg_sample_age_s: _Optional[float] = ..., max_sample_age_s: _Optional[float] = ..., stale_samples_ratio: _Optional[float] = ..., consumer_lag: _Optional[int] = ..., generated_long_threshold_tokens: _Optional[float] = ..., generated_long_token_share: _Optional[float] = ..., duplicate_groups: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("prompts",)
+    __slots__ = ("prompts", "release_id")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[_trajectory_pb2.PromptGroup]
-    def __init__(self, prompts: _Optional[_Iterable[_Union[_trajectory_pb2.PromptGroup, _Mapping]]] = ...) -> None: ...
+    release_id: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[_trajectory_pb2.PromptGroup, _Mapping]]] = ..., release_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)

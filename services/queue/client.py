@@ -149,9 +149,10 @@ class QueueClient:
 
     # Prompt queue -----------------------------------------------------------------------
 
-    async def release(self, prompts: list[PromptSpec]) -> int:
-        """Makes ``prompts`` available for leasing; returns how many were released."""
-        request = qpb.ReleaseRequest(prompts=[p.to_proto() for p in prompts])
+    async def release(self, prompts: list[PromptSpec], release_id: str = "") -> int:
+        """Makes ``prompts`` available for leasing; returns how many were released. A caller that
+        retries a release passes the same ``release_id`` each time, so its prompts go out once."""
+        request = qpb.ReleaseRequest(prompts=[p.to_proto() for p in prompts], release_id=release_id)
         return (await _call(self._prompts.Release, request, 60.0)).released
 
     async def lease(

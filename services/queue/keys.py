@@ -66,6 +66,10 @@ class Keys:
     def prompt_seq(self) -> str:
         return self._key("prompts:seq")
 
+    def prompt_release(self, release_id: str) -> str:
+        """String: how many prompts the release ``release_id`` put out (expires; see ``ReleaseRequest``)."""
+        return self._key(f"prompts:release:{release_id}")
+
     @property
     def prompt_bell(self) -> str:
         """Pub/sub channel: prompts became leasable (released or given back; wakes blocked leases)."""

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from relayrl.v1 import trajectory_pb2 as pb
 from services.queue.bells import Bells, wait_for_ring
@@ -170,6 +171,9 @@ return out
 """
 
 ABANDON_REASON = re.compile(r"^[a-z_]{1,32}$")
+MAX_RELEASE_ID = 64
+# How long a release_id is remembered: far longer than any retry of one release.
+RELEASE_ID_TTL_S = 86_400
 # Each call is one Lua script, which holds Redis while it runs: bound the work one call can ask for.
 MAX_PROMPTS_PER_LEASE = 1024
 MAX_LEASE_IDS_PER_CALL = 4096
@@ -203,23 +207,41 @@ class PromptQueue:
         self._renew = redis.register_script(_RENEW_LUA)
         self._abandon = redis.register_script(_ABANDON_LUA)
 
-    async def release(self, prompts: list[pb.PromptGroup]) -> int:
+    async def release(self, prompts: list[pb.PromptGroup], release_id: str = "") -> int:
+        """Puts ``prompts`` out for leasing; returns how many. A ``release_id`` released already puts
+        out nothing again and returns what the first release did (a retry whose first answer was lost)."""
         if not prompts:
             raise BadRequest("release carries no prompts")
+        if len(release_id) > MAX_RELEASE_ID or not release_id.isprintable():
+            raise BadRequest(f"release_id must be printable and at most {MAX_RELEASE_ID} characters")
         problems = [f"prompt {i}: {p}" for i, msg in enumerate(prompts) for p in _prompt_problems(msg)]
         if problems:
             raise BadRequest("malformed prompts, nothing released: " + "; ".join(problems))
         last = await self._redis.incrby(self._keys.prompt_seq, len(prompts))
-        pipe = self._redis.pipeline(transaction=True)
-        for seq, msg in zip(range(last - len(prompts) + 1, last + 1), prompts, strict=True):
-            key = f"{seq:012d}"
-            pipe.hset(self._keys.prompt_data, key, msg.SerializeToString())
-            pipe.hset(self._keys.prompt_min_start, key, msg.min_start_version)
-            pipe.zadd(self._keys.prompts_waiting, {key: msg.min_start_version})
-        pipe.hincrby(self._keys.prompt_stats, "released", len(prompts))
-        pipe.publish(self._keys.prompt_bell, len(prompts))
-        await pipe.execute()
-        return len(prompts)
+        marker = self._keys.prompt_release(release_id) if release_id else None
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    if marker is not None:
+                        # Watched, so a concurrent copy of this release that stores first makes ours fail.
+                        await pipe.watch(marker)
+                        done = await pipe.get(marker)
+                        if done is not None:
+                            return int(done)
+                    pipe.multi()
+                    for seq, msg in zip(range(last - len(prompts) + 1, last + 1), prompts, strict=True):
+                        key = f"{seq:012d}"
+                        pipe.hset(self._keys.prompt_data, key, msg.SerializeToString())
+                        pipe.hset(self._keys.prompt_min_start, key, msg.min_start_version)
+                        pipe.zadd(self._keys.prompts_waiting, {key: msg.min_start_version})
+                    pipe.hincrby(self._keys.prompt_stats, "released", len(prompts))
+                    if marker is not None:
+                        pipe.set(marker, len(prompts), ex=RELEASE_ID_TTL_S)
+                    pipe.publish(self._keys.prompt_bell, len(prompts))
+                    await pipe.execute()
+                    return len(prompts)
+                except WatchError:
+                    continue
 
     async def lease(self, replica_id: str, max_prompts: int, held_version: int, block_timeout_s: float) -> LeaseOutcome:
         """Up to ``max_prompts`` prompts that may start at ``held_version``; blocks up to

@@ -133,7 +133,7 @@ class PromptQueueServicer(qgrpc.PromptQueueServicer):
 
     @_status_mapped
     async def Release(self, request: qpb.ReleaseRequest, context: grpc.aio.ServicerContext) -> qpb.ReleaseResponse:
-        return qpb.ReleaseResponse(released=await self._store.release(list(request.prompts)))
+        return qpb.ReleaseResponse(released=await self._store.release(list(request.prompts), request.release_id))
 
     @_status_mapped
     async def Lease(self, request: qpb.LeaseRequest, context: grpc.aio.ServicerContext) -> qpb.LeaseResponse:

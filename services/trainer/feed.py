@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from relayrl.retry import RetryPolicy, retrying_sync
-from relayrl.schema import Group
+from relayrl.schema import Group, PromptSpec
 from relayrl.staleness import admitted_bound, check_staleness, lineage_version, min_start_version, rollbacks_from_pairs
 from relayrl.stalls import StallWatch
 from services.queue.errors import is_transient
@@ -242,9 +243,14 @@ class Feed:
             )
             for row, train_version in zip(self.dataset.take(len(versions)), versions, strict=True)
         ]
-        self._rpc("release", lambda: self.queue.release(specs))
+        self._release(specs)
         self.state.released += len(specs)
         return len(specs)
+
+    def _release(self, specs: list[PromptSpec]) -> None:
+        """One release, retried under one id: a retry whose first answer was lost puts nothing out twice."""
+        release_id = uuid.uuid4().hex
+        self._rpc("release", lambda: self.queue.release(specs, release_id=release_id))
 
     def _refresh_dropped(self) -> None:
         """Groups the queue dropped, and prompts it dropped after too many give-backs: both are made up for."""
@@ -427,7 +433,7 @@ class Feed:
         for spec in specs:
             spec.prompt_id = tag + spec.prompt_id
             spec.is_eval = True
-        self._rpc("release", lambda: self.queue.release(specs))
+        self._release(specs)
         wanted = {spec.prompt_id for spec in specs}
         self._wanted_evals = wanted
         deadline = time.monotonic() + s.eval_timeout_s

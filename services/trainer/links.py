@@ -43,7 +43,7 @@ class Delivered(Protocol):
 class TrajectoryQueue(Protocol):
     """What the feed needs from the queue; failures raise :mod:`services.queue.errors` classes."""
 
-    async def release(self, prompts: list[PromptSpec]) -> int: ...
+    async def release(self, prompts: list[PromptSpec], release_id: str = "") -> int: ...
 
     async def pull(
         self,

@@ -117,6 +117,7 @@ async def test_undecodable_push_bytes_get_invalid_argument(start_queue, body, ne
     [
         (qpb.ReleaseRequest(), "no prompts"),
         (qpb.ReleaseRequest(prompts=[tpb.PromptGroup(prompt_id="p", n_samples=0)]), "n_samples"),
+        (qpb.ReleaseRequest(prompts=[tpb.PromptGroup(prompt_id="p", n_samples=1)], release_id="r" * 65), "release_id"),
         (qpb.LeaseRequest(replica_id="", max_prompts=1), "replica_id"),
         (qpb.LeaseRequest(replica_id="r", max_prompts=0), "max_prompts"),
         (qpb.LeaseRequest(replica_id="r", max_prompts=1, held_version=-1), "held_version"),

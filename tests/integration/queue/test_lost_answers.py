@@ -8,6 +8,9 @@ came back as stale drops at every step for the rest of the run (649 of 5,398 gro
 completes the prompt in the transaction that stores the group (the replica makes no ``complete``
 call of its own), and stores no group for a prompt finished already.
 
+A release: the trainer sent it again, and its prompts went out twice, a surplus of the same kind.
+A release now carries an id, and a release id stored already stores nothing again.
+
 A lease: the prompts it took stayed leased to a replica that never heard of them, until the
 queue's lease timeout (600 s by default) re-issued them; a trainer that needed them waited as
 long. A replica whose lease call failed now gives back, before it leases again, every lease the
@@ -32,7 +35,10 @@ from services.queue.server import start_queue_server
 from services.rollout.leases import LeaseKeeper, ReplicaQueue
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.state import ReplicaState
+from services.trainer.links import IoThread
 from tests.waiting import wait_until_async
+
+from .helpers import trainer_feed
 
 REPLICA = "replica-0"
 log = logging.getLogger(__name__)
@@ -167,6 +173,27 @@ async def test_prompts_leased_by_a_call_whose_answer_died_with_redis_are_leased_
             assert counted == 2
     finally:
         working.cancel()
+        if server is not None:
+            await server.stop()
+        redis.stop()
+
+
+async def test_a_release_whose_answer_died_with_redis_puts_its_prompts_out_once(tmp_path) -> None:
+    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
+    server = None
+    io = IoThread()
+    try:
+        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id="lost-release"))
+        feed = trainer_feed(server.grpc_address, io, batch_size=2, total_steps=2, max_staleness=0)
+        feed.queue = AnswerLostWithRedis(feed.queue, redis, "release", restart=True)
+        # The trainer's release is retried while the queue is unavailable, as any queue call is.
+        assert await asyncio.to_thread(feed._release_ahead, 0, 0) == 2
+        assert feed.queue.killed
+        async with QueueClient(server.grpc_address) as client:
+            stats = await client.prompt_stats()
+            assert (stats.total_released, stats.waiting) == (2, 2), stats
+    finally:
+        io.stop()
         if server is not None:
             await server.stop()
         redis.stop()

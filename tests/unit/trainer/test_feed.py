@@ -66,7 +66,7 @@ class _Queue:
     # What the queue measured of the lengths pushed: (long-answer threshold, their token share).
     generated_long: tuple[float, float] = (0.0, 0.0)
 
-    async def release(self, prompts: list) -> int:
+    async def release(self, prompts: list, release_id: str = "") -> int:
         return len(prompts)
 
     async def pull(self, consumer, version, max_staleness, max_groups, timeout_s, held=None) -> list[_Delivered]:

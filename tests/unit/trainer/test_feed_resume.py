@@ -25,7 +25,7 @@ class _HoldingQueue(_DownThenUp):
     released: int = 0
     rollbacks: list[tuple[int, int]] = field(default_factory=list)
 
-    async def release(self, prompts: list) -> int:
+    async def release(self, prompts: list, release_id: str = "") -> int:
         self.released += len(prompts)
         self.waiting += [
             _Delivered(f"e-new{self.released}-{i}", _group(f"new{i}", self.version)) for i in range(len(prompts))
