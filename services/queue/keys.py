@@ -22,6 +22,12 @@ class Keys:
         return self._key("trajectories")
 
     @property
+    def pushed_groups(self) -> str:
+        """Sorted set group id → push time (unix s) of the groups pushed without a lease, for a day:
+        a push of one of them again (a retry whose first answer was lost) stores nothing."""
+        return self._key("pushed_groups")
+
+    @property
     def push_reservations(self) -> str:
         """Sorted set "token:groups" → expiry (ms): room held by pushes between check and append."""
         return self._key("push_reservations")

@@ -24,8 +24,11 @@ Redis layout (keys in :mod:`services.queue.keys`):
   ``complete`` (or push reply) was lost in a Redis restart or a network cut was given back and
   generated again, and its second group stayed one group more than the trainer released for:
   a surplus that never drains, since every drop is made up for, and that the trainer met as one
-  or more stale groups at every step for the rest of the run. ``produced`` counts the groups
-  kept; the deleted ones count in ``duplicates`` (never as a drop, which the trainer replaces).
+  or more stale groups at every step for the rest of the run. A group without a lease (an OpenAI
+  agent's) is deleted again when its group id was pushed in the last day: a retried push whose
+  first answer was lost would otherwise store it twice, and a trainer holding both copies would
+  train on it twice. ``produced`` counts the groups kept; the deleted ones count in
+  ``duplicates`` (never as a drop, which the trainer replaces).
 - An ack is one Lua script: ``XACK`` and, only for entries that were pending, ``XDEL``.
   Acknowledged entries are trimmed at once and nothing else is ever trimmed, so ``XLEN`` is
   exactly queued + pending groups (what capacity bounds) and no unacknowledged entry can be
@@ -86,6 +89,8 @@ DROP_REASONS = ("stale", "missing_version", "rolled_back", "malformed", "max_del
 MAX_CONSUMER_NAME = 200
 
 RESERVATION_TTL_MS = 30_000
+# How long the id of a group pushed without a lease is remembered: far longer than any retry of its push.
+PUSHED_GROUP_TTL_S = 86_400
 
 # KEYS: stream, reservations. ARGV: capacity, count, token, ttl_ms. Members are "token:count",
 # scored by expiry (Redis time, ms). Returns 1 when the room is reserved, 0 when it is not there.
@@ -103,24 +108,33 @@ return 1
 """
 
 # Runs in the push's MULTI right after its XADDs. KEYS: the prompt scripts' eight
-# (services.queue.prompts.script_keys), prompt seq, stream, stats, room bell. ARGV: the prompt key
-# of each group appended, in order ('' for a group without a lease). Completes each group's prompt;
-# a group whose prompt is finished already (completed or dropped: its key is at most the last one
-# released and has no data) is a duplicate and is deleted. Returns the duplicates' positions (1-based).
+# (services.queue.prompts.script_keys), prompt seq, stream, stats, room bell, pushed groups. ARGV:
+# now (unix s), how long a lease-less group's id is remembered (s), then the prompt key ('' for a
+# group without a lease) and group id of each group appended, in order. Completes each group's
+# prompt; a group whose prompt is finished already (completed or dropped: its key is at most the
+# last one released and has no data), or a lease-less group whose id was pushed already, is a
+# duplicate and is deleted. Returns the duplicates' positions (1-based).
 _PUSHED_LUA = (
     COMPLETE_PROMPT_LUA
     + """
-local n = #ARGV
+local now = tonumber(ARGV[1])
+local n = (#ARGV - 2) / 2
 local released = tonumber(redis.call('GET', KEYS[9]) or '0')
-local done, dups = 0, {}
+local done, dups, forgotten = 0, {}, false
 for i = 1, n do
-  local k = ARGV[i]
+  local k, gid = ARGV[2 * i + 1], ARGV[2 * i + 2]
   if k ~= '' then
     if complete_prompt(k) == 1 then
       done = done + 1
     elseif tonumber(k) <= released then
       table.insert(dups, i)
     end
+  else
+    if not forgotten then
+      redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - tonumber(ARGV[2]))
+      forgotten = true
+    end
+    if redis.call('ZADD', KEYS[13], 'NX', now, gid) == 0 then table.insert(dups, i) end
   end
 end
 if done > 0 then redis.call('HINCRBY', KEYS[4], 'completed', done) end
@@ -338,18 +352,24 @@ class TrajectoryQueue:
         for fields in entries:
             pipe.xadd(k.trajectories, fields)
         pipe.zrem(k.push_reservations, reservation)
-        keys = [*script_keys(k), k.prompt_seq, k.trajectories, k.stats, k.room_bell]
+        keys = [*script_keys(k), k.prompt_seq, k.trajectories, k.stats, k.room_bell, k.pushed_groups]
+        args = [repr(time.time()), PUSHED_GROUP_TTL_S]
+        for header in headers:
+            args += [prompt_key(header.lease_id), header.group_id]
         # EVAL, not EVALSHA: a pipeline holding a registered script first asks SCRIPT EXISTS.
-        pipe.eval(_PUSHED_LUA, len(keys), *keys, *(prompt_key(h.lease_id) for h in headers))
+        pipe.eval(_PUSHED_LUA, len(keys), *keys, *args)
         replies = await pipe.execute()
         entry_ids = [_text(i) for i in replies[: len(entries)]]
         for position in replies[-1]:
             header = headers[int(position) - 1]
-            log.warning(
-                "group %s answers lease %s, whose prompt was finished already: not stored (a duplicate)",
-                header.group_id,
-                header.lease_id,
-            )
+            if header.lease_id:
+                log.warning(
+                    "group %s answers lease %s, whose prompt was finished already: not stored (a duplicate)",
+                    header.group_id,
+                    header.lease_id,
+                )
+            else:
+                log.warning("group %s was pushed already: not stored again (a duplicate)", header.group_id)
         return entry_ids
 
     async def _validated(self, payloads: list[bytes]) -> list[GroupHeader]:

@@ -11,6 +11,10 @@ call of its own), and stores no group for a prompt finished already.
 A release: the trainer sent it again, and its prompts went out twice, a surplus of the same kind.
 A release now carries an id, and a release id stored already stores nothing again.
 
+An OpenAI agent's group (pushed without a lease): the endpoint pushed it again, and the
+trainer could take both copies into its buffer and train on the group twice. A group pushed
+without a lease is now stored once per group id.
+
 A lease: the prompts it took stayed leased to a replica that never heard of them, until the
 queue's lease timeout (600 s by default) re-issued them; a trainer that needed them waited as
 long. A replica whose lease call failed now gives back, before it leases again, every lease the
@@ -26,6 +30,7 @@ import pytest
 
 from relayrl import http_client
 from relayrl.redis_process import RedisProcess
+from relayrl.retry import RetryPolicy, any_error, call_with_retries
 from relayrl.schema import Group, PromptSpec, Sample
 from relayrl.stalls import StallWatch
 from services.queue.client import PromptLease, QueueClient
@@ -194,6 +199,30 @@ async def test_a_release_whose_answer_died_with_redis_puts_its_prompts_out_once(
             assert (stats.total_released, stats.waiting) == (2, 2), stats
     finally:
         io.stop()
+        if server is not None:
+            await server.stop()
+        redis.stop()
+
+
+async def test_an_agents_group_whose_push_answer_died_with_redis_is_stored_once(tmp_path) -> None:
+    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
+    server = None
+    try:
+        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id="lost-agent-push"))
+        async with QueueClient(server.grpc_address) as client:
+            group = _group(PromptLease("", _prompt(0), 0.0, 1))  # no lease: an OpenAI conversation's group
+            losing = AnswerLostWithRedis(client, redis, "push", restart=True)
+            with pytest.raises(QueueUnavailable):
+                await losing.push([group])
+            # The endpoint pushes it again, as services.rollout.conversations does after any error.
+            again = [group, _group(PromptLease("", _prompt(1), 0.0, 1))]
+            policy = RetryPolicy(attempts=None, deadline_s=30.0, first_wait_s=0.2, max_wait_s=1.0)
+            await call_with_retries("push again", lambda: losing.push(again), any_error, policy, log)
+            pulled = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+            assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1"]
+            stats = await client.stats()
+            assert (stats.total_produced, stats.duplicate_groups) == (2, 1)
+    finally:
         if server is not None:
             await server.stop()
         redis.stop()
