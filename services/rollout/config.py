@@ -48,7 +48,11 @@ class RolloutSettings(ServiceSettings):
         " conversations are the trainer's groups (the stack sets trainer.prompt_source to match).",
     )
     max_inflight_prompts: int = Field(
-        8, ge=1, description="Prompts generated at once; each sends n requests to the engine."
+        8,
+        ge=1,
+        le=4096,
+        description="Prompts generated at once; each sends n requests to the engine. At most 4,096: the leases"
+        " one queue call may name.",
     )
     lease_block_timeout_s: float = Field(1.0, gt=0, description="Longest wait of one Lease call for prompts.")
     temperature: float = Field(1.0, ge=0, description="Default sampling temperature (prompts may override).")
