@@ -24,7 +24,11 @@ queue counts as its own but it does not hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +40,7 @@ from relayrl.stalls import StallWatch
 from services.queue.client import PromptLease, QueueClient
 from services.queue.config import QueueSettings
 from services.queue.errors import QueueUnavailable
-from services.queue.server import start_queue_server
+from services.queue.server import QueueServer, start_queue_server
 from services.rollout.leases import LeaseKeeper, ReplicaQueue
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.state import ReplicaState
@@ -102,12 +106,24 @@ def _keeper(queue: ReplicaQueue) -> LeaseKeeper:
     return LeaseKeeper(state, queue, metrics, stalls, block_timeout_s=0.0, push_timeout_s=5.0)
 
 
-async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again(tmp_path) -> None:
+@contextlib.asynccontextmanager
+async def queue_on_own_redis(
+    tmp_path: Path, run_id: str, **settings: Any
+) -> AsyncIterator[tuple[RedisProcess, QueueServer]]:
+    """A redis-server of this test's own (killed on purpose, so not the suite's) and a queue server on it."""
     redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
     server = None
     try:
-        settings = QueueSettings(redis_url=redis.url, run_id="lost-complete", lease_timeout_s=60.0)
-        server = await start_queue_server(settings)
+        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id=run_id, **settings))
+        yield redis, server
+    finally:
+        if server is not None:
+            await server.stop()
+        redis.stop()
+
+
+async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again(tmp_path) -> None:
+    async with queue_on_own_redis(tmp_path, "lost-complete", lease_timeout_s=60.0) as (redis, server):
         async with QueueClient(server.grpc_address) as client:
             await client.release([_prompt(i) for i in range(3)])
             first, *others = await client.lease(REPLICA, 3, held_version=0)
@@ -146,20 +162,15 @@ async def test_a_prompt_whose_push_answer_died_with_redis_is_not_generated_again
 
             # The gauges are refreshed every stats_refresh_s (2 s).
             await wait_until_async(counted, 10.0, "the duplicate to show on /metrics")
-    finally:
-        if server is not None:
-            await server.stop()
-        redis.stop()
 
 
 async def test_prompts_leased_by_a_call_whose_answer_died_with_redis_are_leased_again_at_once(tmp_path) -> None:
-    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
-    server = None
     working = asyncio.create_task(asyncio.Event().wait())  # the generation of the lease it holds
     try:
-        settings = QueueSettings(redis_url=redis.url, run_id="lost-lease", lease_timeout_s=600.0)
-        server = await start_queue_server(settings)
-        async with QueueClient(server.grpc_address) as client:
+        async with (
+            queue_on_own_redis(tmp_path, "lost-lease", lease_timeout_s=600.0) as (redis, server),
+            QueueClient(server.grpc_address) as client,
+        ):
             await client.release([_prompt(i) for i in range(3)])
             keeper = _keeper(AnswerLostWithRedis(client, redis, "lease_batch", restart=True))
             [first] = await client.lease(REPLICA, 1, held_version=0)
@@ -178,51 +189,38 @@ async def test_prompts_leased_by_a_call_whose_answer_died_with_redis_are_leased_
             assert counted == 2
     finally:
         working.cancel()
-        if server is not None:
-            await server.stop()
-        redis.stop()
 
 
 async def test_a_release_whose_answer_died_with_redis_puts_its_prompts_out_once(tmp_path) -> None:
-    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
-    server = None
     io = IoThread()
     try:
-        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id="lost-release"))
-        feed = trainer_feed(server.grpc_address, io, batch_size=2, total_steps=2, max_staleness=0)
-        feed.queue = AnswerLostWithRedis(feed.queue, redis, "release", restart=True)
-        # The trainer's release is retried while the queue is unavailable, as any queue call is.
-        assert await asyncio.to_thread(feed._release_ahead, 0, 0) == 2
-        assert feed.queue.killed
-        async with QueueClient(server.grpc_address) as client:
-            stats = await client.prompt_stats()
-            assert (stats.total_released, stats.waiting) == (2, 2), stats
+        async with queue_on_own_redis(tmp_path, "lost-release") as (redis, server):
+            feed = trainer_feed(server.grpc_address, io, batch_size=2, total_steps=2, max_staleness=0)
+            feed.queue = AnswerLostWithRedis(feed.queue, redis, "release", restart=True)
+            # The trainer's release is retried while the queue is unavailable, as any queue call is.
+            assert await asyncio.to_thread(feed._release_ahead, 0, 0) == 2
+            assert feed.queue.killed
+            async with QueueClient(server.grpc_address) as client:
+                stats = await client.prompt_stats()
+                assert (stats.total_released, stats.waiting) == (2, 2), stats
     finally:
         io.stop()
-        if server is not None:
-            await server.stop()
-        redis.stop()
 
 
 async def test_an_agents_group_whose_push_answer_died_with_redis_is_stored_once(tmp_path) -> None:
-    redis = RedisProcess(data_dir=tmp_path / "redis", appendfsync="always").start()
-    server = None
-    try:
-        server = await start_queue_server(QueueSettings(redis_url=redis.url, run_id="lost-agent-push"))
-        async with QueueClient(server.grpc_address) as client:
-            group = _group(PromptLease("", _prompt(0), 0.0, 1))  # no lease: an OpenAI conversation's group
-            losing = AnswerLostWithRedis(client, redis, "push", restart=True)
-            with pytest.raises(QueueUnavailable):
-                await losing.push([group])
-            # The endpoint pushes it again, as services.rollout.conversations does after any error.
-            again = [group, _group(PromptLease("", _prompt(1), 0.0, 1))]
-            policy = RetryPolicy(attempts=None, deadline_s=30.0, first_wait_s=0.2, max_wait_s=1.0)
-            await call_with_retries("push again", lambda: losing.push(again), any_error, policy, log)
-            pulled = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
-            assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1"]
-            stats = await client.stats()
-            assert (stats.total_produced, stats.duplicate_groups) == (2, 1)
-    finally:
-        if server is not None:
-            await server.stop()
-        redis.stop()
+    async with (
+        queue_on_own_redis(tmp_path, "lost-agent-push") as (redis, server),
+        QueueClient(server.grpc_address) as client,
+    ):
+        group = _group(PromptLease("", _prompt(0), 0.0, 1))  # no lease: an OpenAI conversation's group
+        losing = AnswerLostWithRedis(client, redis, "push", restart=True)
+        with pytest.raises(QueueUnavailable):
+            await losing.push([group])
+        # The endpoint pushes it again, as services.rollout.conversations does after any error.
+        again = [group, _group(PromptLease("", _prompt(1), 0.0, 1))]
+        policy = RetryPolicy(attempts=None, deadline_s=30.0, first_wait_s=0.2, max_wait_s=1.0)
+        await call_with_retries("push again", lambda: losing.push(again), any_error, policy, log)
+        pulled = await client.pull("trainer-0", current_version=0, max_staleness=0, max_groups=10)
+        assert sorted(d.group.prompt_id for d in pulled) == ["lost/0", "lost/1"]
+        stats = await client.stats()
+        assert (stats.total_produced, stats.duplicate_groups) == (2, 1)
