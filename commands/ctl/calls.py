@@ -3,8 +3,9 @@ endpoint and the cause in words (never a traceback)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import grpc
 import httpx
@@ -69,16 +70,44 @@ class HttpControl:
         return payload
 
 
-def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel], T], timeout_s: float) -> T:
-    """Runs ``invoke`` on a fresh channel to ``address``, mapping gRPC failures to :class:`CallError`."""
+class CallOptions(TypedDict):
+    """What :func:`grpc_call` passes to the stub method ``invoke`` calls (``**options``)."""
+
+    timeout: float
+    wait_for_ready: bool
+
+
+def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel, CallOptions], T], timeout_s: float) -> T:
+    """Runs ``invoke`` on a fresh channel to ``address``, mapping gRPC failures to :class:`CallError`.
+
+    If nothing listens there, the call is made once more, waiting up to ``timeout_s`` in all for the
+    service to come up: one that is restarting (a rollout, a chaos fault) is reached, and one that
+    stays down is named unreachable with the cause. The wait is the call's own ``wait_for_ready``,
+    not gRPC's readiness future: that future polls the channel from a thread, closing the channel
+    waits for the poll, and a Ctrl-C landing in that wait left the channel half closed, so that its
+    finaliser later blocked the interpreter for good (``relayrl up`` hung after Ctrl-C).
+    """
     endpoint = f"gRPC {address} {method}"
+    started = time.monotonic()
     with grpc.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS) as channel:
         try:
-            grpc.channel_ready_future(channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            raise CallError(endpoint, f"unreachable (no connection within {timeout_s:g} s)") from None
-        try:
-            return invoke(channel)
+            try:
+                return invoke(channel, CallOptions(timeout=timeout_s, wait_for_ready=False))
+            except grpc.RpcError as exc:
+                if not _refused(exc):
+                    raise
+                refused = exc.details() if hasattr(exc, "details") else str(exc)
+            left_s = timeout_s - (time.monotonic() - started)
+            try:
+                return invoke(channel, CallOptions(timeout=max(left_s, 0.001), wait_for_ready=True))
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                raise CallError(
+                    endpoint,
+                    f"unreachable ({_reason(Exception(refused))}, and no connection within {timeout_s:g} s);"
+                    " is the service running there?",
+                ) from None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -91,6 +120,12 @@ def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel], T], ti
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise CallError(endpoint, f"unauthenticated ({details}); {_TOKEN_HINT}") from None
             raise CallError(endpoint, f"{code.name if code else 'error'}: {details}") from None
+
+
+def _refused(exc: grpc.RpcError) -> bool:
+    """No connection could be made: nothing listens at the address (yet)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (exc.details() or "").lower()
 
 
 def _reason(exc: Exception) -> str:

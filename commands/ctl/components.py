@@ -112,13 +112,13 @@ def queue_status(address: str, timeout_s: float) -> QueueReport:
     trajectories = grpc_call(
         address,
         "TrajectoryQueue.Stats",
-        lambda ch: queue_pb2_grpc.TrajectoryQueueStub(ch).Stats(queue_pb2.StatsRequest(), timeout=timeout_s),
+        lambda ch, options: queue_pb2_grpc.TrajectoryQueueStub(ch).Stats(queue_pb2.StatsRequest(), **options),
         timeout_s,
     )
     prompts = grpc_call(
         address,
         "PromptQueue.Stats",
-        lambda ch: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), timeout=timeout_s),
+        lambda ch, options: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), **options),
         timeout_s,
     )
     counters = dataclasses.asdict(from_proto(QueueStats, trajectories))
@@ -130,8 +130,8 @@ def paramsync_status(address: str, timeout_s: float) -> ParamsyncReport:
     answer = grpc_call(
         address,
         "ParamSync.ListReplicas",
-        lambda ch: paramsync_pb2_grpc.ParamSyncStub(ch).ListReplicas(
-            paramsync_pb2.ListReplicasRequest(), timeout=timeout_s
+        lambda ch, options: paramsync_pb2_grpc.ParamSyncStub(ch).ListReplicas(
+            paramsync_pb2.ListReplicasRequest(), **options
         ),
         timeout_s,
     )

@@ -143,7 +143,7 @@ def queue_waste(run_dir: Path, queue_address: str, replica_seconds: float | None
         grpc_call(
             queue_address,
             "PromptQueue.Stats",
-            lambda ch: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), timeout=10.0),
+            lambda ch, options: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), **options),
             10.0,
         ),
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import SecretStr
 
+from commands.ctl.components import paramsync_status
 from commands.ctl.config import CtlSettings, env_file_text
 from commands.ctl.deployment import act, gather_status
 from relayrl.http_app import create_http_app
@@ -208,10 +211,87 @@ def test_unreachable_endpoints_are_named_with_the_cause(deployment: Deployment) 
     text = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1
     assert f"GET http://127.0.0.1:{dead_http}/control/status: unreachable (connection refused)" in text
-    assert f"gRPC 127.0.0.1:{dead_grpc} ParamSync.ListReplicas: unreachable" in text
+    assert f"gRPC 127.0.0.1:{dead_grpc} ParamSync.ListReplicas: unreachable (connection refused" in text
     # The queue still answered: one dead component does not hide the others.
     assert "queue 0 queued" in text
     assert "Traceback" not in text
+
+
+def test_a_component_that_comes_up_within_the_timeout_is_reached(deployment: Deployment) -> None:
+    # A restarting component (a rollout, a chaos fault) refuses connections for a moment: the
+    # call waits for it within its bound instead of failing at once.
+    port = free_port()
+    loop = LoopThread()
+    paramsync = build_service(ParamSyncSettings(api_token=SecretStr(TOKEN)))
+    servers = []
+    starter = threading.Timer(
+        1.0,
+        lambda: servers.append(
+            loop.run(start_grpc_server("127.0.0.1", port, [lambda s: add_to_server(paramsync, s)], [SERVICE_NAME]))
+        ),
+    )
+    starter.start()
+    try:
+        report = paramsync_status(f"127.0.0.1:{port}", timeout_s=20.0)
+        assert report.latest_version == 0 and report.replicas == []
+    finally:
+        starter.join()
+        for server in servers:
+            loop.run(server.stop(grace_s=0.5))
+        loop.close()
+
+
+# A process making calls to paramsync one after another. Each Ctrl-C ends a round: the channels
+# that round left behind are finalised, and the calls start again.
+_CALL_ROUNDS = """
+import gc, sys
+from commands.ctl.components import paramsync_status
+for round in range(int(sys.argv[2])):
+    try:
+        calls = 0
+        while True:
+            paramsync_status(sys.argv[1], 5.0)
+            calls += 1
+            if calls == 2:
+                print("calling", flush=True)
+    except KeyboardInterrupt:
+        pass
+    gc.collect()
+    print("stopped", flush=True)
+"""
+
+
+def test_ctrl_c_during_grpc_calls_leaves_a_process_that_goes_on_and_exits(deployment: Deployment) -> None:
+    # gRPC's readiness future made closing a channel wait about 0.2 s for a polling thread, so a
+    # Ctrl-C nearly always landed in that wait. It left the channel half closed, and finalising it
+    # blocked the process for good: `relayrl up --keep-alive` hung after Ctrl-C.
+    rounds = 8
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _CALL_ROUNDS, deployment.paramsync_address, str(rounds)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert caller.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in caller.stdout], daemon=True).start()
+    seen: list[str] = []
+
+    def expect(line: str) -> None:
+        try:
+            seen.append(lines.get(timeout=30))
+        except queue.Empty:
+            raise AssertionError(f"no {line!r} within 30 s; the process said {seen}") from None
+        assert seen[-1] == line, seen
+
+    try:
+        for _ in range(rounds):
+            expect("calling")
+            caller.send_signal(signal.SIGINT)
+            expect("stopped")
+        assert caller.wait(timeout=30) == 0, seen
+    finally:
+        if caller.poll() is None:
+            caller.kill()
 
 
 def test_bad_arguments_and_settings_get_a_message_not_a_traceback(deployment: Deployment) -> None:
