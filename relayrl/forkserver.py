@@ -8,7 +8,10 @@ collector off, freezes that heap out of every later collection, and then serves 
 connection on the Unix socket ``SOCKET``: run ``python -m MODULE ARGS`` with this environment,
 working directory, standard streams and CPUs. It forks; the child applies all of that and runs
 the module as ``python -m`` would, in a session of its own when asked; the server answers the
-child's pid, then its exit status when it ends (the child is the server's to reap).
+child's pid, then its exit status when it ends (the child is the server's to reap). A child asked
+to end with its caller gets SIGTERM (its whole session, when it has one) once the requester's
+connection closes with the child still running, which happens when the requester dies; and once
+the server itself is gone (:mod:`relayrl.lifeline`).
 
 Where ``RELAYRL_FORKSERVER`` names a socket, :func:`relayrl.subprocesses.start_process` starts
 Python services through it; anything it cannot start exactly as a new interpreter would (another
@@ -38,6 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from relayrl import lifeline
 
 ENV_VARIABLE = "RELAYRL_FORKSERVER"
 # Read by the interpreter or by the preloaded libraries when they are imported: a child whose value
@@ -87,6 +92,14 @@ class Request:
     cwd: str
     new_session: bool
     cpus: list[int] | None
+    end_with_caller: bool = False
+
+
+@dataclass(frozen=True)
+class _Child:
+    pid: int
+    conn: socket.socket  # the requester's connection: the exit status goes back on it
+    request: Request
 
 
 def usable() -> bool:
@@ -120,7 +133,7 @@ def serve(path: Path) -> Request | None:
     # Serves no longer than the process that started it (a stack killed with SIGKILL leaves none).
     parent = os.pidfd_open(os.getppid())
     selector.register(parent, selectors.EVENT_READ, "stop")
-    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the requester's connection)
+    children: dict[int, _Child] = {}  # by pidfd
     print(f"forkserver ready on {path}", flush=True)
     while True:
         for key, _ in selector.select():
@@ -135,20 +148,43 @@ def serve(path: Path) -> Request | None:
                         os.close(fd)
                     return forked
                 continue
-            pid, conn = children.pop(key.fd)
+            if isinstance(key.data, _Child):
+                _caller_spoke(selector, key.data)
+                continue
+            child = children.pop(key.fd)
             selector.unregister(key.fd)
             os.close(key.fd)
-            _, status = os.waitpid(pid, 0)
+            _, status = os.waitpid(child.pid, 0)
+            if child.request.end_with_caller:
+                selector.unregister(child.conn)
             with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-            conn.close()
+                child.conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            child.conn.close()
+
+
+def _caller_spoke(selector: selectors.BaseSelector, child: _Child) -> None:
+    """The requester of a child that ends with its caller never writes after its request: its
+    connection turning readable means it closed, so the requester is gone, and the child goes too."""
+    try:
+        if child.conn.recv(1):
+            return
+    except BlockingIOError:
+        return
+    except OSError:
+        pass
+    selector.unregister(child.conn)
+    with contextlib.suppress(ProcessLookupError):
+        if child.request.new_session:
+            os.killpg(child.pid, signal.SIGTERM)
+        else:
+            os.kill(child.pid, signal.SIGTERM)
 
 
 def _fork_one(
     conn: socket.socket,
     selector: selectors.BaseSelector,
     listener: socket.socket,
-    children: dict[int, tuple[int, socket.socket]],
+    children: dict[int, _Child],
 ) -> Request | None:
     fds: list[int] = []
     try:
@@ -172,6 +208,7 @@ def _fork_one(
     except (OSError, ValueError, TypeError) as exc:
         _refuse(conn, fds, str(exc))
         return None
+    server = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:  # out of processes or memory: the caller starts a new interpreter
@@ -180,18 +217,21 @@ def _fork_one(
     if pid == 0:
         selector.close()
         listener.close()
-        for pidfd, (_, other) in children.items():
+        for pidfd, other in children.items():
             os.close(pidfd)
-            other.close()
-        _become(request, fds, conn)
+            other.conn.close()
+        _become(request, fds, conn, server)
         return request
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     conn.setblocking(False)
     pidfd = os.pidfd_open(pid)
-    children[pidfd] = (pid, conn)
+    child = _Child(pid, conn, request)
+    children[pidfd] = child
     selector.register(pidfd, selectors.EVENT_READ, "child")
+    if request.end_with_caller:
+        selector.register(conn, selectors.EVENT_READ, child)
     return None
 
 
@@ -204,13 +244,15 @@ def _refuse(conn: socket.socket, fds: list[int], reason: str) -> None:
     conn.close()
 
 
-def _become(request: Request, fds: list[int], conn: socket.socket) -> None:
+def _become(request: Request, fds: list[int], conn: socket.socket, server: int) -> None:
     """In the child: the state a new interpreter started with this request would have."""
     conn.close()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if request.new_session:
         os.setsid()
+    if request.end_with_caller:
+        lifeline.end_with_parent(server)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -360,6 +402,7 @@ def spawn(
     text: bool,
     new_session: bool,
     cpus: Sequence[int] | None,
+    end_with_caller: bool = False,
 ) -> ForkedProcess:
     """Asks the server at ``path`` to run ``python -m module args``; the streams take what Popen's
     do (None, ``subprocess.DEVNULL``, ``PIPE``, ``STDOUT`` for stderr, a file or a descriptor).
@@ -393,6 +436,7 @@ def spawn(
             new_session=new_session,
             # A new process inherits its parent's CPUs: the server's are not the requester's.
             cpus=list(cpus) if cpus else sorted(os.sched_getaffinity(0)),
+            end_with_caller=end_with_caller,
         )
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

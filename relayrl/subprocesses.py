@@ -5,19 +5,18 @@ and always reap it)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from relayrl import forkserver, http_client
+from relayrl import forkserver, http_client, lifeline
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +35,22 @@ def start_process(
     text: bool = False,
     new_session: bool = False,
     cpus: Sequence[int] | None = None,
+    end_with_caller: bool = False,
 ) -> Process:
     """``argv`` with ``env`` (the whole environment), as ``subprocess.Popen`` starts it.
 
     ``python -m MODULE ...`` of this interpreter, where ``env`` names a fork server
     (``RELAYRL_FORKSERVER``), is forked from that server with its imports already done, unless the
     server cannot start it as a new interpreter would (or is gone). ``cpus`` pins the process, and
-    every thread and child it makes.
+    every thread and child it makes. ``end_with_caller``: it gets SIGTERM once this process is gone
+    (:mod:`relayrl.lifeline`); call from a thread that lives as long as the process should.
     """
     server = env.get(forkserver.ENV_VARIABLE)
     if server and len(argv) > 2 and list(argv[:2]) == [sys.executable, "-m"]:
         try:
             return forkserver.spawn(
                 server, argv[2], argv[3:], env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
-                text=text, new_session=new_session, cpus=cpus,
+                text=text, new_session=new_session, cpus=cpus, end_with_caller=end_with_caller,
             )  # fmt: skip
         except OSError as exc:
             log.debug("starting %s as a new interpreter: %s", argv[2], exc)
@@ -63,11 +64,25 @@ def start_process(
         text=text,
         bufsize=1 if text else -1,
         start_new_session=new_session,
-        # In the child between fork and exec, so the program starts on its CPUs and every thread
-        # and child it makes inherits them. The function makes one system call and takes no lock,
-        # which is what makes a preexec_fn safe beside this process's threads.
-        preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus) if cpus else None,
+        preexec_fn=_in_child(cpus, os.getpid() if end_with_caller else None),
     )
+
+
+def _in_child(cpus: Sequence[int] | None, caller: int | None) -> Callable[[], None] | None:
+    """What runs in the child between fork and exec, so that the program starts on its CPUs (every
+    thread and child it makes inherits them) and with its parent's death signal set. It makes
+    system calls only and takes no lock, which is what makes a preexec_fn safe beside this
+    process's threads."""
+    if not cpus and caller is None:
+        return None
+
+    def setup() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if caller is not None:
+            lifeline.end_with_parent(caller)
+
+    return setup
 
 
 class ProcessExited(RuntimeError):

@@ -87,6 +87,9 @@ class ManagedProcess:
                 text=True,
                 new_session=True,
                 cpus=self.spec.cpus,
+                # A stack that dies without stopping its components (SIGKILL, a crash) takes them
+                # along instead of leaving them holding its ports, Redis and GPU memory.
+                end_with_caller=True,
             )
         except FileNotFoundError as exc:
             raise ComponentError(

@@ -4,15 +4,21 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from commands.stack.process import ComponentError, ComponentSpec
 from commands.stack.restart import RestartPolicy, RestartRecord
 from commands.stack.supervisor import supervised
+from relayrl.forkserver import ENV_VARIABLE as FORKSERVER_VARIABLE
+from relayrl.forkserver import ForkServer
 from tests.processes import process_alive
 from tests.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[3]
 
 # A parent that starts a long-lived child, as torchrun does with its workers.
 PARENT_WITH_CHILD = """
@@ -216,3 +222,46 @@ def test_a_restart_first_kills_workers_that_left_the_process_group():
         wait_until(lambda: _restarted(stack, component), 10, "the restart")
         assert not process_alive(orphan), "the old worker survived the restart (it would hold the ports)"
     assert not any(process_alive(pid) for pid in (orphan, component.process.pid))
+
+
+# A stack with a Python service and a program, each in a session of its own as the local stack
+# starts them, that then waits to be killed.
+STACK = """
+import sys, time
+from commands.stack.process import ComponentSpec
+from commands.stack.supervisor import supervised
+service_argv = [sys.executable, "-m", "tests.integration.forkserver_child", "wait"]
+with supervised(None) as stack:
+    service = stack.start(ComponentSpec("service", service_argv))
+    program = stack.start(ComponentSpec("program", ["sleep", "600"]))
+    while '"preloaded"' not in service.recent_output():  # the service runs its own code
+        time.sleep(0.05)
+    print(service.process.pid, program.process.pid, type(service.process).__name__, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["through-a-fork-server", "new-interpreters"])
+def test_a_stack_killed_with_sigkill_takes_its_components_along(forked: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k != FORKSERVER_VARIABLE}
+    server = ForkServer() if forked else None
+    if server is not None:
+        env[FORKSERVER_VARIABLE] = str(server.path)
+    stack = subprocess.Popen(
+        [sys.executable, "-c", STACK], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert stack.stdout is not None
+        service, program, kind = stack.stdout.readline().split()
+        assert kind == ("ForkedProcess" if forked else "Popen")
+        assert process_alive(int(service)) and process_alive(int(program))
+        stack.kill()
+        stack.wait(timeout=30)
+        for pid in (int(service), int(program)):
+            wait_until(lambda p=pid: not process_alive(p), 20, f"component {pid} to end with its stack")
+    finally:
+        if stack.poll() is None:
+            stack.kill()
+        if server is not None:
+            server.stop()
