@@ -155,7 +155,7 @@ def serve(path: Path) -> Request | None:
             selector.unregister(key.fd)
             os.close(key.fd)
             _, status = os.waitpid(child.pid, 0)
-            if child.request.end_with_caller:
+            if child.conn in selector.get_map():  # the caller is still watched
                 selector.unregister(child.conn)
             with contextlib.suppress(OSError):
                 child.conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
@@ -165,6 +165,8 @@ def serve(path: Path) -> Request | None:
 def _caller_spoke(selector: selectors.BaseSelector, child: _Child) -> None:
     """The requester of a child that ends with its caller never writes after its request: its
     connection turning readable means it closed, so the requester is gone, and the child goes too."""
+    if child.conn.fileno() == -1:  # the child ended in the same round, and its status was answered
+        return
     try:
         if child.conn.recv(1):
             return

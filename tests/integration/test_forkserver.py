@@ -17,6 +17,8 @@ import pytest
 
 from relayrl.forkserver import ENV_VARIABLE, ForkedProcess, ForkServer, import_time_mismatch
 from relayrl.subprocesses import start_process
+from tests.processes import process_alive
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = [sys.executable, "-m", "tests.integration.forkserver_child"]
@@ -131,3 +133,44 @@ def test_a_forked_service_runs_on_its_requesters_cpus_and_writes_to_its_streams(
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
     report = json.loads(line)
     assert "ForkedProcess" in done.stdout.splitlines() and report["preloaded"] and report["cpus"] == [cpu]
+
+
+# Requesters that ask for a service ending with them, then exit at once: each service ends about
+# when its requester does, so the server sees both ends in one round as often as one after the other.
+_HASTY_REQUESTER = """
+import subprocess, sys
+from relayrl.subprocesses import start_process
+child = [sys.executable, "-m", "tests.integration.forkserver_child", "0"]
+process = start_process(child, env=dict(__import__("os").environ), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, end_with_caller=True)
+print(type(process).__name__, process.pid, flush=True)
+"""
+
+
+def test_services_ending_with_their_requesters_leave_the_server_serving(server: ForkServer) -> None:
+    for _ in range(8):
+        done = subprocess.run(
+            [sys.executable, "-c", _HASTY_REQUESTER], env={**_env(server), "PYTHONPATH": str(REPO)},
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0 and done.stdout.startswith("ForkedProcess "), done.stdout + done.stderr
+    assert server.process.poll() is None, "the fork server exited"
+    process = start_process([*CHILD, "0"], env=_env(server), cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert isinstance(process, ForkedProcess) and process.wait(60) == 0
+
+
+def test_a_service_that_ends_with_its_requester_is_stopped_when_the_requester_is_killed(server: ForkServer) -> None:
+    requester = subprocess.Popen(
+        [sys.executable, "-c", _HASTY_REQUESTER.replace('"0"]', '"wait"]') + "import time; time.sleep(600)"],
+        env={**_env(server), "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert requester.stdout is not None
+        kind, pid = requester.stdout.readline().split()
+        assert kind == "ForkedProcess" and process_alive(int(pid))
+        requester.kill()
+        requester.wait(30)
+        wait_until(lambda: not process_alive(int(pid)), 20, "the service to end with its requester")
+    finally:
+        if requester.poll() is None:
+            requester.kill()
