@@ -138,7 +138,9 @@ def show(value: Any) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float) and math.isfinite(value) and value == int(value) and abs(value) >= 1000:
+    # A whole float from 100 up is a count or a duration (900.0 s of faults): shown as a whole
+    # number. Below, it keeps its decimal, as a ratio or a time measured at 1.0 should.
+    if isinstance(value, float) and math.isfinite(value) and value == int(value) and abs(value) >= 100:
         return f"{int(value):,}"
     if isinstance(value, int):
         return f"{value:,}"

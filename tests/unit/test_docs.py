@@ -129,3 +129,12 @@ def test_the_configuration_reference_lists_every_variable_with_the_names_users_k
     assert "verl: `max_queue_size`" in rows["RELAYRL_QUEUE_CAPACITY"]
     assert "SGLang: `max_prefill_tokens`" in rows["RELAYRL_ENGINE_MAX_PREFILL_TOKENS"]
     assert "`trainer.batch_size`" in rows["RELAYRL_TRAINER_BATCH_SIZE"]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(900.0, "900"), (28876.0, "28,876"), (1.0, "1.0"), (0.25, "0.25"), (1500, "1,500"), (None, "–"), (True, "yes")],
+)
+def test_figures_are_shown_as_a_reader_expects(value: object, shown: str) -> None:
+    # A whole duration or count reads as one ("42 faults in 900 s"); a ratio keeps its decimal.
+    assert fig.show(value) == shown
