@@ -244,8 +244,10 @@ def test_a_component_that_comes_up_within_the_timeout_is_reached(deployment: Dep
 # A process making calls to paramsync one after another. Each Ctrl-C ends a round: the channels
 # that round left behind are finalised, and the calls start again.
 _CALL_ROUNDS = """
-import gc, sys
+import gc, signal, sys
 from commands.ctl.components import paramsync_status
+# As `relayrl up` does: a process started in the background inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 for round in range(int(sys.argv[2])):
     try:
         calls = 0
@@ -268,7 +270,7 @@ def test_ctrl_c_during_grpc_calls_leaves_a_process_that_goes_on_and_exits(deploy
     rounds = 8
     caller = subprocess.Popen(
         [sys.executable, "-c", _CALL_ROUNDS, deployment.paramsync_address, str(rounds)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert caller.stdout is not None
@@ -280,7 +282,10 @@ def test_ctrl_c_during_grpc_calls_leaves_a_process_that_goes_on_and_exits(deploy
         try:
             seen.append(lines.get(timeout=30))
         except queue.Empty:
-            raise AssertionError(f"no {line!r} within 30 s; the process said {seen}") from None
+            caller.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack, for the reader
+            caller.wait(timeout=30)
+            rest = [lines.get() for _ in range(lines.qsize())]
+            raise AssertionError(f"no {line!r} within 30 s; the process said {seen}, then {rest}") from None
         assert seen[-1] == line, seen
 
     try:
