@@ -88,29 +88,12 @@ def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel, CallOpt
     finaliser later blocked the interpreter for good (``relayrl up`` hung after Ctrl-C).
     """
     endpoint = f"gRPC {address} {method}"
-    started = time.monotonic()
     with grpc.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS) as channel:
         try:
-            try:
-                return invoke(channel, CallOptions(timeout=timeout_s, wait_for_ready=False))
-            except grpc.RpcError as exc:
-                if not _refused(exc):
-                    raise
-                refused = exc.details() if hasattr(exc, "details") else str(exc)
-            left_s = timeout_s - (time.monotonic() - started)
-            try:
-                return invoke(channel, CallOptions(timeout=max(left_s, 0.001), wait_for_ready=True))
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
-                raise CallError(
-                    endpoint,
-                    f"unreachable ({_reason(Exception(refused))}, and no connection within {timeout_s:g} s);"
-                    " is the service running there?",
-                ) from None
+            return _invoke_waiting(channel, invoke, timeout_s, endpoint)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
-            details = exc.details() if hasattr(exc, "details") else str(exc)
+            details = _details(exc)
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise CallError(endpoint, f"unavailable ({details})") from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -122,17 +105,50 @@ def grpc_call(address: str, method: str, invoke: Callable[[grpc.Channel, CallOpt
             raise CallError(endpoint, f"{code.name if code else 'error'}: {details}") from None
 
 
+def _invoke_waiting(
+    channel: grpc.Channel, invoke: Callable[[grpc.Channel, CallOptions], T], timeout_s: float, endpoint: str
+) -> T:
+    """``invoke`` at once; if nothing listens yet, once more, waiting for the service within
+    ``timeout_s`` in all (:class:`CallError` naming the refusal if it never comes up)."""
+    started = time.monotonic()
+    try:
+        return invoke(channel, CallOptions(timeout=timeout_s, wait_for_ready=False))
+    except grpc.RpcError as exc:
+        if not _refused(exc):
+            raise
+        refused = _details(exc) or ""
+    left_s = timeout_s - (time.monotonic() - started)
+    try:
+        return invoke(channel, CallOptions(timeout=max(left_s, 0.001), wait_for_ready=True))
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    raise CallError(
+        endpoint,
+        f"unreachable ({_cause(refused)}, and no connection within {timeout_s:g} s); is the service running there?",
+    )
+
+
+def _details(exc: grpc.RpcError) -> str | None:
+    return exc.details() if hasattr(exc, "details") else str(exc)
+
+
 def _refused(exc: grpc.RpcError) -> bool:
     """No connection could be made: nothing listens at the address (yet)."""
     code = exc.code() if hasattr(exc, "code") else None
-    return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (exc.details() or "").lower()
+    return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (_details(exc) or "").lower()
 
 
 def _reason(exc: Exception) -> str:
-    text = str(exc).strip()
+    return _cause(str(exc)) or type(exc).__name__
+
+
+def _cause(text: str) -> str:
+    """An error's text in plain words: a refused connection says so, anything else as it came."""
+    text = text.strip()
     if "Connection refused" in text or "Errno 111" in text:
         return "connection refused"
-    return text or type(exc).__name__
+    return text
 
 
 def _detail(response: httpx.Response) -> str:

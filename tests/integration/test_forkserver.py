@@ -135,22 +135,30 @@ def test_a_forked_service_runs_on_its_requesters_cpus_and_writes_to_its_streams(
     assert "ForkedProcess" in done.stdout.splitlines() and report["preloaded"] and report["cpus"] == [cpu]
 
 
-# Requesters that ask for a service ending with them, then exit at once: each service ends about
-# when its requester does, so the server sees both ends in one round as often as one after the other.
-_HASTY_REQUESTER = """
-import subprocess, sys
+# A requester that asks for a service ending with it (the child's first argument: "0" exits at once,
+# "wait" runs on) and exits at once, or stays with "stay".
+_REQUESTER = """
+import os, subprocess, sys, time
 from relayrl.subprocesses import start_process
-child = [sys.executable, "-m", "tests.integration.forkserver_child", "0"]
-process = start_process(child, env=dict(__import__("os").environ), stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL, end_with_caller=True)
+child = [sys.executable, "-m", "tests.integration.forkserver_child", sys.argv[1]]
+process = start_process(child, env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                        end_with_caller=True)
 print(type(process).__name__, process.pid, flush=True)
+if sys.argv[2] == "stay":
+    time.sleep(600)
 """
 
 
+def _requester(child_arg: str, then: str) -> list[str]:
+    return [sys.executable, "-c", _REQUESTER, child_arg, then]
+
+
 def test_services_ending_with_their_requesters_leave_the_server_serving(server: ForkServer) -> None:
+    # Each service ends about when its hasty requester does, so the server sees both ends in one
+    # round as often as one after the other.
     for _ in range(8):
         done = subprocess.run(
-            [sys.executable, "-c", _HASTY_REQUESTER], env={**_env(server), "PYTHONPATH": str(REPO)},
+            _requester("0", "exit"), env={**_env(server), "PYTHONPATH": str(REPO)},
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 0 and done.stdout.startswith("ForkedProcess "), done.stdout + done.stderr
@@ -161,8 +169,8 @@ def test_services_ending_with_their_requesters_leave_the_server_serving(server: 
 
 def test_a_service_that_ends_with_its_requester_is_stopped_when_the_requester_is_killed(server: ForkServer) -> None:
     requester = subprocess.Popen(
-        [sys.executable, "-c", _HASTY_REQUESTER.replace('"0"]', '"wait"]') + "import time; time.sleep(600)"],
-        env={**_env(server), "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.PIPE, text=True,
+        _requester("wait", "stay"), env={**_env(server), "PYTHONPATH": str(REPO)},
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert requester.stdout is not None
