@@ -307,3 +307,4 @@ def _worker(cfg_json: str, model_dir: str, out: str) -> None:
 
 if __name__ == "__main__":
     _worker(*sys.argv[1:4])
+    D.exit_rank()

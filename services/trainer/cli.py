@@ -46,16 +46,17 @@ def run_command(
 
     settings = settings_or_exit(TrainerSettings, model_dir=model_dir, total_steps=total_steps)
     device_or_exit(settings)
-    from relayrl.serving import exit_uncollected, uncollected_start
+    from relayrl.serving import uncollected_start
 
     # Imported once the settings are known good: the service pulls in torch, which takes seconds.
     with uncollected_start():
+        from services.trainer import distributed as D
         from services.trainer.service import run_service
 
     state = run_service(settings)
     if os.environ.get("RANK", "0") == "0":
         typer.echo(json.dumps({"step": state.step, "version": state.version}))
-    exit_uncollected()
+    D.exit_rank()
 
 
 # Defaults of ``relayrl bench trainer`` by device: a CPU run that takes seconds; on a GPU the issue's

@@ -163,10 +163,7 @@ def run(model_dir: Path, control_port: int, lora_rank: int = 0) -> None:
             io.stop()
         D.shutdown()
     if finished:
-        # About one run in five, rank 1 aborted in native teardown at interpreter exit
-        # ("terminate called without an active exception", SIGABRT) after a clean shutdown, and
-        # torchrun reported the finished job as failed. Everything is flushed and closed here.
-        os._exit(0)
+        D.exit_rank()
 
 
 if __name__ == "__main__":

@@ -135,3 +135,6 @@ def sft(
 def run_rank() -> None:
     """One rank under torchrun: every setting comes from RELAYRL_SFT_*."""
     _run_here()
+    from services.trainer import distributed as D
+
+    D.exit_rank()

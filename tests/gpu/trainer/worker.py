@@ -172,7 +172,7 @@ def main(kind: str, out: str, *args: str) -> None:
     result = KINDS[kind](out, *args)
     if D.get_rank() == 0:
         torch.save(result, out)
-    D.shutdown()
+    D.exit_rank()
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def main(model_dir: str, out: str, steps: int, param_dtype: str = "auto") -> Non
     weights = gather_weights(models.actor)
     if ctx.is_main:
         torch.save({"history": history, "weights": dict(weights)}, out)
-    D.shutdown()
+    D.exit_rank()
 
 
 if __name__ == "__main__":

@@ -76,10 +76,7 @@ def main(out: str) -> None:
     if is_main:
         with open(out, "w") as f:
             json.dump(result, f)
-    D.shutdown()
-    # As in services/trainer/publish_bench.py: a rank sometimes aborts in gloo's native teardown at
-    # interpreter exit ("terminate called without an active exception") after a clean shutdown.
-    os._exit(0)
+    D.exit_rank()
 
 
 @contextlib.contextmanager

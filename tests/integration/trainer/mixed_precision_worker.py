@@ -42,7 +42,7 @@ def main(model_dir: str, out: str) -> None:
     }
     if ctx.is_main:
         torch.save(result, out)
-    D.shutdown()
+    D.exit_rank()
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def main(model_dir: str, address: str, out: str) -> None:
         assert all(r.ok for r in publisher.records), [r.error for r in publisher.records]
         published = [name for name, _ in published_items(models.actor)]
         torch.save({"weights": dict(weights), "published": published, "metrics": metrics, "by_handle": by_handle}, out)
-    D.shutdown()
+    D.exit_rank()
 
 
 async def _client(cls, address: str):

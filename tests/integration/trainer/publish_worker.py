@@ -54,7 +54,7 @@ def main(model_dir: str, address: str, bucket_bytes: int, out: str) -> None:
             },
             out,
         )
-    D.shutdown()
+    D.exit_rank()
 
 
 async def _client(cls, address: str):
