@@ -35,13 +35,20 @@ from observability.build import DASHBOARDS_DIR
 from observability.dashboards.rollout import MULTI_TURN_PANELS, SGLANG_ONLY_PANELS
 from observability.dashboards.trainer import GPU_ONLY_PANELS
 from observability.queries import alert_rules, dashboard_queries, load_dashboards, panels
-from tests.integration.observability.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, grafana_to_promql
+from tests.integration.observability.prometheus import (
+    RATE_INTERVAL,
+    SCRAPE_INTERVAL_S,
+    PrometheusServer,
+    grafana_to_promql,
+)
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS_BEFORE_CHECKING = 3
 # How far back each panel query looks, as a dashboard opened now would.
 WINDOW_S = 60
+# Successful scrapes of every component within one rate window before any panel is checked.
+RATE_SAMPLES = 3
 
 
 @dataclass
@@ -76,14 +83,29 @@ def _config(runs_dir: Path) -> StackConfig:
 
 
 def _wait_for_steps(prometheus: PrometheusServer, stack: LocalStack, steps: int, timeout_s: float) -> None:
+    """Until Prometheus has watched the trainer take ``steps`` steps and has scraped every component
+    at least RATE_SAMPLES times within one rate window. The trainer may be past any given step by
+    Prometheus' first scrape, and a rate needs two samples in its window: a panel checked right
+    after that first scrape has no rate to show."""
+    first: list[float] = []
+
     def reached() -> bool:
         stack.supervisor.check_alive()
         result = prometheus.query("max(relayrl_trainer_global_steps)")
-        return bool(result.series) and float(result.series[0]["value"][1]) >= steps
+        if not result.series:
+            return False
+        step = float(result.series[0]["value"][1])
+        if not first:
+            first.append(step)
+        scrapes = prometheus.query(f"min(sum_over_time(up[{RATE_INTERVAL}]))").series
+        return step >= first[0] + steps and bool(scrapes) and float(scrapes[0]["value"][1]) >= RATE_SAMPLES
 
     # One poll a second: Prometheus scrapes no faster.
     wait_until(
-        reached, timeout_s, f"the trainer to reach step {steps} (logs in {stack.run_dir})", poll_s=SCRAPE_INTERVAL_S
+        reached,
+        timeout_s,
+        f"Prometheus to watch the trainer take {steps} steps (logs in {stack.run_dir})",
+        poll_s=SCRAPE_INTERVAL_S,
     )
 
 
