@@ -20,7 +20,8 @@ def launch_engine(
     settings: Mapping[str, str] | None = None,
 ) -> Process:
     """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs);
-    ``settings`` adds environment variables (``RELAYRL_ENGINE_*``) over the defaults."""
+    ``settings`` adds environment variables (``RELAYRL_ENGINE_*``) over the defaults. The engine
+    ends with its caller, killed or not: one left behind keeps its share of the GPU."""
     env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", **(settings or {})}
     return start_process(
         [sys.executable, "-m", "services.engine.cli", "serve", "--model", str(model_dir), "--port", str(port)],
@@ -28,6 +29,7 @@ def launch_engine(
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=stderr,
+        end_with_caller=True,
     )
 
 

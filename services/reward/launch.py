@@ -18,13 +18,15 @@ def launch_reward(
     stderr: int = subprocess.DEVNULL,
     cwd: Path | None = None,
 ) -> Process:
-    """``relayrl reward serve`` on ``port``; ``env`` adds ``RELAYRL_REWARD_*`` settings."""
+    """``relayrl reward serve`` on ``port``; ``env`` adds ``RELAYRL_REWARD_*`` settings. The service
+    ends with its caller, killed or not."""
     return start_process(
         [sys.executable, "-m", "services.reward.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
+        end_with_caller=True,
     )
 
 

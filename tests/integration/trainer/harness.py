@@ -219,7 +219,9 @@ def run_logged(cmd: list[str], log: Path, timeout_s: float = 120) -> str:
     """Runs a job (a torchrun one: every rank is stopped after) to the end with its output in
     ``log``; fails with the log's tail unless it exits 0; returns the log."""
     with log.open("wb") as f:
-        proc = start_process(cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, new_session=True)
+        proc = start_process(
+            cmd, cwd=REPO, env=python_env(), stdout=f, stderr=subprocess.STDOUT, new_session=True, end_with_caller=True
+        )
     try:
         assert proc.wait(timeout_s) == 0, log.read_text()[-3000:]
     finally:
@@ -236,6 +238,8 @@ def start_trainer(env: dict[str, str], log_path: Path, nproc: int = 1) -> Proces
     cmd = [sys.executable, "-m", "services.trainer"] if nproc == 1 else torchrun(nproc, "services.trainer")
     log = log_path.open("ab")
     try:
-        return start_process(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, new_session=True)
+        return start_process(
+            cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, new_session=True, end_with_caller=True
+        )
     finally:
         log.close()
