@@ -361,7 +361,7 @@ class TrainerSettings(ServiceSettings):
         description="The entropy bonus acts only on micro-batches whose mean token entropy is below this (the "
         "target entropy of Skywork-OR1's adaptive entropy control). Once every group's samples score alike the "
         "bonus is the only pull left, and Adam moves the policy by about lr per step along it whatever its size: "
-        "without a target it runs a settled policy to uniform. None: the bonus always acts.",
+        "without a target it can push a settled policy all the way to uniform. None: the bonus always acts.",
     )
     use_kl_loss: bool = Field(False, description="Add a KL(actor‖reference) loss term (needs the reference model).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss.")
