@@ -322,6 +322,14 @@ class TrainerSettings(ServiceSettings):
     lr: float = Field(1e-5, gt=0, description="Actor learning rate (AdamW).")
     critic_lr: float = Field(1e-5, gt=0, description="Critic learning rate (PPO with gae).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_eps: float = Field(
+        1e-8,
+        gt=0,
+        description="AdamW's eps (torchtitan's optimizer.eps; PPO implementations use 1e-5). A weight moves by about "
+        "lr × g / (|g| + eps): at torch's 1e-8 a gradient of 1e-6 moves it as far as one of 1, so once rewards stop "
+        "differing within groups, the remaining near-zero gradient (an entropy bonus, noise) still moves every "
+        "weight by lr each step; a larger eps lets such steps shrink with their gradient.",
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
     lr_scheduler_type: LrSchedulerType = Field(
         "constant",

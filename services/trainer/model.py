@@ -273,8 +273,8 @@ class LrSchedule:
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: LrSchedule):
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: LrSchedule, eps: float = 1e-8):
     """AdamW over the trainable parameters (with LoRA, the adapter's) with ``schedule`` on its learning rate."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, foreach=False)
+    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, eps=eps, foreach=False)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)

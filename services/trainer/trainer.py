@@ -79,11 +79,13 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
         actor = lora.add_adapter(actor, lora.LoraSpec(s.lora_rank, s.lora_alpha, s.target_modules))
     actor = wrap(actor)
     schedule = LrSchedule(s.warmup_steps, s.lr_scheduler_type, s.total_steps, s.min_lr_ratio)
-    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule)
+    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule, s.adam_eps)
     models = Models(actor, opt, sched)
     if s.needs_critic:
         models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed, options.attn_implementation))
-        models.critic_opt, models.critic_sched = build_optimizer(models.critic, s.critic_lr, s.weight_decay, schedule)
+        models.critic_opt, models.critic_sched = build_optimizer(
+            models.critic, s.critic_lr, s.weight_decay, schedule, s.adam_eps
+        )
     if s.needs_reference and s.lora:
         models.ref = lora.AdapterDisabled(actor)
     elif s.needs_reference:
