@@ -129,12 +129,7 @@ def build() -> Board:
             "approx_kl: k3 estimate of KL(behaviour ‖ current); ppo_kl: mean log-ratio to the proximal policy.",
             ["actor/approx_kl", "actor/ppo_kl"],
         ),
-        verl_panel(
-            "Entropy",
-            "Mean token entropy of the policy on the batch; with target_entropy, the share of tokens the entropy "
-            "bonus acted on (those of micro-batches below the target).",
-            ["actor/entropy", "actor/entropy_bonus_on"],
-        ),
+        verl_panel("Entropy", "Mean token entropy of the policy on the batch.", ["actor/entropy"]),
         verl_panel(
             "Clip fractions",
             "Fraction of tokens whose ratio was clipped (upper, lower/dual clip) and of clipped values.",

@@ -363,14 +363,6 @@ class TrainerSettings(ServiceSettings):
     cispo_eps_high: float = Field(0.28, ge=0, description="CISPO: weights clipped above at 1 + this.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
-    target_entropy: float | None = Field(
-        None,
-        gt=0,
-        description="The entropy bonus acts only on micro-batches whose mean token entropy is below this (the "
-        "target entropy of Skywork-OR1's adaptive entropy control). Once every group's samples score alike the "
-        "bonus is the only pull left, and Adam moves the policy by about lr per step along it whatever its size: "
-        "without a target it can push a settled policy all the way to uniform. None: the bonus always acts.",
-    )
     use_kl_loss: bool = Field(False, description="Add a KL(actor‖reference) loss term (needs the reference model).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss.")
     kl_loss_type: KlType = Field("k3", description="KL estimator of the loss: k1, k2 or k3 (low-variance).")

@@ -299,8 +299,7 @@ def update_actor(
         )
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, norm)
         entropy = aggregate(out.entropy_BT, mask, s.loss_agg_mode, norm)
-        bonus_on = _entropy_bonus_on(out.entropy_BT, mask, s.target_entropy)
-        loss = pg_loss - s.entropy_coeff * bonus_on * entropy
+        loss = pg_loss - s.entropy_coeff * entropy
         if s.use_kl_loss:
             kl = aggregate(
                 kl_estimate(out.logp_BT, _rows(extras["ref"], mb).to(dev), s.kl_loss_type),
@@ -315,8 +314,6 @@ def update_actor(
         ntok = float(mask.sum())
         sums.add("actor/pg_loss", pg_loss.detach())
         sums.add("actor/entropy", entropy.detach())
-        if s.target_entropy is not None:
-            sums.add("actor/entropy_bonus_on", bonus_on, ntok)
         sums.add("actor/pg_clipfrac", pl.clipfrac, ntok)
         sums.add("actor/pg_clipfrac_lower", pl.clipfrac_lower, ntok)
         sums.add("actor/ppo_kl", pl.ppo_kl, ntok)
@@ -325,15 +322,6 @@ def update_actor(
     norm, ok = _clip_and_step(models.actor, models.actor_opt, s.grad_clip, sums)
     sums.values["actor/grad_norm"] += norm / world if ok else 0.0
     sums.values["actor/nonfinite_grad_steps"] += 0.0 if ok else 1.0 / world
-
-
-def _entropy_bonus_on(entropy_BT: torch.Tensor, mask: torch.Tensor, target: float | None) -> torch.Tensor:
-    """1 where the entropy bonus acts on this micro-batch, else 0: always without a target, else
-    while its mean token entropy is below the target (a tensor: no device sync)."""
-    if target is None:
-        return torch.ones((), device=entropy_BT.device)
-    mean = (entropy_BT.detach() * mask).sum() / mask.sum().clamp(min=1)
-    return (mean < target).to(entropy_BT.dtype)
 
 
 def update_critic(
@@ -468,8 +456,7 @@ def _summarise(
         if k
         in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm")
     }
-    per_token = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/approx_kl")
-    for k in (*per_token, "actor/entropy_bonus_on", "critic/vf_clipfrac"):
+    for k in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/approx_kl", "critic/vf_clipfrac"):
         if k in r:
             out[k] = r[k] / tokens
     out["actor/nonfinite_grad_steps"] = r["actor/nonfinite_grad_steps"]
