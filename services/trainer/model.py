@@ -278,3 +278,19 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, eps=eps, foreach=False)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)
+
+
+def retake_hyperparameters(
+    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR, lr: float, weight_decay: float, eps: float
+) -> list[str]:
+    """After a checkpoint's optimizer and scheduler state are loaded, this run's learning rate,
+    weight decay and eps take over again: a state dict brings back the ones it was saved with, so a
+    run resumed with a lower lr would otherwise go on with the old one. Adam's moments and the
+    schedule's place are kept. Returns ``name old -> new`` for each that changed."""
+    saved = opt.param_groups[0]
+    wanted = {"lr": ("initial_lr", lr), "weight_decay": ("weight_decay", weight_decay), "adam_eps": ("eps", eps)}
+    changes = [f"{name} {saved[key]:g} -> {value:g}" for name, (key, value) in wanted.items() if saved[key] != value]
+    sched.base_lrs = [lr] * len(opt.param_groups)
+    for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
+        group.update(initial_lr=lr, lr=lr * factor(sched.last_epoch), weight_decay=weight_decay, eps=eps)
+    return changes

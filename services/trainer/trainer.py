@@ -35,6 +35,7 @@ from services.trainer.model import (
     load_actor,
     load_critic,
     prepare_model,
+    retake_hyperparameters,
     shard_model,
 )
 from services.trainer.perf import StepPerf, reset_peak_memory
@@ -399,6 +400,7 @@ class Trainer:
         """
         raw = ckpt.load(self.ckpt_dir, self.models)
         if raw is not None:
+            self._retake_hyperparameters()
             self.state = TrainerState.from_json(raw)
             if self.feed is not None:
                 self.feed.restore(raw)
@@ -421,6 +423,16 @@ class Trainer:
         if self.ctx.is_main:
             log.info("starting at step %d, version %d", self.state.step, self.state.version)
         self.after_resume(checkpoint_version)
+
+    def _retake_hyperparameters(self) -> None:
+        m, s = self.models, self.s
+        optimizers = [("actor", m.actor_opt, m.actor_sched, s.lr)]
+        if m.critic_opt is not None and m.critic_sched is not None:
+            optimizers.append(("critic", m.critic_opt, m.critic_sched, s.critic_lr))
+        for name, opt, sched, lr in optimizers:
+            changes = retake_hyperparameters(opt, sched, lr, s.weight_decay, s.adam_eps)
+            if changes and self.ctx.is_main:
+                log.warning("%s optimizer: this run's settings, not the checkpoint's: %s", name, ", ".join(changes))
 
     def after_resume(self, checkpoint_version: int) -> None:
         """Rank 0: tells the queue the versions the resume rolled back over (the rest of the run judges

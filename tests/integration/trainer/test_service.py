@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -220,6 +221,8 @@ def test_sigterm_checkpoints_and_ppo_with_critic_resumes(redis_server, tiny_mode
         assert "critic/vf_loss" in _rows(run_dir)[-1]
 
         env["RELAYRL_TRAINER_TOTAL_STEPS"] = str(stopped_at + 1)
+        # Resumed with a lower learning rate for both models: the run's, not the checkpoint's, applies.
+        env["RELAYRL_TRAINER_LR"] = env["RELAYRL_TRAINER_CRITIC_LR"] = "5e-06"
         proc = start_trainer(env, tmp_path / "second.log")
         try:
             assert proc.wait(90) == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -228,4 +231,9 @@ def test_sigterm_checkpoints_and_ppo_with_critic_resumes(redis_server, tiny_mode
         last = _rows(run_dir)[-1]
         assert last["trainer/global_steps"] == stopped_at + 1
         assert last["trainer/current_param_version"] == stopped_at + 1
+        assert last["actor/lr"] == 5e-06
+        second_log = (tmp_path / "second.log").read_text()
+        for model in ("actor", "critic"):
+            said = rf"{model} optimizer: this run's settings, not the checkpoint's: lr \S+ -> 5e-06"
+            assert re.search(said, second_log)
         assert _queue_stats(stack).pending == 0
