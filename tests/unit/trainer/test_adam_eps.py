@@ -18,7 +18,7 @@ def _moved(grad: float, eps: float) -> float:
     opt, _ = build_optimizer(torch.nn.ParameterList([weight]), LR, 0.0, LrSchedule(), eps)
     weight.grad = torch.full((1,), grad)
     opt.step()
-    return abs(float(weight))
+    return abs(float(weight.detach()))
 
 
 def test_a_near_zero_gradient_moves_a_weight_by_lr_at_1e_8_and_far_less_at_1e_5():
