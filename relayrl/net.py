@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -12,6 +14,37 @@ from pathlib import Path
 # Ports handed out come from below the kernel's ephemeral range and above this.
 _LOWEST_PORT = 10000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# How long a port handed out stays claimed against other processes on this machine: time for the
+# process it was meant for to start (importing torch) and bind it.
+_CLAIM_S = 300.0
+
+
+class _Claims:
+    """The ports that processes of this user on this machine handed out lately: a file per port,
+    its modification time when. One lock file makes the look and the claim a single step.
+
+    Two processes walking ports side by side (pytest-xdist workers) could both find one free
+    before either bound it; the second's server then died on "Failed to bind"."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def claim(self, port: int) -> bool:
+        """Claims ``port``, unless another process did within _CLAIM_S."""
+        try:
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            with (self.root / "lock").open("a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                path = self.root / str(port)
+                try:
+                    if time.time() - path.stat().st_mtime < _CLAIM_S:
+                        return False
+                except FileNotFoundError:
+                    pass
+                path.touch()
+                return True
+        except OSError:
+            return True  # nowhere to share claims (a read-only temp directory): the bind check alone
 
 
 class _PortWalk:
@@ -23,7 +56,8 @@ class _PortWalk:
     also given to its rollout's gRPC server, and the engine died on "Address already in use"); and
     any outgoing connection or port-0 server on the machine takes its port from that range too. So
     ports come from below it, in order from a random start (processes picking side by side, as
-    pytest-xdist workers do, start far apart), and one is handed out only if it binds now.
+    pytest-xdist workers do, start far apart), and one is handed out only if it binds now and no
+    other process on this machine handed it out lately (:class:`_Claims`).
     """
 
     def __init__(self) -> None:
@@ -42,7 +76,7 @@ class _PortWalk:
             while self._left > 0:
                 port, self._left = self._next, self._left - 1
                 self._next = port + 1 if port < self._high else _LOWEST_PORT
-                if _binds(host, port):
+                if _binds(host, port) and _claims.claim(port):
                     return port
         raise OSError(f"no free port left in {_LOWEST_PORT}..{self._high} in this process")
 
@@ -65,6 +99,7 @@ def _binds(host: str, port: int) -> bool:
     return True
 
 
+_claims = _Claims(Path(tempfile.gettempdir()) / f"relayrl-ports-{os.getuid()}")
 _walk = _PortWalk()
 os.register_at_fork(after_in_child=_walk.restart)
 

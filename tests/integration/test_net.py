@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+from relayrl import net
 from relayrl.net import free_port
 
 
@@ -40,3 +41,14 @@ def test_a_forked_child_picks_ports_apart_from_its_parent():
     os.waitpid(pid, 0)
     in_child = int(os.read(read, 16))
     assert in_child not in {first_in_parent, free_port()}
+
+
+def test_walks_at_the_same_place_hand_out_different_ports():
+    # Two pytest-xdist workers walking the same ports could both find one free before either bound
+    # it (paramsync then died on "Failed to bind"). The claims they share are files, so two walks of
+    # one process, set to start at the same port, stand for two processes.
+    first, second = net._PortWalk(), net._PortWalk()
+    second._next = first._next
+    ours = [first.take("127.0.0.1") for _ in range(5)]
+    theirs = [second.take("127.0.0.1") for _ in range(5)]
+    assert not set(ours) & set(theirs)
