@@ -128,7 +128,18 @@ def serve(path: Path) -> Request | None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     stopping = os.pipe()
-    signal.signal(signal.SIGTERM, lambda *_: os.write(stopping[1], b"x"))
+    server = os.getpid()
+
+    def on_sigterm(*_: object) -> None:
+        if os.getpid() == server:
+            os.write(stopping[1], b"x")
+            return
+        # A child forked a moment ago, still before its own handler: the server ended it (its
+        # requester went). Writing to the pipe it shares with the server would stop the server.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     selector.register(stopping[0], selectors.EVENT_READ, "stop")
     # Serves no longer than the process that started it (a stack killed with SIGKILL leaves none).
     parent = os.pidfd_open(os.getppid())
