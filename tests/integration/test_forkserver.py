@@ -111,13 +111,15 @@ def test_only_variables_read_at_import_must_match_the_servers() -> None:
 def test_a_forked_service_runs_on_its_requesters_cpus_and_writes_to_its_streams(server: ForkServer) -> None:
     # A requester pinned to one CPU, as the stack pins a trainer: what it starts through the server
     # (which may run anywhere) runs there too, and writes to the requester's own stdout, as a child
-    # it started itself would.
+    # it started itself would. The requester writes its line in one write, as the child does: the
+    # two share the pipe, and an unbuffered print (PYTHONUNBUFFERED) writes a line and its end apart,
+    # so the child's line could land between them.
     cpu = max(os.sched_getaffinity(0))
     script = (
         "import os, subprocess, sys\n"
         "from relayrl.subprocesses import start_process\n"
         f"child = start_process({[*CHILD, '0']!r}, env=dict(os.environ), stdin=subprocess.DEVNULL)\n"
-        "print(type(child).__name__, flush=True)\n"
+        "os.write(1, f'{type(child).__name__}\\n'.encode())\n"
         "sys.exit(child.wait(60))\n"
     )
     done = subprocess.run(
