@@ -51,6 +51,8 @@ _KEPT_KEYWORDS = (
     "minLength",
     "maxLength",
     "items",
+    "minItems",
+    "maxItems",
     "anyOf",
 )
 
@@ -79,6 +81,9 @@ def _field_schema(prop: dict[str, Any]) -> dict[str, Any]:
         options = [option for option in schema.pop("anyOf") if option.get("type") != "null"]
         schema.update(options[0] if len(options) == 1 else {"anyOf": options})
     schema.pop("format", None)
+    if "prefixItems" in prop:
+        # A tuple: the chart's schema is draft-07, which spells positional items as a list under "items".
+        schema["items"] = [_field_schema(item) for item in prop["prefixItems"]]
     if "description" in prop:
         schema["description"] = prop["description"]
     return schema

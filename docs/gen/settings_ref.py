@@ -79,18 +79,21 @@ def settings_classes() -> list[type[BaseSettings]]:
     return sorted(classes, key=rank)
 
 
-def type_name(tp: Any) -> str:
+def type_name(tp: Any, nested: bool = False) -> str:
     origin = get_origin(tp)
     if origin is Annotated:
         inner, *extra = get_args(tp)
         metadata = [m for item in extra for m in (item.metadata if isinstance(item, FieldInfo) else [item])]
-        return ", ".join([type_name(inner), *bounds(metadata)])
+        shown = bounds(metadata)
+        if nested and shown:  # one item of a tuple or list: its bounds in parentheses, not among the items
+            return f"{type_name(inner)} ({', '.join(shown)})"
+        return ", ".join([type_name(inner), *shown])
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(tp))
     if origin in (Union, types.UnionType):
         return " \\| ".join(type_name(a) for a in get_args(tp))
     if origin is not None:
-        args = ", ".join(type_name(a) for a in get_args(tp))
+        args = ", ".join(type_name(a, nested=True) for a in get_args(tp))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"
     if tp is type(None):
         return "null"

@@ -24,6 +24,7 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 LrSchedulerType = Literal["constant", "cosine"]
 KlType = Literal["k1", "k2", "k3"]
 LoggerBackend = Literal["console", "tensorboard", "wandb"]
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 # peft's shorthand for every linear layer but the output head; verl's default target_modules.
 ALL_LINEAR = "all-linear"
 
@@ -330,6 +331,13 @@ class TrainerSettings(ServiceSettings):
         "differing within groups, the remaining near-zero gradient (an entropy bonus, noise) still moves every "
         "weight by lr each step; a larger eps lets such steps shrink with their gradient.",
     )
+    # NoDecode: the validator below also takes the two numbers separated by a comma.
+    adam_betas: Annotated[tuple[AdamBeta, AdamBeta], NoDecode] = Field(
+        (0.9, 0.999),
+        description="AdamW's betas (verl optim.betas; OpenRLHF's --adam_betas): the running means of the gradient"
+        " and of its square each average over about 1/(1 - beta) recent steps, 10 and 1,000 at torch's defaults,"
+        " 10 and 20 at OpenRLHF's 0.9,0.95. In the environment: [0.9,0.95] or 0.9,0.95.",
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
     lr_scheduler_type: LrSchedulerType = Field(
         "constant",
@@ -437,6 +445,13 @@ class TrainerSettings(ServiceSettings):
         if isinstance(value, str):
             names = value.strip().removeprefix("[").removesuffix("]").split(",")
             return [name.strip().strip("'\"") for name in names if name.strip()]
+        return value
+
+    @field_validator("adam_betas", mode="before")
+    @classmethod
+    def _adam_betas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.strip().removeprefix("[").removesuffix("]").split(",")]
         return value
 
     @field_validator("target_modules", mode="before")

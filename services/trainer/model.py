@@ -273,24 +273,57 @@ class LrSchedule:
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float, schedule: LrSchedule, eps: float = 1e-8):
+@dataclass(frozen=True, slots=True)
+class AdamW:
+    """One model's AdamW hyperparameters (the trainer's lr or critic_lr, weight_decay, adam_eps,
+    adam_betas)."""
+
+    lr: float
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    def changes_from(self, group: dict[str, Any]) -> list[str]:
+        """``name old -> new`` for each value that differs from those of an optimizer's param group."""
+        saved = {
+            "lr": group["initial_lr"],
+            "weight_decay": group["weight_decay"],
+            "adam_eps": group["eps"],
+            "adam_betas": tuple(group["betas"]),
+        }
+        wanted = {"lr": self.lr, "weight_decay": self.weight_decay, "adam_eps": self.eps, "adam_betas": self.betas}
+        changed = [name for name, value in wanted.items() if saved[name] != value]
+        return [f"{name} {_shown(saved[name])} -> {_shown(wanted[name])}" for name in changed]
+
+
+def _shown(value: float | tuple[float, ...]) -> str:
+    return f"({', '.join(f'{v:g}' for v in value)})" if isinstance(value, tuple) else f"{value:g}"
+
+
+def build_optimizer(model: nn.Module, adamw: AdamW, schedule: LrSchedule):
     """AdamW over the trainable parameters (with LoRA, the adapter's) with ``schedule`` on its learning rate."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, eps=eps, foreach=False)
+    opt = torch.optim.AdamW(
+        trainable, lr=adamw.lr, weight_decay=adamw.weight_decay, eps=adamw.eps, betas=adamw.betas, foreach=False
+    )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)
 
 
 def retake_hyperparameters(
-    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR, lr: float, weight_decay: float, eps: float
+    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR, adamw: AdamW
 ) -> list[str]:
-    """After a checkpoint's optimizer and scheduler state are loaded, this run's learning rate,
-    weight decay and eps take over again: a state dict brings back the ones it was saved with, so a
-    run resumed with a lower lr would otherwise go on with the old one. Adam's moments and the
-    schedule's place are kept. Returns ``name old -> new`` for each that changed."""
-    saved = opt.param_groups[0]
-    wanted = {"lr": ("initial_lr", lr), "weight_decay": ("weight_decay", weight_decay), "adam_eps": ("eps", eps)}
-    changes = [f"{name} {saved[key]:g} -> {value:g}" for name, (key, value) in wanted.items() if saved[key] != value]
-    sched.base_lrs = [lr] * len(opt.param_groups)
+    """After a checkpoint's optimizer and scheduler state are loaded, this run's hyperparameters take
+    over again: a state dict brings back the ones it was saved with, so a run resumed with a lower
+    lr would otherwise go on with the old one. Adam's moments and the schedule's place are kept.
+    Returns ``name old -> new`` for each that changed."""
+    changes = adamw.changes_from(opt.param_groups[0])
+    sched.base_lrs = [adamw.lr] * len(opt.param_groups)
     for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
-        group.update(initial_lr=lr, lr=lr * factor(sched.last_epoch), weight_decay=weight_decay, eps=eps)
+        group.update(
+            initial_lr=adamw.lr,
+            lr=adamw.lr * factor(sched.last_epoch),
+            weight_decay=adamw.weight_decay,
+            eps=adamw.eps,
+            betas=adamw.betas,
+        )
     return changes

@@ -29,6 +29,7 @@ from services.trainer.gather import BucketGather, Items, published_items, state_
 from services.trainer.links import IoThread, Publisher, TrajectoryQueue, WeightSink
 from services.trainer.loggers import build_loggers
 from services.trainer.model import (
+    AdamW,
     LrSchedule,
     ModelOptions,
     build_optimizer,
@@ -67,6 +68,11 @@ class StepPlan:
     feed_metrics: dict[str, float] = field(default_factory=dict)
 
 
+def adamw(s: TrainerSettings, lr: float) -> AdamW:
+    """The AdamW of a model trained at ``lr`` (the actor's lr or the critic's critic_lr)."""
+    return AdamW(lr, s.weight_decay, s.adam_eps, s.adam_betas)
+
+
 def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> Models:
     torch.manual_seed(s.seed)
     options = ModelOptions.of(s)
@@ -80,13 +86,11 @@ def build_models(s: TrainerSettings, ctx: D.DistContext, fsdp: bool = True) -> M
         actor = lora.add_adapter(actor, lora.LoraSpec(s.lora_rank, s.lora_alpha, s.target_modules))
     actor = wrap(actor)
     schedule = LrSchedule(s.warmup_steps, s.lr_scheduler_type, s.total_steps, s.min_lr_ratio)
-    opt, sched = build_optimizer(actor, s.lr, s.weight_decay, schedule, s.adam_eps)
+    opt, sched = build_optimizer(actor, adamw(s, s.lr), schedule)
     models = Models(actor, opt, sched)
     if s.needs_critic:
         models.critic = wrap(load_critic(s.model_dir, ctx.device, s.seed, options.attn_implementation))
-        models.critic_opt, models.critic_sched = build_optimizer(
-            models.critic, s.critic_lr, s.weight_decay, schedule, s.adam_eps
-        )
+        models.critic_opt, models.critic_sched = build_optimizer(models.critic, adamw(s, s.critic_lr), schedule)
     if s.needs_reference and s.lora:
         models.ref = lora.AdapterDisabled(actor)
     elif s.needs_reference:
@@ -430,7 +434,7 @@ class Trainer:
         if m.critic_opt is not None and m.critic_sched is not None:
             optimizers.append(("critic", m.critic_opt, m.critic_sched, s.critic_lr))
         for name, opt, sched, lr in optimizers:
-            changes = retake_hyperparameters(opt, sched, lr, s.weight_decay, s.adam_eps)
+            changes = retake_hyperparameters(opt, sched, adamw(s, lr))
             if changes and self.ctx.is_main:
                 log.warning("%s optimizer: this run's settings, not the checkpoint's: %s", name, ", ".join(changes))
 

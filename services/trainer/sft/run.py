@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from services.trainer import distributed as D
-from services.trainer.model import LrSchedule, build_optimizer, load_actor, shard_model
+from services.trainer.model import AdamW, LrSchedule, build_optimizer, load_actor, shard_model
 from services.trainer.sft.config import SftSettings
 from services.trainer.sft.data import RowFormat, SftExample, encode_rows, epoch_batches, load_rows
 from services.trainer.sft.step import StepResult, train_step
@@ -109,7 +109,7 @@ def run_sft(s: SftSettings) -> SftSummary:
         torch.manual_seed(s.seed)
         schedule = plan_schedule(s, len(examples), ctx.world_size)
         model = shard_model(load_actor(s.model_dir, ctx.device), bf16=ctx.device.type == "cuda")
-        opt, sched = build_optimizer(model, s.lr, s.weight_decay, LrSchedule(schedule.warmup_steps))
+        opt, sched = build_optimizer(model, AdamW(s.lr, s.weight_decay), LrSchedule(schedule.warmup_steps))
         step_log = StepLog(s.out_dir / "metrics.jsonl", schedule.total_steps) if ctx.is_main else None
         if step_log is not None:
             step_log.start()

@@ -19,7 +19,7 @@ from services.paramsync.config import ParamSyncSettings
 from services.queue.config import QueueSettings
 from services.rollout.config import RolloutSettings
 from services.trainer.config import TrainerSettings
-from tests.integration.deploy.chart import CHART, FULLNAME, NAMESPACE, PROFILES, Rendered, container, render
+from tests.integration.deploy.chart import CHART, FULLNAME, NAMESPACE, PROFILES, HelmError, Rendered, container, render
 
 # Values the chart gives every service, read unprefixed by those that use them.
 SHARED_KEYS = {"RELAYRL_RUN_ID", "RELAYRL_MAX_STALENESS"}
@@ -131,3 +131,19 @@ def test_links_between_services_point_at_the_rendered_services(monkeypatch: pyte
     # Discovery watches exactly the rollout Service's EndpointSlices (the controller labels them so).
     assert paramsync.k8s_label_selector == f"kubernetes.io/service-name={FULLNAME}-rollout"
     assert paramsync.chunk_bytes == 8388608
+
+
+def test_a_tuple_setting_travels_as_json_and_its_bounds_are_checked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # adam_betas: a pair in values, a JSON list in the ConfigMap, a tuple in the trainer.
+    def values(betas: str) -> Path:
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(f"trainer:\n  settings:\n    adam_betas: {betas}\n")
+        return path
+
+    _, env = container_env(render(values("[0.9, 0.95]")), "StatefulSet", "trainer", "trainer")
+    assert parse(TrainerSettings, env, monkeypatch).adam_betas == (0.9, 0.95)
+    for bad in ("[0.9, 1.0]", "[0.9]"):
+        with pytest.raises(HelmError, match="at '/trainer/settings/adam_betas"):
+            render(values(bad))

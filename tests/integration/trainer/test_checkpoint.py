@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from services.trainer import checkpoint as ckpt
-from services.trainer.model import LrSchedule, build_optimizer, retake_hyperparameters
+from services.trainer.model import AdamW, LrSchedule, build_optimizer, retake_hyperparameters
 from services.trainer.step import Models
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,7 +45,7 @@ ckpt.save(root, 2, m, {"step": 2, "version": 2, "released": 16}, keep=2)
 def models(seed: int) -> Models:
     torch.manual_seed(seed)
     actor = torch.nn.Linear(4, 3)
-    opt, sched = build_optimizer(actor, lr=0.1, weight_decay=0.01, schedule=LrSchedule(warmup_steps=3))
+    opt, sched = build_optimizer(actor, AdamW(lr=0.1, weight_decay=0.01), LrSchedule(warmup_steps=3))
     return Models(actor, opt, sched)
 
 
@@ -86,7 +86,7 @@ def test_a_trainer_killed_mid_checkpoint_resumes_exactly_from_the_previous_one(t
 
 
 def test_a_run_resumed_with_other_optimizer_settings_trains_with_them(tmp_path):
-    """lr, weight_decay and adam_eps are the resumed run's settings, not the checkpoint's (a run
+    """lr, weight_decay, adam_eps and adam_betas are the resumed run's settings, not the checkpoint's (a run
     resumed with a lower lr to calm it gets the lower lr); Adam's moments and the warm-up's place
     are the checkpoint's."""
     root = tmp_path / "checkpoints"
@@ -95,17 +95,19 @@ def test_a_run_resumed_with_other_optimizer_settings_trains_with_them(tmp_path):
     ckpt.save(root, 1, saved, {"step": 1, "version": 1, "released": 8}, keep=2)
     torch.manual_seed(1)
     actor = torch.nn.Linear(4, 3)
-    opt, sched = build_optimizer(actor, lr=0.05, weight_decay=0.0, schedule=LrSchedule(warmup_steps=3), eps=1e-5)
+    adamw = AdamW(lr=0.05, eps=1e-5, betas=(0.9, 0.95))
+    opt, sched = build_optimizer(actor, adamw, LrSchedule(warmup_steps=3))
     ckpt.load(root, Models(actor, opt, sched))
-    assert retake_hyperparameters(opt, sched, 0.05, 0.0, 1e-5) == [
+    assert retake_hyperparameters(opt, sched, adamw) == [
         "lr 0.1 -> 0.05",
         "weight_decay 0.01 -> 0",
         "adam_eps 1e-08 -> 1e-05",
+        "adam_betas (0.9, 0.999) -> (0.9, 0.95)",
     ]
     for got, want in zip(opt.state.values(), saved.actor_opt.state.values(), strict=True):
         assert torch.equal(got["exp_avg"], want["exp_avg"]) and torch.equal(got["exp_avg_sq"], want["exp_avg_sq"])
     group = opt.param_groups[0]
     # The second update of a 3-step warm-up runs at 2/4 of lr, then the third at 3/4.
-    assert (group["lr"], group["weight_decay"], group["eps"]) == (0.05 * 2 / 4, 0.0, 1e-5)
+    assert (group["lr"], group["weight_decay"], group["eps"], group["betas"]) == (0.05 * 2 / 4, 0.0, 1e-5, (0.9, 0.95))
     train(Models(actor, opt, sched))
     assert sched.get_last_lr() == [0.05 * 3 / 4]

@@ -6,7 +6,7 @@ import torch
 
 from services.trainer import distributed as D
 from services.trainer.config import TrainerSettings
-from services.trainer.model import LrSchedule, build_optimizer
+from services.trainer.model import AdamW, LrSchedule, build_optimizer
 from services.trainer.trainer import build_models
 
 LR = 1e-3
@@ -15,7 +15,7 @@ LR = 1e-3
 def _moved(grad: float, eps: float) -> float:
     """How far one AdamW step with gradient ``grad`` moves a weight."""
     weight = torch.nn.Parameter(torch.zeros(1))
-    opt, _ = build_optimizer(torch.nn.ParameterList([weight]), LR, 0.0, LrSchedule(), eps)
+    opt, _ = build_optimizer(torch.nn.ParameterList([weight]), AdamW(LR, eps=eps), LrSchedule())
     weight.grad = torch.full((1,), grad)
     opt.step()
     return abs(float(weight.detach()))

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from services.trainer.config import TrainerSettings
-from services.trainer.model import LrSchedule, build_optimizer
+from services.trainer.model import AdamW, LrSchedule, build_optimizer
 
 
 def _rates(schedule: LrSchedule, lr: float, updates: int) -> list[float]:
     """The learning rate each of ``updates`` optimizer steps ran with."""
     model = torch.nn.Linear(2, 1)
-    opt, sched = build_optimizer(model, lr, 0.0, schedule)
+    opt, sched = build_optimizer(model, AdamW(lr), schedule)
     rates = []
     for _ in range(updates):
         rates.append(opt.param_groups[0]["lr"])

@@ -7,7 +7,7 @@ import torch
 
 from services.trainer.batching import TrainSample, collate, collate_packed, pack_tokens
 from services.trainer.config import TrainerSettings
-from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
+from services.trainer.model import AdamW, LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
 from services.trainer.step import Models, plan_mini_batch, train_step
 
 # A long-tailed mix of response lengths, and prompts of several lengths.
@@ -32,7 +32,7 @@ def _samples(lengths=LENGTHS):
 def _models(model_dir, critic=False):
     torch.manual_seed(0)
     actor = load_actor(model_dir, torch.device("cpu"))
-    opt, sched = build_optimizer(actor, 1e-3, 0.0, LrSchedule())
+    opt, sched = build_optimizer(actor, AdamW(1e-3), LrSchedule())
     # AdamW's first step moves a weight by lr·g/(|g| + eps), steepest (lr/eps) where g is near 0:
     # at torch's eps = 1e-8 the fp32 rounding of a gradient of 3e-8 (the two layouts sum in different
     # orders) moved its weight by 1.04e-5. At 1e-5 (PPO's usual Adam eps: OpenAI baselines, CleanRL)
@@ -42,7 +42,7 @@ def _models(model_dir, critic=False):
     models = Models(actor, opt, sched)
     if critic:
         models.critic = load_critic(model_dir, torch.device("cpu"), 0)
-        models.critic_opt, models.critic_sched = build_optimizer(models.critic, 1e-3, 0.0, LrSchedule())
+        models.critic_opt, models.critic_sched = build_optimizer(models.critic, AdamW(1e-3), LrSchedule())
     return models
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relayrl.models.loading import load_causal_lm, load_tokenizer
-from services.trainer.model import LrSchedule, build_optimizer
+from services.trainer.model import AdamW, LrSchedule, build_optimizer
 from services.trainer.sft.data import encode_single
 from services.trainer.sft.step import collate, micro_loss, train_step
 
@@ -60,7 +60,7 @@ def test_loss_is_the_token_mean_nll_of_response_tokens_whatever_the_micro_batche
 
 def test_a_step_reports_the_loss_before_its_update_and_lowers_it(model, examples, tokenizer):
     before = hand_loss(model, examples)
-    opt, sched = build_optimizer(model, lr=1e-2, weight_decay=0.0, schedule=LrSchedule())
+    opt, sched = build_optimizer(model, AdamW(lr=1e-2), LrSchedule())
     result = train_step(model, opt, sched, examples, micro_batch_size=2, clip_grad=1.0, pad_id=tokenizer.pad_token_id)
     assert result.loss == pytest.approx(before, rel=1e-5)
     assert result.trained_tokens == 35 and result.tokens == sum(len(e.input_ids) for e in examples)

@@ -7,18 +7,18 @@ import torch
 
 from services.trainer.batching import TrainSample, collate
 from services.trainer.config import TrainerSettings
-from services.trainer.model import LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
+from services.trainer.model import AdamW, LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
 from services.trainer.step import Models, train_step
 
 
 def _models(model_dir, critic=False):
     torch.manual_seed(0)
     actor = load_actor(model_dir, torch.device("cpu"))
-    opt, sched = build_optimizer(actor, 1e-3, 0.0, LrSchedule())
+    opt, sched = build_optimizer(actor, AdamW(1e-3), LrSchedule())
     models = Models(actor, opt, sched)
     if critic:
         models.critic = load_critic(model_dir, torch.device("cpu"), 0)
-        models.critic_opt, models.critic_sched = build_optimizer(models.critic, 1e-3, 0.0, LrSchedule())
+        models.critic_opt, models.critic_sched = build_optimizer(models.critic, AdamW(1e-3), LrSchedule())
     return models
 
 
