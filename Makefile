@@ -70,6 +70,29 @@ test-py312: setup
 	PYTHONPATH=scripts $(VENV312)/bin/pytest -p pytest_no_torch -n $(PYTEST_WORKERS) $(PYTEST_ARGS) \
 	  $$($(VENV312)/bin/python scripts/torch_free_tests.py tests/unit)
 
+# The whole suite on CPU against the GPU host's own stack: Python 3.12 with torch and transformers at
+# the host's versions (scripts/gpu-checks/README.md), so that code written here against the CPU pins is
+# known to run there before a GPU session spends its minutes finding out. PyPI's Linux torch is the CUDA
+# build, about 5 GB with its nvidia wheels (it runs on CPU too): a check to run before a GPU session, not in CI.
+HOST_TORCH ?= 2.11.0
+empty :=
+space := $(empty) $(empty)
+comma := ,
+HOST_TRANSFORMERS ?= 5.17.0
+VENV_HOST := $(VENV)/host
+.PHONY: test-host-stack
+test-host-stack: setup
+	@test -n "$(PYTHON312)" || { echo "test-host-stack: no Python 3.12 found; set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	@test -x $(VENV_HOST)/bin/python || $(PYTHON312) -m venv $(VENV_HOST)
+	$(VENV_HOST)/bin/pip install --quiet --disable-pip-version-check torch==$(HOST_TORCH) transformers==$(HOST_TRANSFORMERS)
+	@# The rest under CI's pins, but the host's own packages stay as the host has them (as on the host).
+	grep -Ev '^($(subst $(space),|,$(HOST_PACKAGES)))==' constraints.txt > $(VENV_HOST)/constraints.txt
+	$(VENV_HOST)/bin/pip install --quiet --disable-pip-version-check -c $(VENV_HOST)/constraints.txt \
+	  $$($(BIN)/python scripts/requirements.py --extras dev,all --without $(subst $(space),$(comma),$(HOST_PACKAGES)))
+	$(VENV_HOST)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(VENV_HOST)/bin/python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(VENV_HOST)/bin/pytest $(XDIST) $(PYTEST_ARGS)
+
 # An offline install bundle for a GPU host (docs/install-gpu.md): wheels for Python $(PY), manylinux
 # x86_64, without what the host brings (HOST_PACKAGES and what only they pull in), RelayRL's wheel, and
 # redis-server with its libraries from Debian; dist/bundle-py$(PY)/ and dist/bundle-py$(PY).tar.gz.
