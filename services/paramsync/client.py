@@ -35,7 +35,6 @@ the trainer's gather). torch is imported only inside the calls that need it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
+from relayrl import threads
 from relayrl.retry import RetryPolicy, call_with_retries, retrying
 from relayrl.serving import grpc_channel
 from relayrl.v1 import paramsync_pb2 as pb
@@ -170,7 +170,7 @@ class _StreamedUpload:
                 tensors = await anext(self._buckets)
             except StopAsyncIteration:
                 break
-            self._held = await asyncio.to_thread(self._hashed, list(tensors))
+            self._held = await threads.to_thread(self._hashed, list(tensors))
             # The run keeps the bucket's bytes; holding its tensors too while the next is awaited
             # would keep a third bucket alive on the trainer.
             del tensors

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from relayrl import threads
 from relayrl.schema import Group, PromptSpec
 from services.paramsync.errors import StageDeadline
 
@@ -174,7 +175,8 @@ class BucketHandoff:
 
     async def buckets(self) -> AsyncIterator[list[Any]]:
         """The buckets as they come (I/O thread); StageDeadline if the gather stalls."""
-        while (bucket := await asyncio.to_thread(self._take)) is not None:
+        # relayrl.threads: asyncio.to_thread's futures would keep the bucket a moment after it is sent.
+        while (bucket := await threads.to_thread(self._take)) is not None:
             yield bucket
             del bucket  # sent: drop it before taking the next, so at most two are alive
 
