@@ -75,11 +75,11 @@ test-py312: setup
 # known to run there before a GPU session spends its minutes finding out. PyPI's Linux torch is the CUDA
 # build, about 5 GB with its nvidia wheels (it runs on CPU too): a check to run before a GPU session, not in CI.
 HOST_TORCH ?= 2.11.0
+HOST_TRANSFORMERS ?= 5.17.0
+VENV_HOST := $(VENV)/host
 empty :=
 space := $(empty) $(empty)
 comma := ,
-HOST_TRANSFORMERS ?= 5.17.0
-VENV_HOST := $(VENV)/host
 .PHONY: test-host-stack
 test-host-stack: setup
 	@test -n "$(PYTHON312)" || { echo "test-host-stack: no Python 3.12 found; set PYTHON312=/path/to/python3.12" >&2; exit 1; }

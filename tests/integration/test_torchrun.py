@@ -1,5 +1,5 @@
 """``python -m relayrl.torchrun`` leaves no ``torchelastic_*`` directory in the temporary directory,
-after a job that succeeds and after one that fails, and keeps a ``--log-dir`` its caller names."""
+after a job that succeeds and after one that fails, and leaves a ``--log-dir`` its caller names in place."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_job_leaves_nothing_in_the_temporary_directory(tmp_path: Path, rank: s
     assert sorted(p.name for p in tmp.iterdir()) == []
 
 
-def test_a_log_dir_the_caller_names_keeps_the_ranks_error_files(tmp_path: Path) -> None:
+def test_a_log_dir_the_caller_names_is_used_and_kept(tmp_path: Path) -> None:
     tmp, logs = tmp_path / "tmp", tmp_path / "logs"
     tmp.mkdir()
     done = _torchrun(tmp, "--log-dir", str(logs), "--no-python", "false")
