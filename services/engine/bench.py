@@ -18,8 +18,8 @@ seed, EOS ignored. The paths run it one after the other:
 - ``hf_generate`` (the floor): ``model.generate`` in static batches of ``hf_batch`` left-padded
   prompts, SDPA attention;
 - ``generate_batch`` (the other floor): transformers' continuous batching (its own paged cache,
-  over SDPA: 5.17 switches ``sdpa`` to ``paged|sdpa`` itself, 5.23 takes ``sdpa``), skipped with
-  the reason where the installed transformers has none.
+  sized to hold every request at once, over SDPA: 5.17 switches ``sdpa`` to ``paged|sdpa`` itself,
+  5.23 takes ``sdpa``), skipped with the reason where the installed transformers has none.
 
 Both floors take one output length for all (``generate_batch`` has no per-request length): the
 workload's mean, so their total output equals the engine's within rounding. Then, on each engine,
@@ -406,6 +406,21 @@ def _hf_generate(model_dir: Path, device: str, dtype: str, work: Workload, batch
     return result
 
 
+def _cache_for(work: Workload) -> Any:
+    """generate_batch's paged cache with room for every request of ``work`` at once. Left to itself it
+    takes 90 % of the device's free memory, on CPU the host's: 14.7 GB of a 24 GB machine here for a
+    tiny model's six requests (21.5 GB with transformers 5.17), enough to kill a test run beside it."""
+    from transformers import ContinuousBatchingConfig
+
+    # 5.23 calls a block's tokens page_size, 5.17 block_size.
+    defaults = ContinuousBatchingConfig()
+    tokens = getattr(defaults, "page_size", None) or defaults.block_size
+    blocks = sum(-(-(len(prompt) + work.mean_output) // tokens) for prompt in work.prompts)
+    # Both given, or transformers solves for the other from free memory. 8192 tokens a step is its
+    # own choice where memory allows.
+    return ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=8192)
+
+
 def _generate_batch(model_dir: Path, device: str, dtype: str, work: Workload) -> dict[str, Any]:
     """transformers' continuous batching (``generate_batch``: its own paged cache over SDPA), every output
     ``work.mean_output`` tokens."""
@@ -427,7 +442,9 @@ def _generate_batch(model_dir: Path, device: str, dtype: str, work: Workload) ->
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        outputs = model.generate_batch(inputs=work.prompts, generation_config=config)
+        outputs = model.generate_batch(
+            inputs=work.prompts, generation_config=config, continuous_batching_config=_cache_for(work)
+        )
         wall = time.perf_counter() - started
     except Exception as exc:  # a floor that cannot run here is reported, not fatal to the bench
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
