@@ -8,7 +8,10 @@ PYTEST_ARGS ?=
 # Test processes: two by default (CI has 2 cores; most tests wait on real processes rather than
 # compute). e2e tests run one at a time on one worker (tests/conftest.py). PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
+# A worker that dies (killed for memory, a crash) ends the run at once, naming the test it was running:
+# xdist would start another, and its scope scheduler then hands the dead worker's scope out again and
+# waits for good (a 2-worker run hung until interrupted after the kernel killed a worker).
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --max-worker-restart=0)
 
 .PHONY: setup system-deps helm bytecode test test-unit test-integration test-e2e test-gpu test-py312 bundle lint proto bench demo clean
 
@@ -67,7 +70,7 @@ test-py312: setup
 	$(VENV312)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
 	  $$($(BIN)/python scripts/requirements.py --extras dev,all --without torch,peft)
 	$(VENV312)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall .
-	PYTHONPATH=scripts $(VENV312)/bin/pytest -p pytest_no_torch -n $(PYTEST_WORKERS) $(PYTEST_ARGS) \
+	PYTHONPATH=scripts $(VENV312)/bin/pytest -p pytest_no_torch $(XDIST) $(PYTEST_ARGS) \
 	  $$($(VENV312)/bin/python scripts/torch_free_tests.py tests/unit)
 
 # The whole suite on CPU against the GPU host's own stack: Python 3.12 with torch and transformers at
