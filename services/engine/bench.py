@@ -406,15 +406,18 @@ def _hf_generate(model_dir: Path, device: str, dtype: str, work: Workload, batch
     return result
 
 
+def block_tokens(config: Any) -> int:
+    """Tokens in one block of generate_batch's cache: 5.23 calls them page_size, 5.17 block_size."""
+    return getattr(config, "page_size", None) or config.block_size
+
+
 def _cache_for(work: Workload) -> Any:
     """generate_batch's paged cache with room for every request of ``work`` at once. Left to itself it
     takes 90 % of the device's free memory, on CPU the host's: 14.7 GB of a 24 GB machine here for a
     tiny model's six requests (21.5 GB with transformers 5.17), enough to kill a test run beside it."""
     from transformers import ContinuousBatchingConfig
 
-    # 5.23 calls a block's tokens page_size, 5.17 block_size.
-    defaults = ContinuousBatchingConfig()
-    tokens = getattr(defaults, "page_size", None) or defaults.block_size
+    tokens = block_tokens(ContinuousBatchingConfig())
     blocks = sum(-(-(len(prompt) + work.mean_output) // tokens) for prompt in work.prompts)
     # Both given, or transformers solves for the other from free memory. 8192 tokens a step is its
     # own choice where memory allows.

@@ -29,6 +29,11 @@ AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 ALL_LINEAR = "all-linear"
 
 
+def _listed(text: str) -> list[str]:
+    """The items of a list the environment gives as ``[a, b]`` or ``a,b``, each without its spaces."""
+    return [item.strip() for item in text.strip().removeprefix("[").removesuffix("]").split(",")]
+
+
 class TrainerSettings(ServiceSettings):
     """Everything one training run needs; every rank of a torchrun job reads the same values."""
 
@@ -443,16 +448,13 @@ class TrainerSettings(ServiceSettings):
         # The environment gives a string: JSON (what `relayrl up` and the chart write), verl's
         # ['console','wandb'], or names separated by commas; verl also accepts one bare name.
         if isinstance(value, str):
-            names = value.strip().removeprefix("[").removesuffix("]").split(",")
-            return [name.strip().strip("'\"") for name in names if name.strip()]
+            return [name.strip("'\"") for name in _listed(value) if name]
         return value
 
     @field_validator("adam_betas", mode="before")
     @classmethod
     def _adam_betas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.strip().removeprefix("[").removesuffix("]").split(",")]
-        return value
+        return _listed(value) if isinstance(value, str) else value
 
     @field_validator("target_modules", mode="before")
     @classmethod

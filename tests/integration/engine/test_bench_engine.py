@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from commands.cli import app
 from commands.stack.progress import read_samples
-from services.engine.bench import Workload, _cache_for, _engine, _engine_run
+from services.engine.bench import Workload, _cache_for, _engine, _engine_run, block_tokens
 from tests.waiting import wait_until
 
 
@@ -31,7 +31,7 @@ def test_the_workload_is_nano_vllms_and_fixed_by_its_seed() -> None:
 def test_generate_batchs_cache_holds_every_request_at_once_and_no_more() -> None:
     work = Workload.nano_vllm(requests=50, min_len=100, max_len=1024, vocab=151936)
     config = _cache_for(work)
-    tokens = getattr(config, "page_size", None) or config.block_size
+    tokens = block_tokens(config)
     needed = [len(prompt) + work.mean_output for prompt in work.prompts]
     assert sum(needed) <= config.num_blocks * tokens <= sum(needed) + len(needed) * tokens
 
