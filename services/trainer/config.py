@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from relayrl.config import ServiceSettings
@@ -32,6 +32,15 @@ ALL_LINEAR = "all-linear"
 def _listed(text: str) -> list[str]:
     """The items of a list the environment gives as ``[a, b]`` or ``a,b``, each without its spaces."""
     return [item.strip() for item in text.strip().removeprefix("[").removesuffix("]").split(",")]
+
+
+def _pair_from_text(value: Any) -> Any:
+    return _listed(value) if isinstance(value, str) else value
+
+
+# AdamW's betas, for the trainer and `relayrl sft`. NoDecode and the validator: the environment may
+# also give the two numbers separated by a comma, which is not JSON.
+AdamBetas = Annotated[tuple[AdamBeta, AdamBeta], NoDecode, BeforeValidator(_pair_from_text)]
 
 
 class TrainerSettings(ServiceSettings):
@@ -336,8 +345,7 @@ class TrainerSettings(ServiceSettings):
         "differing within groups, the remaining near-zero gradient (an entropy bonus, noise) still moves every "
         "weight by lr each step; a larger eps lets such steps shrink with their gradient.",
     )
-    # NoDecode: the validator below also takes the two numbers separated by a comma.
-    adam_betas: Annotated[tuple[AdamBeta, AdamBeta], NoDecode] = Field(
+    adam_betas: AdamBetas = Field(
         (0.9, 0.999),
         description="AdamW's betas (verl optim.betas; OpenRLHF's --adam_betas): the running means of the gradient"
         " and of its square each average over about 1/(1 - beta) recent steps, 10 and 1,000 at torch's defaults,"
@@ -450,11 +458,6 @@ class TrainerSettings(ServiceSettings):
         if isinstance(value, str):
             return [name.strip("'\"") for name in _listed(value) if name]
         return value
-
-    @field_validator("adam_betas", mode="before")
-    @classmethod
-    def _adam_betas(cls, value: Any) -> Any:
-        return _listed(value) if isinstance(value, str) else value
 
     @field_validator("target_modules", mode="before")
     @classmethod

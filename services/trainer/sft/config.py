@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from relayrl.config import ServiceSettings
+from services.trainer.config import AdamBetas, LrSchedulerType
 
 Truncation = Literal["error", "left", "right"]
 
@@ -69,12 +70,25 @@ class SftSettings(ServiceSettings):
     # --- optimisation (verl optim.*) ------------------------------------------------------
     lr: float = Field(1e-5, gt=0, description="verl optim.lr: peak AdamW learning rate.")
     weight_decay: float = Field(0.01, ge=0, description="verl optim.weight_decay.")
+    betas: AdamBetas = Field(
+        (0.9, 0.999),
+        description="verl optim.betas: AdamW's running means of the gradient and of its square average over about"
+        " 1/(1 - beta) recent steps (verl's SFT recipe sets 0.9,0.95). In the environment: [0.9,0.95] or 0.9,0.95.",
+    )
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW's eps, as the trainer's adam_eps.")
     lr_warmup_steps_ratio: float = Field(
         0.1,
         ge=0,
         le=1,
-        description="verl optim.lr_warmup_steps_ratio: share of the steps spent warming the rate up linearly;"
-        " it then stays at lr (the trainer's schedule, where verl's SFT decays it along a cosine).",
+        description="verl optim.lr_warmup_steps_ratio: share of the steps spent warming the rate up linearly.",
+    )
+    lr_scheduler_type: LrSchedulerType = Field(
+        "constant",
+        description="verl optim.lr_scheduler_type: after the warm-up the rate stays at lr (constant) or decays along"
+        " a half cosine to min_lr_ratio × lr after the last step (cosine, verl's SFT recipe).",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="verl optim.min_lr_ratio: the cosine schedule's last rate, as a share of lr."
     )
     clip_grad: float = Field(1.0, gt=0, description="verl optim.clip_grad: max global gradient norm.")
 

@@ -52,6 +52,13 @@ def plan_schedule(s: SftSettings, num_examples: int, world_size: int) -> Schedul
     return Schedule(steps_per_epoch, total, int(total * s.lr_warmup_steps_ratio))
 
 
+def sft_optimizer(model: torch.nn.Module, s: SftSettings, schedule: Schedule):
+    """AdamW and its learning-rate schedule as the settings ask, over the run's steps."""
+    adamw = AdamW(s.lr, s.weight_decay, s.adam_eps, s.betas)
+    lr = LrSchedule(schedule.warmup_steps, s.lr_scheduler_type, schedule.total_steps, s.min_lr_ratio)
+    return build_optimizer(model, adamw, lr)
+
+
 def batches(examples: list[SftExample], s: SftSettings, schedule: Schedule) -> Iterator[tuple[int, list[SftExample]]]:
     """(epoch, batch) for every step; past ``total_epochs`` when ``total_training_steps`` asks for more."""
     for step in range(schedule.total_steps):
@@ -109,7 +116,7 @@ def run_sft(s: SftSettings) -> SftSummary:
         torch.manual_seed(s.seed)
         schedule = plan_schedule(s, len(examples), ctx.world_size)
         model = shard_model(load_actor(s.model_dir, ctx.device), bf16=ctx.device.type == "cuda")
-        opt, sched = build_optimizer(model, AdamW(s.lr, s.weight_decay), LrSchedule(schedule.warmup_steps))
+        opt, sched = sft_optimizer(model, s, schedule)
         step_log = StepLog(s.out_dir / "metrics.jsonl", schedule.total_steps) if ctx.is_main else None
         if step_log is not None:
             step_log.start()

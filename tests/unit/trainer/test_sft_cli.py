@@ -51,7 +51,20 @@ def test_settings_come_from_relayrl_sft_variables_with_verls_defaults(monkeypatc
         4,
         1.0,
     )
+    assert (s.betas, s.lr_scheduler_type, s.min_lr_ratio, s.adam_eps) == ((0.9, 0.999), "constant", 0.0, 1e-8)
     assert all(f.description for f in SftSettings.model_fields.values())
+
+
+@pytest.mark.parametrize("value", ["0.9,0.95", "[0.9, 0.95]"])
+def test_betas_come_from_the_environment_as_the_trainers_do(monkeypatch, value):
+    monkeypatch.setenv("RELAYRL_SFT_BETAS", value)
+    assert SftSettings(model_dir="m", data="d", out_dir="o").betas == (0.9, 0.95)
+
+
+def test_bad_betas_stop_sft_before_any_rank_starts(monkeypatch, tmp_path):
+    monkeypatch.setenv("RELAYRL_SFT_BETAS", "0.9,1.5")
+    args = ["sft", "--model", str(tmp_path), "--data", "d.jsonl", "--out", str(tmp_path / "o"), "--nproc", "2"]
+    assert refused(CliRunner().invoke(app, args), "RELAYRL_SFT_BETAS")
 
 
 def test_a_missing_model_directory_is_one_line_not_a_traceback(tmp_path):
