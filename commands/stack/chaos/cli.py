@@ -11,11 +11,11 @@ import typer
 UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--duration") -> float:
     """``90s``, ``15m``, ``1h`` or plain seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if match is None or float(match.group(1)) <= 0:
-        raise typer.BadParameter(f"expected a duration such as 90s, 15m or 1h, got {text!r}", param_hint="--duration")
+        raise typer.BadParameter(f"expected a duration such as 90s, 15m or 1h, got {text!r}", param_hint=option)
     return float(match.group(1)) * UNITS[match.group(2) or "s"]
 
 
@@ -34,10 +34,18 @@ def chaos(
             "the end is judged against their spread.",
         ),
     ] = 3,
+    quiet_tail: Annotated[
+        str,
+        typer.Option(
+            help="After the faults, how long the run goes on without any: the first half drains what they"
+            " left; in the second, no group may be thrown away for age (a surplus that never drains)."
+        ),
+    ] = "60s",
 ) -> None:
     """Train under SIGKILL, SIGSTOP and network faults, then as many steps without faults; exit 1
     if a group was lost or trained twice, a staleness bound or version order broke, a fault did
-    not recover, or training stalled for over 30 s. ``reward_within_spread`` is reported, not
+    not recover, training stalled for over 30 s, or groups were still thrown away for age once the
+    faults were over. ``reward_within_spread`` is reported, not
     judged: how well a run learns is not what surviving faults promises."""
     import json
     import sys
@@ -46,7 +54,12 @@ def chaos(
     from commands.stack.cli import _load_config
 
     figures = run_chaos(
-        _load_config(config), parse_duration(duration), seed, sink=sys.stderr, fault_free_runs=fault_free_runs
+        _load_config(config),
+        parse_duration(duration),
+        seed,
+        sink=sys.stderr,
+        fault_free_runs=fault_free_runs,
+        quiet_s=parse_duration(quiet_tail, "--quiet-tail"),
     )
     if as_json:
         typer.echo(json.dumps(figures, sort_keys=True))

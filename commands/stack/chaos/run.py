@@ -4,8 +4,10 @@ Faults come one at a time, at seeded random gaps, each once the one before has r
 SIGKILL (the stack restarts the component; the trainer resumes from its checkpoint), a SIGSTOP
 of a few seconds then SIGCONT (a hang), or a network fault on the proxy in front of redis, the
 queue, paramsync or an engine (latency, reset connections, a partition). The component hit is
-drawn among those hit least so far, so every kind is covered. At the end the trainer is asked
-to stop (it checkpoints and acknowledges what it trained) and the run is accounted for.
+drawn among those hit least so far, so every kind is covered. Then comes a quiet tail without
+faults (:mod:`commands.stack.chaos.quiet`): once the last fault has recovered, nothing more may be
+thrown away for age. At the end the trainer is asked to stop (it checkpoints and acknowledges what
+it trained) and the run is accounted for.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any, TextIO
 from commands.stack.chaos.faults import PROCESS_FAULTS, Fault, FaultTracker
 from commands.stack.chaos.ledger import Lineage, VersionWatch, verdict
 from commands.stack.chaos.proxy import NETWORK_FAULTS, ProxyFleet
-from commands.stack.chaos.waste import Waste, queue_waste
+from commands.stack.chaos.quiet import QuietTail, StaleCount, stale_count
+from commands.stack.chaos.waste import Waste, prompt_stats, queue_waste
 from commands.stack.config import StackConfig
 from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.progress import REWARD_KEY
@@ -39,6 +42,7 @@ PARTITION_S = (3.0, 12.0)
 LATENCY = ((0.05, 0.5), (5.0, 15.0))  # per-chunk delay, and how long it lasts
 REWARD_STEPS = 10  # steps averaged into the reward at the end
 STOP_TIMEOUT_S = 180.0
+QUIET_TAIL_S = 60.0  # after the faults: half to drain what they left, half counted
 
 
 class ChaosStack(LocalStack):
@@ -61,7 +65,15 @@ def chaos_config(base: StackConfig, run_id: str, seed: int, total_steps: int) ->
     s.redis_appendfsync = "always"
     s.restart_backoff_s = min(s.restart_backoff_s, 0.5)
     s.restart_limit = max(s.restart_limit, 20)
-    config.trainer = {**config.trainer, "total_steps": total_steps, "seed": seed, "test_freq": 0}
+    # A run measured in seconds has no last step for a schedule to decay towards, and the fault-free
+    # runs (which know theirs) must train as the chaos run did: the rate stays at lr in both.
+    config.trainer = {
+        **config.trainer,
+        "total_steps": total_steps,
+        "seed": seed,
+        "test_freq": 0,
+        "lr_scheduler_type": "constant",
+    }
     return config
 
 
@@ -169,12 +181,26 @@ class Injector:
         return fault
 
 
+def _stale_now(stack: LocalStack, tracker: FaultTracker) -> StaleCount:
+    from commands.ctl.components import queue_status
+
+    address = stack.endpoints.queue_grpc
+    dropped = queue_status(address, timeout_s=10.0).dropped_by_reason
+    return stale_count(tracker.metrics.rows, dropped, prompt_stats(address).abandoned_by_reason)
+
+
 def run_chaos(
-    base: StackConfig, duration_s: float, seed: int, sink: TextIO | None = sys.stderr, fault_free_runs: int = 3
+    base: StackConfig,
+    duration_s: float,
+    seed: int,
+    sink: TextIO | None = sys.stderr,
+    fault_free_runs: int = 3,
+    quiet_s: float = QUIET_TAIL_S,
 ) -> dict[str, Any]:
-    """The chaos run, then ``fault_free_runs`` fault-free runs of the same number of steps (seeds
-    ``seed``, ``seed + 1``, ...), whose spread the chaos run's reward at the end is judged against:
-    one fault-free run says nothing about how far apart two healthy runs end."""
+    """The chaos run (``duration_s`` of faults, then ``quiet_s`` without), then ``fault_free_runs``
+    fault-free runs of the same number of steps (seeds ``seed``, ``seed + 1``, ...), whose spread the
+    chaos run's reward at the end is judged against: one fault-free run says nothing about how far
+    apart two healthy runs end."""
     run_id = base.stack.run_id or time.strftime("chaos-%Y%m%d-%H%M%S")
     rng = random.Random(seed)
     fleet = ProxyFleet()
@@ -190,11 +216,17 @@ def run_chaos(
             engines = {f"engine-{i}": url for i, url in enumerate(stack.endpoints.engines)}
             progress.say(tracker, f"stack up in {time.time() - started:.0f}s; faults start at the first step")
             run_started = time.time()
-            next_at: float | None = None
-            while time.time() - run_started < duration_s:
+
+            def follow() -> None:
+                """Half a second of watching: recoveries, restarts, engine versions, progress."""
                 for fault in tracker.tick():
                     progress.say(tracker, f"recovered {fault.kind} {fault.component} in {fault.recovery_s:.1f}s")
                 watch.poll({n: (u, _pid(stack, n)) for n, u in engines.items()})
+                progress.say(tracker)
+                time.sleep(0.5)
+
+            next_at: float | None = None
+            while time.time() - run_started < duration_s:
                 if next_at is None and tracker.step > 0 and not tracker.open_faults():
                     next_at = time.time() + rng.uniform(*GAP_S)
                 if next_at is not None and time.time() >= next_at:
@@ -202,13 +234,19 @@ def run_chaos(
                     extra = f" for {fault.duration_s:g}s" if fault.duration_s else ""
                     progress.say(tracker, f"injected {fault.kind} {fault.component}{extra}")
                     next_at = None
-                progress.say(tracker)
-                time.sleep(0.5)
-            ended_at = time.time()
+                follow()
             settle = time.monotonic() + 60
             while tracker.open_faults() and time.monotonic() < settle:
-                tracker.tick()
-                time.sleep(0.5)
+                follow()
+            progress.say(tracker, f"faults over; {quiet_s:g}s without faults, the second half counted")
+            drained = time.monotonic() + quiet_s / 2
+            while time.monotonic() < drained:
+                follow()
+            before, counted_from = _stale_now(stack, tracker), time.monotonic()
+            while time.monotonic() - counted_from < quiet_s / 2:
+                follow()
+            quiet = QuietTail.between(before, _stale_now(stack, tracker), time.monotonic() - counted_from)
+            ended_at = time.time()
             _stop_trainer(stack, tracker)
             result = verdict(stack.run_dir, stack.endpoints.queue_grpc, stack.settings.staleness_bound, watch, ended_at)
             replica_s = (time.time() - run_started) * config.stack.rollout_replicas
@@ -222,7 +260,7 @@ def run_chaos(
     for i in range(fault_free_runs):
         progress.say(tracker, f"fault-free run {i + 1} of {fault_free_runs}: {chaos.steps} steps, seed {seed + i}")
         baselines.append(run_fault_free(base, f"{run_id}-fault-free-{i}", seed + i, chaos.steps))
-    return report(duration_s, seed, tracker.faults, result, chaos, baselines, restarts, run_dir, waste)
+    return report(duration_s, seed, tracker.faults, result, chaos, baselines, restarts, run_dir, waste, quiet)
 
 
 def run_fault_free(base: StackConfig, run_id: str, seed: int, steps: int) -> RunResult:
@@ -254,6 +292,7 @@ def report(
     restarts: dict[str, int],
     run_dir: str,
     waste: Waste | None = None,
+    quiet: QuietTail | None = None,
 ) -> dict[str, Any]:
     by_kind: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in faults:
@@ -276,6 +315,9 @@ def report(
         "version_regressions": v.pop("version_regressions"),
         "stalls_over_30s": v.pop("stalls_over_30s"),
         "max_step_gap_s": v.pop("max_step_gap_s"),
+        # Groups thrown away for age in the quiet tail's counted half: a surplus that never drains.
+        "stale_after_recovery": None if quiet is None else quiet.stale_drops,
+        "quiet_tail": None if quiet is None else quiet.to_json(),
         "steps": v.pop("steps"),
         "reward_end": chaos.reward_end,
         **fault_free_figures(chaos.reward_end, baselines),
@@ -288,5 +330,12 @@ def report(
 
 
 def passed(figures: dict[str, Any]) -> bool:
-    zeros = ("lost_groups", "trained_twice", "staleness_violations", "version_regressions", "stalls_over_30s")
+    zeros = (
+        "lost_groups",
+        "trained_twice",
+        "staleness_violations",
+        "version_regressions",
+        "stalls_over_30s",
+        "stale_after_recovery",
+    )
     return all(figures[k] == 0 for k in zeros) and figures["unrecovered"] == 0
