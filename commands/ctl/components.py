@@ -108,7 +108,8 @@ class TrainerControl:
         return self._http.call("POST", "checkpoint")
 
 
-def queue_status(address: str, timeout_s: float) -> QueueReport:
+def queue_counters(address: str, timeout_s: float) -> tuple[QueueStats, PromptQueueStats]:
+    """The queue service's trajectory and prompt counters, each read once."""
     trajectories = grpc_call(
         address,
         "TrajectoryQueue.Stats",
@@ -121,9 +122,17 @@ def queue_status(address: str, timeout_s: float) -> QueueReport:
         lambda ch, options: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), **options),
         timeout_s,
     )
-    counters = dataclasses.asdict(from_proto(QueueStats, trajectories))
-    waiting = from_proto(PromptQueueStats, prompts)
-    return QueueReport(**counters, endpoint=address, prompts_waiting=waiting.waiting, prompts_leased=waiting.leased)
+    return from_proto(QueueStats, trajectories), from_proto(PromptQueueStats, prompts)
+
+
+def queue_status(address: str, timeout_s: float) -> QueueReport:
+    counters, prompts = queue_counters(address, timeout_s)
+    return QueueReport(
+        **dataclasses.asdict(counters),
+        endpoint=address,
+        prompts_waiting=prompts.waiting,
+        prompts_leased=prompts.leased,
+    )
 
 
 def paramsync_status(address: str, timeout_s: float) -> ParamsyncReport:

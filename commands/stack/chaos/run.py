@@ -27,7 +27,7 @@ from commands.stack.chaos.faults import PROCESS_FAULTS, Fault, FaultTracker
 from commands.stack.chaos.ledger import Lineage, VersionWatch, verdict
 from commands.stack.chaos.proxy import NETWORK_FAULTS, ProxyFleet
 from commands.stack.chaos.quiet import QuietTail, StaleCount, stale_count
-from commands.stack.chaos.waste import Waste, prompt_stats, queue_waste
+from commands.stack.chaos.waste import Waste, queue_waste
 from commands.stack.config import StackConfig
 from commands.stack.launch import LocalStack, prepare_model
 from commands.stack.progress import REWARD_KEY
@@ -182,11 +182,10 @@ class Injector:
 
 
 def _stale_now(stack: LocalStack, tracker: FaultTracker) -> StaleCount:
-    from commands.ctl.components import queue_status
+    from commands.ctl.components import queue_counters
 
-    address = stack.endpoints.queue_grpc
-    dropped = queue_status(address, timeout_s=10.0).dropped_by_reason
-    return stale_count(tracker.metrics.rows, dropped, prompt_stats(address).abandoned_by_reason)
+    counters, prompts = queue_counters(stack.endpoints.queue_grpc, timeout_s=10.0)
+    return stale_count(tracker.metrics.rows, counters.dropped_by_reason, prompts.abandoned_by_reason)
 
 
 def run_chaos(

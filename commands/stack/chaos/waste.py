@@ -130,29 +130,11 @@ def account(
     )
 
 
-def prompt_stats(queue_address: str) -> Any:
-    """The live queue service's prompt counters (services.queue.stats.PromptQueueStats)."""
-    from commands.ctl.calls import grpc_call
-    from relayrl.v1 import queue_pb2, queue_pb2_grpc
-    from services.queue.stats import PromptQueueStats, from_proto
-
-    return from_proto(
-        PromptQueueStats,
-        grpc_call(
-            queue_address,
-            "PromptQueue.Stats",
-            lambda ch, options: queue_pb2_grpc.PromptQueueStub(ch).Stats(queue_pb2.PromptStatsRequest(), **options),
-            10.0,
-        ),
-    )
-
-
 def queue_waste(run_dir: Path, queue_address: str, replica_seconds: float | None = None) -> Waste:
     """:func:`account` with the counters of the live queue service at ``queue_address``."""
-    from commands.ctl.components import queue_status
+    from commands.ctl.components import queue_counters
 
-    q = queue_status(queue_address, timeout_s=10.0)
-    prompts = prompt_stats(queue_address)
+    q, prompts = queue_counters(queue_address, timeout_s=10.0)
     return account(
         run_dir,
         q.total_produced,
