@@ -78,6 +78,29 @@ class Distribution:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareInterval:
+    """A confidence interval for the share of runs that reached the threshold."""
+
+    share: float
+    low: float
+    high: float
+    confidence: float
+
+
+def wilson_interval(hits: int, n: int, confidence: float = 0.95) -> ShareInterval:
+    """Wilson's score interval for ``hits`` of ``n``. At ten seeds one sweep's count says little on its
+    own (8 of 10 is 0.49-0.94); the interval puts that next to the count, so two sweeps that differ by a
+    run or two are not read as a difference between configs. Wilson's rather than the normal
+    approximation's: that one gives 10 of 10 a width of zero and can leave [0, 1]."""
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    share = hits / n
+    scale = 1 + z * z / n
+    centre = (share + z * z / (2 * n)) / scale
+    half = z * ((share * (1 - share) / n + z * z / (4 * n * n)) ** 0.5) / scale
+    return ShareInterval(share, max(0.0, centre - half), min(1.0, centre + half), confidence)
+
+
+@dataclass(frozen=True, slots=True)
 class LearningResult:
     config: str
     threshold: float
@@ -95,6 +118,8 @@ class LearningResult:
     val_steps_to_threshold: dict[str, Distribution]
     val_reached: dict[str, int]
     reached: int
+    # Over every run, failed ones counted as not reaching the threshold.
+    reached_interval: ShareInterval
     failed: int
     plot: Path
     out: Path
@@ -128,6 +153,7 @@ def summarize(
     reports = [run.report for run in runs if run.report is not None]
     at = steps_to_threshold([run for run in runs if run.report is not None], val_threshold)
     to_threshold = {key: distribution([float(s) for s in steps if s is not None]) for key, steps in at.items()}
+    reached = sum(run.reached(threshold) for run in runs)
     return LearningResult(
         config=config,
         threshold=threshold,
@@ -141,7 +167,8 @@ def summarize(
         val_threshold=val_threshold,
         val_steps_to_threshold={key: d for key, d in to_threshold.items() if d is not None},
         val_reached={key: sum(s is not None for s in steps) for key, steps in at.items()},
-        reached=sum(run.reached(threshold) for run in runs),
+        reached=reached,
+        reached_interval=wilson_interval(reached, len(runs)),
         failed=len(runs) - len(reports),
         plot=plot,
         out=out,
@@ -277,6 +304,13 @@ def result_json(result: LearningResult) -> dict[str, Any]:
         "seeds": [run.seed for run in result.runs],
         "threshold": result.threshold,
         "reached": result.reached,
+        "reached_interval": {
+            "share": round(result.reached_interval.share, 3),
+            "low": round(result.reached_interval.low, 3),
+            "high": round(result.reached_interval.high, 3),
+            "confidence": result.reached_interval.confidence,
+            "method": "wilson",
+        },
         "failed": result.failed,
         "reward_first": _rounded(result.reward_first, 3),
         "reward_last": _rounded(result.reward_last, 3),
@@ -340,7 +374,11 @@ def render_table(result: LearningResult) -> str:
     out = StringIO()
     console = Console(file=out, width=120)
     console.print(table)
-    reached = f"{result.reached} of {len(result.runs)} runs ({result.failed} failed)"
+    interval = result.reached_interval
+    reached = (
+        f"{result.reached} of {len(result.runs)} runs ({result.failed} failed); share {interval.share:.2f},"
+        f" {interval.confidence:.0%} interval {interval.low:.2f}-{interval.high:.2f} (Wilson)"
+    )
     console.print(f"reached reward_last ≥ {result.threshold:g}: {reached}")
     for key, count in result.val_reached.items():
         finished = len(result.runs) - result.failed

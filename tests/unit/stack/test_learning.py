@@ -20,6 +20,7 @@ from commands.stack.learning import (
     run_seeds,
     seeded_config,
     summarize,
+    wilson_interval,
 )
 from commands.stack.report import RunReport
 from commands.stack.run import RunOutcome
@@ -65,8 +66,26 @@ def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_thresh
     assert [r["reached"] for r in printed["runs"]] == [True, False, False, True]
     assert printed["runs"][2]["error"] == "engine-0: exited with code 1" and printed["runs"][2]["reward_last"] is None
     json.dumps(printed)
-    table = render_table(result)
-    assert "failed: engine-0: exited with code 1" in table and "0.9: 2 of 4 runs (1 failed)" in table
+    # The failed run counts as one that did not reach the threshold: 2 of 4.
+    assert printed["reached_interval"] == {
+        "share": 0.5, "low": 0.15, "high": 0.85, "confidence": 0.95, "method": "wilson"
+    }  # fmt: skip
+    table = " ".join(render_table(result).split())
+    assert "failed: engine-0: exited with code 1" in table
+    assert "0.9: 2 of 4 runs (1 failed); share 0.50, 95% interval 0.15-0.85 (Wilson)" in table
+
+
+@pytest.mark.parametrize(
+    ("hits", "n", "low", "high"),
+    # Wilson's 95 % interval as statsmodels' proportion_confint(hits, n, method="wilson") gives it.
+    [(8, 10, 0.4902, 0.9433), (10, 10, 0.7225, 1.0), (0, 10, 0.0, 0.2775), (26, 30, 0.7032, 0.9469)],
+)
+def test_the_share_that_reached_the_threshold_comes_with_wilsons_interval(
+    hits: int, n: int, low: float, high: float
+) -> None:
+    interval = wilson_interval(hits, n)
+    assert interval.share == hits / n
+    assert (interval.low, interval.high) == (pytest.approx(low, abs=1e-4), pytest.approx(high, abs=1e-4))
 
 
 def test_held_out_scores_are_spread_over_the_runs_that_validated(tmp_path: Path) -> None:
