@@ -85,7 +85,9 @@ from services.queue.prompts import COMPLETE_PROMPT_LUA, prompt_key, script_keys
 log = logging.getLogger(__name__)
 
 ENTRY_ID = re.compile(r"^\d+-\d+$")
-DROP_REASONS = ("stale", "missing_version", "rolled_back", "malformed", "max_deliveries")
+# The drops for age: past the bound, from a version no one recorded, or from weights a resume rolled back.
+AGE_DROP_REASONS = ("stale", "missing_version", "rolled_back")
+DROP_REASONS = (*AGE_DROP_REASONS, "malformed", "max_deliveries")
 MAX_CONSUMER_NAME = 200
 
 RESERVATION_TTL_MS = 30_000
@@ -441,7 +443,7 @@ class TrajectoryQueue:
                 outcome = await self._judge(consumer, raw, current_version, max_staleness, rollbacks)
                 if isinstance(outcome, Delivery):
                     delivered.append(outcome)
-                elif outcome in ("stale", "missing_version", "rolled_back"):
+                elif outcome in AGE_DROP_REASONS:
                     dropped_stale += 1
             # A batch that was all stale says nothing about what follows it: keep reading.
             if delivered or (not batch and time.monotonic() >= deadline):

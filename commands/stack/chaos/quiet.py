@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The queue's drop reasons for age (services.queue.trajectories.DROP_REASONS), and a replica's own.
-QUEUE_STALE_REASONS = ("stale", "missing_version", "rolled_back")
+from services.queue.trajectories import AGE_DROP_REASONS
+
+# A replica's own drop reason for age (a lease given back as stale).
 REPLICA_STALE_REASON = "stale"
 TRAINER_STALE_KEY = "trainer/dropped_stale_groups"
 STEP_KEY = "trainer/global_steps"
@@ -45,7 +46,7 @@ def stale_count(
     for row in metrics_rows:
         if STEP_KEY in row:
             latest = row
-    queue = sum(int(queue_dropped_by_reason.get(r, 0)) for r in QUEUE_STALE_REASONS)
+    queue = sum(int(queue_dropped_by_reason.get(r, 0)) for r in AGE_DROP_REASONS)
     replica = int(replica_abandoned_by_reason.get(REPLICA_STALE_REASON, 0))
     return StaleCount(int(latest.get(STEP_KEY, 0)), queue + replica + int(latest.get(TRAINER_STALE_KEY, 0)))
 
