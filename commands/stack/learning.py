@@ -118,11 +118,14 @@ class LearningResult:
     val_steps_to_threshold: dict[str, Distribution]
     val_reached: dict[str, int]
     reached: int
-    # Over every run, failed ones counted as not reaching the threshold.
-    reached_interval: ShareInterval
     failed: int
     plot: Path
     out: Path
+
+    @property
+    def reached_interval(self) -> ShareInterval:
+        """Over every run, failed ones counted as not reaching the threshold."""
+        return wilson_interval(self.reached, len(self.runs))
 
 
 def distribution(values: list[float]) -> Distribution | None:
@@ -153,7 +156,6 @@ def summarize(
     reports = [run.report for run in runs if run.report is not None]
     at = steps_to_threshold([run for run in runs if run.report is not None], val_threshold)
     to_threshold = {key: distribution([float(s) for s in steps if s is not None]) for key, steps in at.items()}
-    reached = sum(run.reached(threshold) for run in runs)
     return LearningResult(
         config=config,
         threshold=threshold,
@@ -167,8 +169,7 @@ def summarize(
         val_threshold=val_threshold,
         val_steps_to_threshold={key: d for key, d in to_threshold.items() if d is not None},
         val_reached={key: sum(s is not None for s in steps) for key, steps in at.items()},
-        reached=reached,
-        reached_interval=wilson_interval(reached, len(runs)),
+        reached=sum(run.reached(threshold) for run in runs),
         failed=len(runs) - len(reports),
         plot=plot,
         out=out,
@@ -298,6 +299,7 @@ def _rounded(d: Distribution | None, digits: int) -> dict[str, Any] | None:
 
 
 def result_json(result: LearningResult) -> dict[str, Any]:
+    interval = result.reached_interval
     return {
         "benchmark": "learning",
         "config": result.config,
@@ -305,10 +307,10 @@ def result_json(result: LearningResult) -> dict[str, Any]:
         "threshold": result.threshold,
         "reached": result.reached,
         "reached_interval": {
-            "share": round(result.reached_interval.share, 3),
-            "low": round(result.reached_interval.low, 3),
-            "high": round(result.reached_interval.high, 3),
-            "confidence": result.reached_interval.confidence,
+            "share": round(interval.share, 3),
+            "low": round(interval.low, 3),
+            "high": round(interval.high, 3),
+            "confidence": interval.confidence,
             "method": "wilson",
         },
         "failed": result.failed,
