@@ -286,7 +286,7 @@ def plot_seeds(runs: list[SeedRun], threshold: float, out: Path, title: str) -> 
     return Plotted(out, tuple(drawn))
 
 
-def _rounded(d: Distribution | None, digits: int) -> dict[str, Any] | None:
+def rounded_json(d: Distribution | None, digits: int) -> dict[str, Any] | None:
     if d is None:
         return None
     return {
@@ -314,14 +314,14 @@ def result_json(result: LearningResult) -> dict[str, Any]:
             "method": "wilson",
         },
         "failed": result.failed,
-        "reward_first": _rounded(result.reward_first, 3),
-        "reward_last": _rounded(result.reward_last, 3),
-        "steps": _rounded(result.steps, 1),
-        "wall_s": _rounded(result.wall_s, 1),
-        "val_first": {key: _rounded(d, 3) for key, d in result.val_first.items()},
-        "val_last": {key: _rounded(d, 3) for key, d in result.val_last.items()},
+        "reward_first": rounded_json(result.reward_first, 3),
+        "reward_last": rounded_json(result.reward_last, 3),
+        "steps": rounded_json(result.steps, 1),
+        "wall_s": rounded_json(result.wall_s, 1),
+        "val_first": {key: rounded_json(d, 3) for key, d in result.val_first.items()},
+        "val_last": {key: rounded_json(d, 3) for key, d in result.val_last.items()},
         "val_threshold": result.val_threshold,
-        "val_steps_to_threshold": {key: _rounded(d, 1) for key, d in result.val_steps_to_threshold.items()},
+        "val_steps_to_threshold": {key: rounded_json(d, 1) for key, d in result.val_steps_to_threshold.items()},
         "val_reached": result.val_reached,
         "runs": [
             {
@@ -395,19 +395,26 @@ def _phase(message: str) -> None:
     typer.echo(f"[bench learning {time.strftime('%H:%M:%S')}] {message}", err=True)
 
 
+def run_logged(
+    base: StackConfig, seed: int, out: Path, steps: int | None, timeout_s: float, runner: Runner, label: str
+) -> SeedRun:
+    """One seed's run, with a line on stderr as it starts and as it ends; ``label`` says which it is."""
+    _phase(f"{label} in {out / f'seed-{seed}'}")
+    run = run_seed(seeded_config(base, seed, out, steps), seed, runner, timeout_s)
+    if run.report is None:
+        _phase(f"seed {seed} failed: {run.error.splitlines()[0]}")
+    else:
+        _phase(f"seed {seed}: reward {run.report.reward_first:.3f} -> {run.report.reward_last:.3f}")
+    return run
+
+
 def run_seeds(
     base: StackConfig, seeds: list[int], out: Path, steps: int | None, timeout_s: float, runner: Runner
 ) -> list[SeedRun]:
-    runs = []
-    for seed in seeds:
-        _phase(f"seed {seed} ({len(runs) + 1} of {len(seeds)}) in {out / f'seed-{seed}'}")
-        run = run_seed(seeded_config(base, seed, out, steps), seed, runner, timeout_s)
-        if run.report is None:
-            _phase(f"seed {seed} failed: {run.error.splitlines()[0]}")
-        else:
-            _phase(f"seed {seed}: reward {run.report.reward_first:.3f} -> {run.report.reward_last:.3f}")
-        runs.append(run)
-    return runs
+    return [
+        run_logged(base, seed, out, steps, timeout_s, runner, f"seed {seed} ({i + 1} of {len(seeds)})")
+        for i, seed in enumerate(seeds)
+    ]
 
 
 def _stack_runner(config: StackConfig) -> RunOutcome:
@@ -421,6 +428,13 @@ def bench(
     config: Annotated[
         Path | None, typer.Option(help="Stack YAML, as `relayrl up --config` reads it; default: the demo's.")
     ] = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            help="A second stack YAML (config B) run on the same seeds, interleaved seed by seed with --config"
+            " (config A), and compared with it run by run."
+        ),
+    ] = None,
     first_seed: Annotated[int, typer.Option(min=0, help="Run i uses seed first_seed + i.")] = 0,
     threshold: Annotated[
         float, typer.Option(help="A run reaches it when its reward_last is at least this.")
@@ -432,7 +446,10 @@ def bench(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Folder of the runs (seed-<k>/) and the plot; default runs/bench-learning-<time>."),
+        typer.Option(
+            help="Folder of the runs (seed-<k>/; with --against a/seed-<k>/ and b/seed-<k>/) and the plot;"
+            " default runs/bench-learning-<time>."
+        ),
     ] = None,
     model_dir: Annotated[
         Path | None, typer.Option(help="Start every seed from this model directory (stack.model_dir), e.g. an SFT's.")
@@ -446,13 +463,14 @@ def bench(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
 ) -> None:
-    """One training config run with N seeds: spread of reward_first, reward_last, steps, wall time; runs ≥ threshold."""
-    from commands.stack.cli import _load_config
+    """One training config run with N seeds: spread of reward_first, reward_last, steps, wall time; runs ≥ threshold.
+
+    With --against, two configs on the same seeds, interleaved, and compared seed by seed (McNemar's exact test).
+    """
     from relayrl.extras import require
 
     require("matplotlib", "plots", "bench learning's figure")  # before the runs, not after them
 
-    base = _load_config(config)
     if model_dir is not None:
         from relayrl.models.loading import check_model_dir
 
@@ -460,22 +478,52 @@ def bench(
             check_model_dir(model_dir)
         except FileNotFoundError as err:
             raise typer.BadParameter(str(err), param_hint="--model-dir") from None
-        base.stack.model_dir = model_dir.resolve()
-    if max_staleness is not None:
-        base.stack.max_staleness = max_staleness
-    out = (out or base.stack.runs_dir / time.strftime("bench-learning-%Y%m%d-%H%M%S")).resolve()
+    bases = {"a": _prepared(config, model_dir, max_staleness)}
+    if against is not None:
+        bases["b"] = _prepared(against, model_dir, max_staleness)
+    out = (out or bases["a"].stack.runs_dir / time.strftime("bench-learning-%Y%m%d-%H%M%S")).resolve()
     chosen = [first_seed + i for i in range(seeds)]
-    taken = [f"seed-{k}" for k in chosen if (out / f"seed-{k}").exists()]
+    folders = {name: out / name if against is not None else out for name in bases}
+    taken = [
+        str(f.relative_to(out) / f"seed-{k}") for f in folders.values() for k in chosen if (f / f"seed-{k}").exists()
+    ]
     if taken:
         # An existing run directory would be resumed from its checkpoint, not trained from scratch.
         raise typer.BadParameter(f"{out} already holds {', '.join(taken)}; choose another folder", param_hint="--out")
-    out.mkdir(parents=True, exist_ok=True)
-    name = str(config) if config is not None else "demo"
-    runs = run_seeds(base, chosen, out, steps, timeout_s, _stack_runner)
-    plotted = plot_seeds(
-        runs, threshold, out / PLOT_NAME, title=f"bench learning: {name}, seeds {chosen[0]}–{chosen[-1]}"
-    )
-    result = summarize(name, threshold, runs, plotted.path, out, val_threshold)
-    typer.echo(json.dumps(result_json(result)) if json_output else render_table(result))
-    if result.failed == len(runs):
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    names = {"a": str(config) if config is not None else "demo", "b": str(against)}
+    if against is None:
+        runs = {"a": run_seeds(bases["a"], chosen, out, steps, timeout_s, _stack_runner)}
+    else:
+        from commands.stack.learning_pairs import run_pairs
+
+        runs = run_pairs(bases, chosen, out, steps, timeout_s, _stack_runner)
+    results = {}
+    for name, done in runs.items():
+        title = f"bench learning: {names[name]}, seeds {chosen[0]}–{chosen[-1]}"
+        plotted = plot_seeds(done, threshold, folders[name] / PLOT_NAME, title=title)
+        results[name] = summarize(names[name], threshold, done, plotted.path, folders[name], val_threshold)
+    if against is None:
+        typer.echo(json.dumps(result_json(results["a"])) if json_output else render_table(results["a"]))
+    else:
+        from commands.stack.learning_pairs import pair, pairs_json, render_pairs
+
+        pairing = pair(runs["a"], runs["b"], threshold)
+        a, b = results["a"], results["b"]
+        typer.echo(json.dumps(pairs_json(a, b, pairing)) if json_output else render_pairs(a, b, pairing))
+    # With two configs, each needs a finished run for there to be anything to compare.
+    if any(result.failed == len(result.runs) for result in results.values()):
         raise typer.Exit(1)
+
+
+def _prepared(path: Path | None, model_dir: Path | None, max_staleness: int | None) -> StackConfig:
+    """The stack config at ``path`` (None: the demo's) with the overrides every run of the bench takes."""
+    from commands.stack.cli import _load_config
+
+    base = _load_config(path)
+    if model_dir is not None:
+        base.stack.model_dir = model_dir.resolve()
+    if max_staleness is not None:
+        base.stack.max_staleness = max_staleness
+    return base
