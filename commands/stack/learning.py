@@ -402,9 +402,9 @@ def run_logged(
     _phase(f"{label} in {out / f'seed-{seed}'}")
     run = run_seed(seeded_config(base, seed, out, steps), seed, runner, timeout_s)
     if run.report is None:
-        _phase(f"seed {seed} failed: {run.error.splitlines()[0]}")
+        _phase(f"{label} failed: {run.error.splitlines()[0]}")
     else:
-        _phase(f"seed {seed}: reward {run.report.reward_first:.3f} -> {run.report.reward_last:.3f}")
+        _phase(f"{label}: reward {run.report.reward_first:.3f} -> {run.report.reward_last:.3f}")
     return run
 
 

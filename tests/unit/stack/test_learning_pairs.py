@@ -50,7 +50,7 @@ def test_mcnemars_exact_test_counts_only_the_seeds_where_one_config_reached_the_
     assert mcnemar_exact(only_b, only_a) == pytest.approx(p, rel=1e-12)
 
 
-def test_seeds_alternate_which_config_trains_first(tmp_path: Path) -> None:
+def test_seeds_alternate_which_config_trains_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     calls = []
 
     def runner(config: StackConfig) -> RunOutcome:
@@ -67,6 +67,8 @@ def test_seeds_alternate_which_config_trains_first(tmp_path: Path) -> None:
     assert calls[0][2] == (tmp_path / "a" / "seed-4").resolve() and calls[1][2] == (tmp_path / "b" / "seed-4").resolve()
     assert [run.seed for run in runs["a"]] == [run.seed for run in runs["b"]] == [4, 5, 6]
     assert [order(i)[0] for i in range(3)] == ["a", "b", "a"]
+    # Each run's end is told apart from the other config's on the same seed.
+    assert "seed 5 (2 of 3), config B: reward 0.005 -> 0.950" in capsys.readouterr().err
 
 
 def test_the_pairing_compares_each_seeds_two_runs(tmp_path: Path) -> None:
