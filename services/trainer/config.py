@@ -425,6 +425,14 @@ class TrainerSettings(ServiceSettings):
         description="TOPR (ROLL topr_negative_weight): weight of sequences with score <= 0, tapered by clip(ρ, 0, 1).",
     )
     kimi15_tau: float = Field(0.1, ge=0, description="Kimi k1.5 (ROLL kimi15_tau): τ of the τ/2·(log π/π_behav)² term.")
+    use_rollout_log_probs: bool = Field(
+        False,
+        description="verl actor.use_rollout_log_probs (its rollout_correction bypass_mode): PPO's ratio is taken"
+        " against the engine's log-probs, the policy that sampled, instead of the trainer's own before this step."
+        " With one update per batch the clip then acts whenever a sample is older than the trainer's policy: a"
+        " token whose probability already moved past 1 ± clip_ratio since it was sampled gets no gradient pushing"
+        " it further. vanilla/decoupled only, and not with rollout_is (the ratio already is π/π_behav).",
+    )
     rollout_is: bool = Field(
         False,
         description="verl algorithm.rollout_is: weight the policy loss by π_prox/π_behav (mismatch correction); "
@@ -484,6 +492,15 @@ class TrainerSettings(ServiceSettings):
             )
         if self.rollout_is and self.rollout_is_threshold is None:
             raise ValueError("rollout_is needs rollout_is_threshold (RELAYRL_TRAINER_ROLLOUT_IS_THRESHOLD)")
+        if self.use_rollout_log_probs and self.rollout_is:
+            raise ValueError(
+                "use_rollout_log_probs already takes PPO's ratio against the engine's log-probs; set rollout_is false"
+            )
+        if self.use_rollout_log_probs and self.pg_variant not in ("vanilla", "decoupled"):
+            raise ValueError(
+                f"use_rollout_log_probs applies to pg_variant vanilla/decoupled; {self.pg_variant} already takes its"
+                " ratio against the engine's log-probs"
+            )
         if self.rollout_is and self.pg_variant not in ("vanilla", "decoupled"):
             raise ValueError(
                 f"rollout_is applies to pg_variant vanilla/decoupled; {self.pg_variant} already weights by π/π_behav"

@@ -287,10 +287,12 @@ def update_actor(
             if own_prox is not None:
                 own_prox.update(_rows_of(mb, prox))
         correction = _rows(extras["correction"], mb).to(dev) if s.rollout_is else None
+        behav = mb.behav_logp_BT.to(dev)
         pl = policy_loss(
             out.logp_BT,
-            prox,
-            mb.behav_logp_BT.to(dev),
+            # Anchored at the engine's log-probs, decoupled PPO's weight π_prox/π_behav is 1: nothing counted twice.
+            behav if s.use_rollout_log_probs else prox,
+            behav,
             _rows(adv, mb).to(dev),
             mask,
             cfg,

@@ -248,3 +248,37 @@ def test_icepop_masked_tokens_leave_the_loss_normaliser(tiny_model_dir):
     assert metrics_only["actor/pg_loss"] == pytest.approx(
         _vanilla_pg_loss_over(adv, torch.ones_like(adv), everything), abs=1e-5
     )
+
+
+def test_rollout_log_probs_anchor_ppos_clip_at_the_policy_that_sampled(tiny_model_dir):
+    from services.trainer import advantages as adv_lib
+
+    samples = _samples([3, 1, 2, 2])
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    with torch.no_grad():
+        prox = policy_forward(_models(tiny_model_dir).actor, full, 1.0, with_entropy=False).logp_BT
+    # The engine sampled every token at one nat below the trainer's policy now: since then the ratio
+    # π/π_behav has grown to e, past PPO's 1 + 0.2, as after one large update at η = 1.
+    for b, x in enumerate(samples):
+        x.behav_logp = [float(prox[b, t]) - 1.0 for t in range(len(x.response_ids))]
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    mask = full.mask_BT.float()
+    adv = adv_lib.grpo(torch.tensor([float(x.reward) for x in samples]), full.mask_BT, [x.group for x in samples])
+    settings = TrainerSettings(pg_variant="vanilla", use_rollout_log_probs=True, loss_agg_mode="token-mean")
+    bypass = train_step(_models(tiny_model_dir), samples, settings, pad_id=0)
+    # Tokens with A > 0 are clipped at 1.2 (no gradient pushes them further); those with A < 0 keep −A·e.
+    positive = (adv > 0).float() * mask
+    assert bypass["actor/pg_clipfrac"] == pytest.approx(float(positive.sum() / mask.sum()), abs=1e-6)
+    per_token = torch.where(adv > 0, -adv * 1.2, -adv * math.e)
+    assert bypass["actor/pg_loss"] == pytest.approx(float((per_token * mask).sum() / mask.sum()), abs=1e-5)
+    # Anchored at the trainer's own policy (the default), one update per batch never clips.
+    own = train_step(_models(tiny_model_dir), samples, TrainerSettings(pg_variant="vanilla"), pad_id=0)
+    assert own["actor/pg_clipfrac"] == 0.0
+
+
+def test_rollout_log_probs_refuse_a_second_correction():
+    with pytest.raises(ValueError, match="set rollout_is false"):
+        TrainerSettings(use_rollout_log_probs=True, rollout_is=True, rollout_is_threshold=2.0)
+    with pytest.raises(ValueError, match="cispo already takes its ratio against the engine's log-probs"):
+        TrainerSettings(use_rollout_log_probs=True, pg_variant="cispo")
+    assert TrainerSettings(use_rollout_log_probs=True, pg_variant="decoupled").use_rollout_log_probs
