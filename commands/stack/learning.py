@@ -13,6 +13,9 @@ shuffled order, torch), the built-in model's initialisation (``stack.tiny_seed``
 engine's sampling generator (``engine.seed``; replica i samples with ``seed + i``). The rollout
 service draws nothing at random. A config with its own ``stack.model_dir`` starts every seed from
 that model's weights.
+
+With ``--against`` a second config trains on the same seeds, interleaved with the first, and the two
+are compared seed by seed (:mod:`commands.stack.learning_pairs`).
 """
 
 from __future__ import annotations
@@ -424,7 +427,9 @@ def _stack_runner(config: StackConfig) -> RunOutcome:
 
 
 def bench(
-    seeds: Annotated[int, typer.Option(min=1, help="Number of runs, one after another.")],
+    seeds: Annotated[
+        int, typer.Option(min=1, help="Number of seeds, run one after another (with --against, each with both).")
+    ],
     config: Annotated[
         Path | None, typer.Option(help="Stack YAML, as `relayrl up --config` reads it; default: the demo's.")
     ] = None,
