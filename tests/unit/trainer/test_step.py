@@ -221,19 +221,25 @@ def test_filtered_responses_leave_the_loss_normaliser(tiny_model_dir):
     assert metrics["actor/pg_loss"] == pytest.approx(_vanilla_pg_loss_over(adv, torch.ones_like(adv), keep), abs=1e-6)
 
 
+def _sampled_apart(model_dir, shift):
+    """Samples whose engine log-probs are the trainer's own at token t plus ``shift(t)`` nats; with
+    their collated batch and the trainer's log-probs."""
+    samples = _samples([3, 1, 2, 2])
+    full = collate(samples, list(range(len(samples))), pad_id=0)
+    with torch.no_grad():
+        prox = policy_forward(_models(model_dir).actor, full, 1.0, with_entropy=False).logp_BT
+    for b, x in enumerate(samples):
+        x.behav_logp = [float(prox[b, t]) + shift(t) for t in range(len(x.response_ids))]
+    return samples, collate(samples, list(range(len(samples))), pad_id=0), prox
+
+
 def test_icepop_masked_tokens_leave_the_loss_normaliser(tiny_model_dir):
     from services.trainer import advantages as adv_lib
     from services.trainer.correction import CorrectionConfig, correction_weights
 
-    samples = _samples([3, 1, 2, 2])
-    full = collate(samples, list(range(len(samples))), pad_id=0)
-    with torch.no_grad():
-        prox = policy_forward(_models(tiny_model_dir).actor, full, 1.0, with_entropy=False).logp_BT
     # The engine's log-probs: the trainer's own on even tokens (ρ = 1, kept), 2 nats higher on odd
     # ones (ρ = e⁻² < 1/2, masked by IcePop's [1/2, 2]).
-    for b, x in enumerate(samples):
-        x.behav_logp = [float(prox[b, t]) + 2.0 * (t % 2) for t in range(len(x.response_ids))]
-    full = collate(samples, list(range(len(samples))), pad_id=0)
+    samples, full, prox = _sampled_apart(tiny_model_dir, lambda t: 2.0 * (t % 2))
     corr = correction_weights(prox, full.behav_logp_BT, full.mask_BT, CorrectionConfig(mode="mask", threshold=2.0))
     assert float(corr.keep_BT.sum()) == 5.0 and float(full.mask_BT.sum()) == 8.0
     common = dict(pg_variant="vanilla", rollout_is_threshold=2.0, rollout_is_mode="mask", rollout_is_level="token")
@@ -253,15 +259,9 @@ def test_icepop_masked_tokens_leave_the_loss_normaliser(tiny_model_dir):
 def test_rollout_log_probs_anchor_ppos_clip_at_the_policy_that_sampled(tiny_model_dir):
     from services.trainer import advantages as adv_lib
 
-    samples = _samples([3, 1, 2, 2])
-    full = collate(samples, list(range(len(samples))), pad_id=0)
-    with torch.no_grad():
-        prox = policy_forward(_models(tiny_model_dir).actor, full, 1.0, with_entropy=False).logp_BT
     # The engine sampled every token at one nat below the trainer's policy now: since then the ratio
     # π/π_behav has grown to e, past PPO's 1 + 0.2, as after one large update at η = 1.
-    for b, x in enumerate(samples):
-        x.behav_logp = [float(prox[b, t]) - 1.0 for t in range(len(x.response_ids))]
-    full = collate(samples, list(range(len(samples))), pad_id=0)
+    samples, full, _ = _sampled_apart(tiny_model_dir, lambda t: -1.0)
     mask = full.mask_BT.float()
     adv = adv_lib.grpo(torch.tensor([float(x.reward) for x in samples]), full.mask_BT, [x.group for x in samples])
     settings = TrainerSettings(pg_variant="vanilla", use_rollout_log_probs=True, loss_agg_mode="token-mean")
