@@ -58,7 +58,7 @@ BENCHMARKS: dict[str, str] = {
     "reward": "services.reward.cli:bench",
     "e2e": "commands.stack.bench:bench",
     "weights": "commands.stack.bench_weights:bench",
-    "learning": "commands.stack.learning:bench",
+    "learning": "commands.stack.bench_learning:bench",
     "compare": "commands.stack.compare:bench",
     "openai": "services.rollout.openai_bench:bench",
     "engine": "services.engine.cli:bench",

@@ -110,7 +110,7 @@ def targets(modes: dict[str, dict[str, float]]) -> dict[str, Any]:
 def learning_modes(modes: list[str], limit: int, adjust_every: int, spec: LearningSpec) -> dict[str, Any]:
     """Each mode's held-out scores at the same trainer step, ``spec.seeds`` runs each, via bench learning."""
     from commands.stack.cli import _load_config
-    from commands.stack.learning import _stack_runner, run_seeds
+    from commands.stack.learning import run_seeds, stack_runner
 
     base = _load_config(spec.config)
     if spec.model_dir is not None:
@@ -122,7 +122,7 @@ def learning_modes(modes: list[str], limit: int, adjust_every: int, spec: Learni
         mode_config.stack.max_staleness = eta
         mode_config.trainer.update(overrides)
         out = spec.out / f"mode-{mode}"
-        runs = run_seeds(mode_config, list(range(spec.seeds)), out, spec.steps, spec.timeout_s, _stack_runner)
+        runs = run_seeds(mode_config, list(range(spec.seeds)), out, spec.steps, spec.timeout_s, stack_runner)
         scores: dict[str, list[float | None]] = {}
         for run in runs:
             val_last = run.report.val_last if run.report is not None else {}

@@ -216,7 +216,7 @@ def test_the_command_fails_only_when_every_run_failed(tmp_path: Path, monkeypatc
         code = outcomes[config.trainer["seed"]]
         return RunOutcome(code, tmp_path, _report(0.1, 0.95) if code == 0 else None, error="trainer: died")
 
-    monkeypatch.setattr(learning, "_stack_runner", runner)
+    monkeypatch.setattr(learning, "stack_runner", runner)
     argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json"]
     done = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "some")])
     assert done.exit_code == 0, done.output
@@ -251,7 +251,7 @@ def test_every_seed_starts_from_the_given_model_directory(tmp_path: Path, monkey
         started_from.append(config.stack.model_dir)
         return RunOutcome(0, tmp_path, _report(0.1, 0.95))
 
-    monkeypatch.setattr(learning, "_stack_runner", runner)
+    monkeypatch.setattr(learning, "stack_runner", runner)
     argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json", "--out", str(tmp_path / "runs")]
     done = CliRunner().invoke(app, [*argv, "--model-dir", str(model_dir)])
     assert done.exit_code == 0, done.output
@@ -271,7 +271,7 @@ def test_max_staleness_overrides_the_configs_for_every_seed(tmp_path: Path, monk
         staleness.append(config.stack.max_staleness)
         return RunOutcome(0, tmp_path, _report(0.1, 0.95))
 
-    monkeypatch.setattr(learning, "_stack_runner", runner)
+    monkeypatch.setattr(learning, "stack_runner", runner)
     argv = ["bench", "learning", "--config", str(DEMO), "--seeds", "2", "--json"]
     assert CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "a"), "--max-staleness", "0"]).exit_code == 0
     assert CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "b")]).exit_code == 0

@@ -113,7 +113,7 @@ def test_the_command_runs_both_configs_on_the_same_seeds(tmp_path: Path, monkeyp
         clipped = config.trainer.get("grad_clip") == 0.3
         return RunOutcome(0, run_dir, _report(0.99 if clipped else 0.5, 100.0))
 
-    monkeypatch.setattr(learning, "_stack_runner", runner)
+    monkeypatch.setattr(learning, "stack_runner", runner)
     out = tmp_path / "runs"
     argv = ["bench", "learning", "--against", str(against), "--seeds", "3", "--first-seed", "2", "--steps", "5"]
     done = CliRunner().invoke(app, [*argv, "--json", "--out", str(out)])
@@ -146,7 +146,7 @@ def test_the_command_fails_when_every_run_of_one_config_failed(tmp_path: Path, m
     other["trainer"]["grad_clip"] = 0.3
     against = tmp_path / "clip.yaml"
     against.write_text(yaml.safe_dump(other))
-    monkeypatch.setattr(learning, "_stack_runner", runner)
+    monkeypatch.setattr(learning, "stack_runner", runner)
     argv = ["bench", "learning", "--against", str(against), "--seeds", "2", "--json", "--out", str(tmp_path / "r")]
     done = CliRunner().invoke(app, argv)
     assert done.exit_code == 1
