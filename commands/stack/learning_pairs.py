@@ -57,8 +57,6 @@ class Pairing:
     """Seed by seed, config A's run against config B's."""
 
     seeds: tuple[int, ...]
-    # Which config trained first for each seed ("a" or "b").
-    first: tuple[str, ...]
     both: int
     only_a: int
     only_b: int
@@ -66,6 +64,11 @@ class Pairing:
     # Over the seeds where both runs finished: B's reward_last minus A's, and B's wall time over A's.
     reward_last_diff: Distribution | None
     wall_s_ratio: Distribution | None
+
+    @property
+    def first(self) -> tuple[str, ...]:
+        """Which config trained first for each seed ("a" or "b"), as ``run_pairs`` ran them."""
+        return tuple(order(position)[0] for position in range(len(self.seeds)))
 
     @property
     def mcnemar_p(self) -> float:
@@ -79,7 +82,6 @@ def pair(a: list[SeedRun], b: list[SeedRun], threshold: float) -> Pairing:
     finished = [(x.report, y.report) for x, y in zip(a, b, strict=True) if x.report and y.report]
     return Pairing(
         seeds=tuple(run.seed for run in a),
-        first=tuple(order(i)[0] for i in range(len(a))),
         both=sum(x and y for x, y in reached),
         only_a=sum(x and not y for x, y in reached),
         only_b=sum(y and not x for x, y in reached),
