@@ -154,6 +154,14 @@ def build() -> Board:
             "Mean advantage, and with a critic the mean return and the value model's explained variance.",
             ["critic/advantages/mean", "critic/returns/mean", "critic/vf_explained_var"],
         ),
+        verl_panel(
+            "Groups without signal",
+            "Share of the batch's groups whose samples all scored alike, so GRPO learns nothing from them, split"
+            " into all solved and all failed. Near 1 while the reward is below its goal: the policy has stopped"
+            " exploring (one answer to every prompt).",
+            ["batch/no_signal_frac", "batch/all_solved_frac", "batch/all_failed_frac"],
+            unit="percentunit",
+        ),
         verl_panel("Response length", "Mean response length of the batch, tokens.", ["response_length/mean"]),
         verl_panel("Batch tokens", "Non-padding tokens in the step's batch.", ["trainer/batch_tokens"]),
         verl_panel(

@@ -24,7 +24,7 @@ from services.queue.errors import is_transient
 from services.trainer.config import TrainerSettings
 from services.trainer.control import Control
 from services.trainer.data import PromptDataset, PromptRow, response_budget, to_spec
-from services.trainer.filtering import no_signal_reason
+from services.trainer.filtering import no_signal_reason, signal_metrics
 from services.trainer.length_bias import LengthBias
 from services.trainer.links import Delivered, IoThread, TrajectoryQueue
 from services.trainer.state import FeedState
@@ -380,6 +380,7 @@ class Feed:
             self._rpc_s,
             {
                 **self._filter_metrics(),
+                **signal_metrics([d.group for d in taken], self.settings.filter_groups_metric),
                 **self._length_bias_metrics([d.group for d in taken]),
                 **self._admission_metrics(),
             },

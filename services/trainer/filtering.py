@@ -28,3 +28,17 @@ def no_signal_reason(group: Group, metric: str) -> str | None:
     if not values or max(values) != min(values):
         return None
     return "all_solved" if values[0] > 0 else "all_failed"
+
+
+def signal_metrics(groups: list[Group], metric: str) -> dict[str, float]:
+    """Shares of a batch's groups that teach GRPO nothing: ``batch/no_signal_frac`` (TRL's
+    ``frac_reward_zero_std``), split into all solved and all failed. A run whose batches are all
+    without signal has stopped learning, whatever its reward: a policy that gives one answer to
+    every prompt scores alike within each group."""
+    reasons = [no_signal_reason(g, metric) for g in groups]
+    n = max(len(groups), 1)
+    return {
+        "batch/no_signal_frac": sum(r is not None for r in reasons) / n,
+        "batch/all_solved_frac": reasons.count("all_solved") / n,
+        "batch/all_failed_frac": reasons.count("all_failed") / n,
+    }

@@ -208,3 +208,12 @@ def test_each_batch_reports_its_share_of_long_answer_tokens_against_the_generate
 def test_no_length_bias_figures_before_the_queue_has_measured_lengths():
     feed, _ = _feed([_group("a", 0), _group("b", 0)])
     assert not any(key.startswith("length_bias/") for key in feed.next_batch(step=0, version=0).metrics)
+
+
+def test_each_batch_reports_the_share_of_its_groups_that_teach_grpo_nothing():
+    mixed = _group("b", 0, (1, 1))
+    mixed.samples[1].reward = 0.0
+    feed, _ = _feed([_group("a", 0, (1, 1)), mixed])
+    metrics = feed.next_batch(step=0, version=0).metrics
+    assert metrics["batch/no_signal_frac"] == metrics["batch/all_solved_frac"] == 0.5
+    assert metrics["batch/all_failed_frac"] == 0.0

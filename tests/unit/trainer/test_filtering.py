@@ -1,9 +1,9 @@
-"""Dynamic sampling's verdict on a group: which groups carry no signal, and why."""
+"""Dynamic sampling's verdict on a group (which groups carry no signal, and why) and the batch's shares of them."""
 
 from __future__ import annotations
 
 from relayrl.schema import Group, Sample
-from services.trainer.filtering import no_signal_reason
+from services.trainer.filtering import no_signal_reason, signal_metrics
 
 
 def group(*rewards: float, extra: list[dict[str, float]] | None = None) -> Group:
@@ -34,3 +34,14 @@ def test_seq_reward_adds_an_episodes_per_turn_rewards_to_its_score() -> None:
     g = Group(group_id="g", prompt_id="p", samples=solved)
     assert no_signal_reason(g, "score") == "all_solved"
     assert no_signal_reason(g, "seq_reward") is None
+
+
+def test_a_batch_reports_the_shares_of_its_groups_without_signal() -> None:
+    # What a policy that gives one answer to every prompt leaves: each group solved or failed whole.
+    batch = [group(1.0, 1.0), group(0.0, 0.0), group(0.0, 0.0), group(1.0, 0.0)]
+    assert signal_metrics(batch, "score") == {
+        "batch/no_signal_frac": 0.75,
+        "batch/all_solved_frac": 0.25,
+        "batch/all_failed_frac": 0.5,
+    }
+    assert signal_metrics([group(1.0, 0.5)], "score")["batch/no_signal_frac"] == 0.0
