@@ -147,6 +147,8 @@ def _run(stack_config, verbose: bool, keep_alive: bool, title: str, monitor: boo
             f"\nreward {r.reward_first:.3f} -> {r.reward_last:.3f} (rise {r.reward_rise:+.3f}) over {span}"
             f" in {r.wall_s:.0f}s; max sample age {r.max_sample_age:.0f} (η = {r.max_staleness})"
         )
+        if (note := r.stall_note()) is not None:
+            typer.echo(note)
         typer.echo(f"report: {outcome.run_dir / 'report.json'}\nplot:   {outcome.run_dir / 'reward.png'}")
     raise typer.Exit(outcome.exit_code)
 

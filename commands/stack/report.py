@@ -16,6 +16,12 @@ from typing import Any
 VALIDATION_PREFIX = "val/test_score/"
 # What crashes cost the run, as the trainer's last row says (services.trainer.rollbacks; docs/crash-cost.md).
 CRASH_COST_KEYS = ("trainer/redone_steps", "trainer/redone_s", "trainer/resumes_with_redone_steps")
+# The trainer's shares of each batch's groups whose samples all scored alike (services.trainer.filtering).
+NO_SIGNAL_KEY, ALL_SOLVED_KEY = "batch/no_signal_frac", "batch/all_solved_frac"
+# A run ends stalled when at least this share of its last window's groups taught GRPO nothing while
+# fewer than this share were solved whole: every demo run that failed ended so (one answer to every
+# prompt), and one that learned ends with nearly every group solved whole instead.
+STALLED_SHARE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,22 @@ class RunReport:
     # trained since; wall_s and samples_per_s cover that span only.
     resumed_from_step: int = 0
     span_steps: int = 0
+    # Means over the last window of the shares of groups without signal and solved whole (NO_SIGNAL_KEY,
+    # ALL_SOLVED_KEY); None when the trainer did not record them.
+    no_signal_last: float | None = None
+    all_solved_last: float | None = None
+
+    def stall_note(self) -> str | None:
+        """One line when the run ended learning nothing (nearly every group alike within itself, and not
+        because solved whole), else None."""
+        no_signal, solved = self.no_signal_last, self.all_solved_last
+        if no_signal is None or solved is None or no_signal < STALLED_SHARE or solved >= STALLED_SHARE:
+            return None
+        return (
+            f"stalled: over the last {self.window} steps {no_signal:.2f} of the groups scored alike within"
+            f" themselves ({solved:.2f} solved whole), so their GRPO advantages were zero and the policy stopped"
+            " learning (batch/no_signal_frac in metrics.jsonl; docs/getting-started.md, 'When a run stalls')"
+        )
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -87,6 +109,7 @@ def build_report(
     samples = float(steps[-1].get("trainer/processed_samples", 0.0)) - baseline
     validation = validation_series(rows, started_at)
     ages = [float(r.get("staleness/max_sample_age", 0.0)) for r in steps]
+    tail = steps[-window:]
     return RunReport(
         run_id=run_id,
         steps=int(steps[-1]["trainer/global_steps"]),
@@ -105,7 +128,14 @@ def build_report(
         crash_cost={key.removeprefix("trainer/"): float(steps[-1].get(key, 0.0)) for key in CRASH_COST_KEYS},
         resumed_from_step=resumed_from_step,
         span_steps=int(steps[-1]["trainer/global_steps"]) - resumed_from_step,
+        no_signal_last=_tail_mean(tail, NO_SIGNAL_KEY),
+        all_solved_last=_tail_mean(tail, ALL_SOLVED_KEY),
     )
+
+
+def _tail_mean(tail: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in tail if key in r]
+    return fmean(values) if values else None
 
 
 def write_report(report: RunReport, run_dir: Path) -> Path:

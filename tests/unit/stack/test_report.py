@@ -72,3 +72,27 @@ def test_a_resumed_runs_report_covers_its_own_span():
     assert (report.steps, report.resumed_from_step, report.span_steps) == (8, 4, 4)
     assert report.wall_s == pytest.approx(8.0)
     assert report.samples_per_s == pytest.approx(4 * 8 / 8.0), "only the span's samples, over the span's time"
+
+
+def _with_signal(rows, no_signal, all_solved):
+    return [{**r, "batch/no_signal_frac": no_signal, "batch/all_solved_frac": all_solved} for r in rows]
+
+
+def test_a_run_that_ends_giving_one_answer_to_every_prompt_is_called_stalled():
+    # Half the groups solved whole, half failed whole: what a policy blind to its prompt leaves.
+    stuck = build_report(
+        "r", _with_signal(_rows([0.5] * 4), 1.0, 0.5), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
+    )
+    assert stuck.no_signal_last == 1.0 and stuck.all_solved_last == 0.5
+    assert stuck.stall_note() is not None and "1.00 of the groups scored alike" in stuck.stall_note()
+    # A run that learned its task also ends with groups alike, but solved whole.
+    learned = build_report(
+        "r", _with_signal(_rows([1.0] * 4), 1.0, 1.0), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
+    )
+    assert learned.stall_note() is None
+    learning = build_report(
+        "r", _with_signal(_rows([0.5] * 4), 0.3, 0.1), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
+    )
+    assert learning.stall_note() is None
+    # A trainer that did not record the shares says nothing either way.
+    assert build_report("r", _rows([0.5] * 4), "critic/score/mean", 2, 1, 1000.0).stall_note() is None
