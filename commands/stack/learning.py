@@ -63,6 +63,11 @@ class SeedRun:
     def reached(self, threshold: float) -> bool:
         return self.report is not None and self.report.reward_last >= threshold
 
+    @property
+    def stalled(self) -> bool:
+        """The run ended learning nothing: every group alike within itself, not solved (RunReport.stall_note)."""
+        return self.report is not None and self.report.stall_note() is not None
+
     def val_reached_at(self, key: str, threshold: float) -> int | None:
         """The first step whose held-out ``key`` score is at least ``threshold``; None if none was."""
         return next((step for step, score in self.val_curve.get(key, ()) if score >= threshold), None)
@@ -123,6 +128,10 @@ class LearningResult:
     failed: int
     plot: Path
     out: Path
+
+    @property
+    def stalled(self) -> int:
+        return sum(run.stalled for run in self.runs)
 
     @property
     def reached_interval(self) -> ShareInterval:
@@ -316,6 +325,7 @@ def result_json(result: LearningResult) -> dict[str, Any]:
             "method": "wilson",
         },
         "failed": result.failed,
+        "stalled": result.stalled,
         "reward_first": rounded_json(result.reward_first, 3),
         "reward_last": rounded_json(result.reward_last, 3),
         "steps": rounded_json(result.steps, 1),
@@ -340,6 +350,7 @@ def result_json(result: LearningResult) -> dict[str, Any]:
                 if result.val_threshold is not None and run.report
                 else None,
                 "reached": run.reached(result.threshold),
+                "stalled": run.stalled if run.report else None,
                 "error": run.error or None,
             }
             for run in result.runs
@@ -364,7 +375,7 @@ def render_table(result: LearningResult) -> str:
         if r is None:
             table.add_row(str(run.seed), "-", "-", "-", "-", f"failed: {run.error.splitlines()[0]}")
         else:
-            reached = "yes" if run.reached(result.threshold) else "no"
+            reached = "yes" if run.reached(result.threshold) else "no (stalled)" if run.stalled else "no"
             table.add_row(
                 str(run.seed), f"{r.reward_first:.3f}", f"{r.reward_last:.3f}", str(r.steps), f"{r.wall_s:.0f}", reached
             )
@@ -380,7 +391,8 @@ def render_table(result: LearningResult) -> str:
     console.print(table)
     interval = result.reached_interval
     reached = (
-        f"{result.reached} of {len(result.runs)} runs ({result.failed} failed); share {interval.share:.2f},"
+        f"{result.reached} of {len(result.runs)} runs ({result.failed} failed, {result.stalled} stalled);"
+        f" share {interval.share:.2f},"
         f" {interval.confidence:.0%} interval {interval.low:.2f}-{interval.high:.2f} (Wilson)"
     )
     console.print(f"reached reward_last ≥ {result.threshold:g}: {reached}")
