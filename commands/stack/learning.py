@@ -65,7 +65,7 @@ class SeedRun:
 
     @property
     def stalled(self) -> bool:
-        """The run ended learning nothing: every group alike within itself, not solved (RunReport.stall_note)."""
+        """The run ended learning nothing: most groups alike within themselves (RunReport.stall_note)."""
         return self.report is not None and self.report.stall_note() is not None
 
     def val_reached_at(self, key: str, threshold: float) -> int | None:

@@ -157,8 +157,8 @@ def build() -> Board:
         verl_panel(
             "Groups without signal",
             "Share of the batch's groups whose samples all scored alike, so GRPO learns nothing from them, split"
-            " into all solved and all failed. Near 1 while the reward is below its goal: the policy has stopped"
-            " exploring (one answer to every prompt).",
+            " into all solved (alike above 0) and all failed (alike at 0 or below). Most groups alike and many"
+            " failed whole: the run has stalled (one answer to every prompt).",
             ["batch/no_signal_frac", "batch/all_solved_frac", "batch/all_failed_frac"],
             unit="percentunit",
         ),

@@ -32,9 +32,9 @@ def no_signal_reason(group: Group, metric: str) -> str | None:
 
 def signal_metrics(groups: list[Group], metric: str) -> dict[str, float]:
     """Shares of a batch's groups that teach GRPO nothing: ``batch/no_signal_frac`` (TRL's
-    ``frac_reward_zero_std``), split into all solved and all failed. A run whose batches are all
-    without signal has stopped learning, whatever its reward: a policy that gives one answer to
-    every prompt scores alike within each group."""
+    ``frac_reward_zero_std``), split as dynamic sampling splits them: all solved (alike above 0) and all
+    failed (alike at 0 or below). A policy that learned its task ends with groups alike too, but few
+    failed whole; one that gives one answer to every prompt fails every group of the other answer whole."""
     reasons = [no_signal_reason(g, metric) for g in groups]
     n = max(len(groups), 1)
     return {

@@ -36,16 +36,16 @@ def _report(
     steps: int = 200,
     wall_s: float = 150.0,
     val: tuple[float, float] | None = None,
-    solved_whole: float | None = None,
+    failed_whole: float | None = None,
 ) -> RunReport:
-    """``solved_whole``: the run ended with every group alike within itself, this share of them solved."""
+    """``failed_whole``: the run ended with every group alike within itself, this share of them failed."""
     held_out = {} if val is None else {"first": {VAL: val[0]}, "last": {VAL: val[1]}}
     return RunReport(
         run_id="r", steps=steps, wall_s=wall_s, reward_key="critic/score/mean", window=30,
         reward_first=first, reward_last=last, reward_rise=last - first, max_staleness=1,
         max_sample_age=1.0, samples_per_s=20.0, val_first=held_out.get("first", {}),
         val_last=held_out.get("last", {}), extra={},
-        no_signal_last=None if solved_whole is None else 1.0, all_solved_last=solved_whole,
+        no_signal_last=None if failed_whole is None else 1.0, all_failed_last=failed_whole,
     )  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def _run(seed: int, report: RunReport | None, error: str = "") -> SeedRun:
 def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_threshold(tmp_path: Path) -> None:
     runs = [
         _run(0, _report(0.1, 0.95, wall_s=100.0)),
-        _run(1, _report(0.2, 0.5, wall_s=200.0, solved_whole=0.5)),
+        _run(1, _report(0.2, 0.5, wall_s=200.0, failed_whole=0.5)),
         _run(2, None, "engine-0: exited with code 1"),
         _run(3, _report(0.0, 0.9, steps=180, wall_s=120.0)),
     ]
@@ -71,7 +71,7 @@ def test_the_spread_covers_finished_runs_and_failed_ones_do_not_reach_the_thresh
     printed = result_json(result)
     assert printed["seeds"] == [0, 1, 2, 3]
     assert [r["reached"] for r in printed["runs"]] == [True, False, False, True]
-    # Seed 1 ended with every group alike, half of them solved: one answer to every prompt.
+    # Seed 1 ended with every group alike, half of them failed: one answer to every prompt.
     assert [r["stalled"] for r in printed["runs"]] == [False, True, None, False] and printed["stalled"] == 1
     assert printed["runs"][2]["error"] == "engine-0: exited with code 1" and printed["runs"][2]["reward_last"] is None
     json.dumps(printed)

@@ -74,24 +74,24 @@ def test_a_resumed_runs_report_covers_its_own_span():
     assert report.samples_per_s == pytest.approx(4 * 8 / 8.0), "only the span's samples, over the span's time"
 
 
-def _with_signal(rows, no_signal, all_solved):
-    return [{**r, "batch/no_signal_frac": no_signal, "batch/all_solved_frac": all_solved} for r in rows]
+def _with_signal(rows, no_signal, all_failed):
+    return [{**r, "batch/no_signal_frac": no_signal, "batch/all_failed_frac": all_failed} for r in rows]
 
 
 def test_a_run_that_ends_giving_one_answer_to_every_prompt_is_called_stalled():
-    # Half the groups solved whole, half failed whole: what a policy blind to its prompt leaves.
+    # Every group alike, half of them failed whole: what a policy blind to its prompt leaves.
     stuck = build_report(
         "r", _with_signal(_rows([0.5] * 4), 1.0, 0.5), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
     )
-    assert stuck.no_signal_last == 1.0 and stuck.all_solved_last == 0.5
+    assert stuck.no_signal_last == 1.0 and stuck.all_failed_last == 0.5
     assert stuck.stall_note() is not None and "1.00 of the groups scored alike" in stuck.stall_note()
-    # A run that learned its task also ends with groups alike, but solved whole.
+    # A run that learned its task also ends with groups alike, but none failed whole.
     learned = build_report(
-        "r", _with_signal(_rows([1.0] * 4), 1.0, 1.0), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
+        "r", _with_signal(_rows([1.0] * 4), 1.0, 0.0), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
     )
     assert learned.stall_note() is None
     learning = build_report(
-        "r", _with_signal(_rows([0.5] * 4), 0.3, 0.1), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
+        "r", _with_signal(_rows([0.5] * 4), 0.3, 0.3), "critic/score/mean", window=2, max_staleness=1, started_at=1000.0
     )
     assert learning.stall_note() is None
     # A trainer that did not record the shares says nothing either way.
