@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling (verl ``algorithm.filter_groups``): a group whose samples all carry the
 same value of the filter metric has zero advantage under GRPO/RLOO and teaches nothing, so it is
-dropped before training and made up for by a replacement prompt."""
+dropped before training and made up for by a replacement prompt. Every trained batch reports the share of
+such groups it holds (:func:`signal_metrics`), which without dynamic sampling is how a stalled run shows."""
 
 from __future__ import annotations
 
