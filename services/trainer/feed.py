@@ -373,15 +373,16 @@ class Feed:
             assert verdict.ok, f"group {d.group.group_id} is {verdict.verdict} at version {version}"
         self._unacked.extend((step + 1, d.entry_id) for d in taken)
         self.state.note_trained([d.group.group_id for d in taken])
+        groups = [d.group for d in taken]
         return Batch(
-            [d.group for d in taken],
+            groups,
             [d.entry_id for d in taken],
             time.perf_counter() - started,
             self._rpc_s,
             {
                 **self._filter_metrics(),
-                **signal_metrics([d.group for d in taken], self.settings.filter_groups_metric),
-                **self._length_bias_metrics([d.group for d in taken]),
+                **signal_metrics(groups, self.settings.filter_groups_metric),
+                **self._length_bias_metrics(groups),
                 **self._admission_metrics(),
             },
         )
