@@ -65,8 +65,8 @@ class SeedRun:
 
     @property
     def stalled(self) -> bool:
-        """The run ended learning nothing: most groups alike within themselves (RunReport.stall_note)."""
-        return self.report is not None and self.report.stall_note() is not None
+        """The run ended learning nothing (RunReport.stalled)."""
+        return self.report is not None and self.report.stalled
 
     def val_reached_at(self, key: str, threshold: float) -> int | None:
         """The first step whose held-out ``key`` score is at least ``threshold``; None if none was."""

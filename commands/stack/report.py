@@ -56,16 +56,23 @@ class RunReport:
     no_signal_last: float | None = None
     all_failed_last: float | None = None
 
-    def stall_note(self) -> str | None:
-        """One line when the run ended learning nothing (nearly every group alike within itself, and many
-        failed whole), else None."""
+    @property
+    def stalled(self) -> bool:
+        """The run ended learning nothing: most of its last groups alike within themselves, many failed whole."""
         no_signal, failed = self.no_signal_last, self.all_failed_last
-        if no_signal is None or failed is None or no_signal < STALLED_NO_SIGNAL or failed < STALLED_FAILED:
+        return (
+            no_signal is not None and failed is not None and no_signal >= STALLED_NO_SIGNAL and failed >= STALLED_FAILED
+        )
+
+    def stall_note(self) -> str | None:
+        """The line a stalled run prints under its reward, else None."""
+        if not self.stalled:
             return None
         return (
-            f"stalled: over the last {self.window} steps {no_signal:.2f} of the groups scored alike within"
-            f" themselves and {failed:.2f} failed whole, so GRPO learned nothing from them and the policy stopped"
-            " improving (batch/no_signal_frac in metrics.jsonl; docs/getting-started.md, 'When a run stalls')"
+            f"stalled: over the last {self.window} steps {self.no_signal_last:.2f} of the groups scored alike within"
+            f" themselves and {self.all_failed_last:.2f} failed whole, so GRPO learned nothing from them and the"
+            " policy stopped improving (batch/no_signal_frac in metrics.jsonl; docs/getting-started.md, 'When a"
+            " run stalls')"
         )
 
 
