@@ -259,10 +259,7 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
-def pad_tables(tables: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """Block tables as one ``[B, longest]`` tensor padded with the scratch block."""
+def pad_tables(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Block tables as one ``[B, longest]`` CPU tensor padded with the scratch block."""
     longest = max(1, *(len(table) for table in tables))
-    padded = torch.full((len(tables), longest), SCRATCH_BLOCK, dtype=torch.long)
-    for row, table in enumerate(tables):
-        padded[row, : len(table)] = torch.tensor(table, dtype=torch.long)
-    return padded.to(device)
+    return torch.tensor([[*table, *[SCRATCH_BLOCK] * (longest - len(table))] for table in tables], dtype=torch.long)

@@ -123,10 +123,10 @@ class BlockPool:
             for buffer in buffers:
                 buffer[:, dst] = buffer[:, src]
 
-    def token_index(self, table: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
-        """Flat pool indices of ``positions`` (a 1-D CPU tensor) in a sequence with block table ``table``."""
-        blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
+    def token_index(self, tables_BN: torch.Tensor, positions_BL: torch.Tensor) -> torch.Tensor:
+        """Flat pool indices of each row's ``positions_BL`` in the sequence whose block table is that
+        row of ``tables_BN``."""
+        return tables_BN.gather(1, positions_BL // self.block_size) * self.block_size + positions_BL % self.block_size
 
     @torch.inference_mode()
     def write(self, layer: int, index_BL: torch.Tensor, key_BHLD: torch.Tensor, value_BHLD: torch.Tensor) -> None:

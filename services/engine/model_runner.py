@@ -198,20 +198,22 @@ class ModelRunner:
         """
         for slot, feed in zip(slots, feeds, strict=True):
             self.kv.reserve(slot, slot.length + len(feed))
-        batch, longest = len(slots), max(len(feed) for feed in feeds)
-        input_ids = torch.zeros((batch, longest), dtype=torch.long)
-        positions = torch.zeros((batch, longest), dtype=torch.long)
-        write_index = torch.full((batch, longest), SCRATCH_BLOCK * self.pool.block_size, dtype=torch.long)
-        for b, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
-            pad, end = longest - len(feed), slot.length + len(feed)
-            input_ids[b, pad:] = torch.tensor(feed, dtype=torch.long)
-            positions[b, pad:] = torch.arange(slot.length, end)
-            write_index[b, pad:] = self.pool.token_index(slot.blocks, positions[b, pad:])
-        lengths = torch.tensor([slot.length + len(feed) for slot, feed in zip(slots, feeds, strict=True)])
+        longest = max(len(feed) for feed in feeds)
+        # Built for the whole batch at once: a step's host work grows by a few list items per row,
+        # not by a few tensor operations per row (which at hundreds of rows outlast a GPU's pass).
+        input_ids = torch.tensor([[0] * (longest - len(feed)) + list(feed) for feed in feeds], dtype=torch.long)
+        fed_B1 = torch.tensor([[len(feed)] for feed in feeds])
+        held_B1 = torch.tensor([[slot.length] for slot in slots])
+        column_L = torch.arange(longest)
+        real_BL = column_L >= longest - fed_B1
+        positions = torch.where(real_BL, held_B1 + column_L - (longest - fed_B1), 0)
+        tables = pad_tables([s.blocks for s in slots])
+        scratch = SCRATCH_BLOCK * self.pool.block_size
+        write_index = torch.where(real_BL, self.pool.token_index(tables, positions), scratch)
         device = self.device
-        tables = pad_tables([s.blocks for s in slots], device)
-        inputs = PassInputs(write_index.to(device), tables, positions.to(device), lengths.to(device))
-        input_ids, positions = input_ids.to(device), positions.to(device)
+        lengths = (held_B1 + fed_B1)[:, 0]
+        inputs = PassInputs(write_index.to(device), tables.to(device), positions.to(device), lengths.to(device))
+        input_ids, positions = input_ids.to(device), inputs.positions_BL
         with self.lora.rows(list(adapters)):
             if decode and not any(adapters):
                 logits = self.decoder.run(self, input_ids, positions, inputs)

@@ -10,6 +10,7 @@ reports ``log_softmax(logits)``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,38 +43,42 @@ class SamplingConfig:
         return self.temperature < _GREEDY_BELOW
 
 
-def scaled_logprobs(logits_V: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of the distribution the engine samples from, before top-p/top-k."""
-    logits_V = logits_V.float()
-    if temperature >= _GREEDY_BELOW:
-        logits_V = logits_V / temperature
-    return torch.log_softmax(logits_V, dim=-1)
-
-
-def sample(logits_V: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> tuple[int, float]:
-    """The next token id and its log-prob (see the module docstring for which log-prob)."""
-    token, logprob = sample_on_device(logits_V, config, generator)
-    return int(token), float(logprob)
-
-
-def sample_on_device(
-    logits_V: torch.Tensor, config: SamplingConfig, generator: torch.Generator
+def sample_batch(
+    logits_BV: torch.Tensor, configs: Sequence[SamplingConfig], generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`sample`'s token and log-prob as 0-d tensors on the logits' device (``generator``'s too),
-    so a step reads every sequence's choice back with one copy instead of one per sequence."""
-    logprobs_V = scaled_logprobs(logits_V, config.temperature)
-    if config.greedy:
-        token = torch.argmax(logprobs_V)
-        return token, logprobs_V[token]
-    probs_V = logprobs_V.exp()
-    if config.top_k > 0 and config.top_k < probs_V.numel():
-        kth = torch.topk(probs_V, config.top_k).values[-1]
-        probs_V = torch.where(probs_V >= kth, probs_V, torch.zeros_like(probs_V))
-    if config.top_p < 1.0:
-        sorted_V, order_V = torch.sort(probs_V, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        outside = (torch.cumsum(sorted_V, dim=-1) - sorted_V) > config.top_p * sorted_V.sum()
-        sorted_V = sorted_V.masked_fill(outside, 0.0)
-        probs_V = torch.zeros_like(probs_V).scatter(0, order_V, sorted_V)
-    token = torch.multinomial(probs_V, 1, generator=generator)[0]
-    return token, logprobs_V[token]
+    """Every row's next token and its log-prob (see the module docstring for which log-prob), as two
+    ``[B]`` tensors on the logits' device (``generator``'s too).
+
+    One pass for the whole batch, whatever mix of settings its rows carry: a step's sampling costs a
+    handful of kernels, not a handful per row, which on a GPU would cost more than the decode pass.
+    Per row, the result is what sampling that row alone gives: greedy rows take the argmax; top-k
+    keeps the probabilities at least the k-th largest; top-p the smallest prefix (by probability)
+    whose mass reaches ``top_p`` of what top-k left; the token is drawn from what remains.
+    """
+    vocab = logits_BV.shape[1]
+    device = logits_BV.device
+    greedy_B = torch.tensor([c.greedy for c in configs], device=device)
+    temperature_B1 = torch.tensor([[1.0 if c.greedy else c.temperature] for c in configs], device=device)
+    logprobs_BV = torch.log_softmax(logits_BV.float() / temperature_B1, dim=-1)
+    if all(c.greedy for c in configs):
+        tokens_B = torch.argmax(logprobs_BV, dim=-1)
+        return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
+    probs_BV = logprobs_BV.exp()
+    top_k = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
+    if min(top_k) < vocab:
+        # Rows without top-k compare against 0 and keep every token.
+        kth_BK = torch.topk(probs_BV, max(k for k in top_k if k < vocab), dim=-1).values
+        index_B1 = torch.tensor([[min(k, kth_BK.shape[1]) - 1] for k in top_k], device=device)
+        kth_B1 = torch.where(torch.tensor([[k < vocab] for k in top_k], device=device), kth_BK.gather(1, index_B1), 0.0)
+        probs_BV = torch.where(probs_BV >= kth_B1, probs_BV, 0.0)
+    if any(c.top_p < 1.0 for c in configs):
+        top_p_B1 = torch.tensor([[c.top_p] for c in configs], device=device)
+        sorted_BV, order_BV = torch.sort(probs_BV, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays); rows at
+        # top_p 1 keep everything, whatever the rounding of a cumulative sum.
+        outside_BV = (torch.cumsum(sorted_BV, dim=-1) - sorted_BV) > top_p_B1 * sorted_BV.sum(-1, keepdim=True)
+        outside_BV &= top_p_B1 < 1.0
+        probs_BV = torch.zeros_like(probs_BV).scatter(1, order_BV, sorted_BV.masked_fill(outside_BV, 0.0))
+    drawn_B = torch.multinomial(probs_BV, 1, generator=generator)[:, 0]
+    tokens_B = torch.where(greedy_B, torch.argmax(logprobs_BV, dim=-1), drawn_B)
+    return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]

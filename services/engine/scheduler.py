@@ -41,7 +41,7 @@ import torch
 from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, OutOfBlocks, Slot
 from services.engine.prefix_cache import CachedPrefix
-from services.engine.sampling import SamplingConfig, sample_on_device
+from services.engine.sampling import SamplingConfig, sample_batch
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,14 @@ def version_spans(token_versions: list[str], current: str) -> list[dict[str, Any
     """SGLang's ``weight_versions`` spans over output tokens; one span at ``current`` when there are none."""
     if not token_versions:
         return [{"version": current, "start": 0, "end": 0}]
-    spans: list[dict[str, Any]] = []
-    for index, version in enumerate(token_versions):
+    return extend_spans([], token_versions, 0, len(token_versions))
+
+
+def extend_spans(spans: list[dict[str, Any]], token_versions: list[str], start: int, end: int) -> list[dict[str, Any]]:
+    """``spans`` (those of the first ``start`` tokens) extended in place over tokens ``[start, end)``:
+    a stream pays for its new tokens, not for all of them again at every chunk."""
+    for index in range(start, end):
+        version = token_versions[index]
         if spans and spans[-1]["version"] == version:
             spans[-1]["end"] = index + 1
         else:
@@ -267,13 +273,10 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _sample_step(self) -> None:
-        chosen = []
-        for seq in self.running:
-            assert seq.next_logits is not None
-            token, logprob = sample_on_device(seq.next_logits, seq.config, self.generator)
-            chosen.append(torch.stack([token.double(), logprob.double()]))
+        logits_BV = torch.stack([seq.next_logits for seq in self.running])  # type: ignore[misc]
+        tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in self.running], self.generator)
         # One copy from the device for the whole batch; token ids survive the float64 round trip.
-        picks = torch.stack(chosen).tolist()
+        picks = torch.stack([tokens_B.double(), logprobs_B.double()], dim=1).tolist()
         # Streams are told once per step and event loop: one wake-up of the loop, not one per sequence.
         streamed: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
         for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):
@@ -297,7 +300,7 @@ class Scheduler:
             return {"type": "stop", "matched": token}
         if len(seq.output_ids) >= seq.config.max_new_tokens:
             return {"type": "length", "length": seq.config.max_new_tokens}
-        if len(seq.all_ids) >= self.context_length:
+        if len(seq.prompt_ids) + len(seq.output_ids) >= self.context_length:
             return {"type": "length", "length": len(seq.output_ids)}
         return None
 

@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from services.engine.scheduler import Sequence, version_spans
+from services.engine.scheduler import Sequence, extend_spans
 
 DONE = b"data: [DONE]\n\n"
 
@@ -44,12 +44,13 @@ class IncrementalText:
         self._surrounding = 0
         self._read = 0
 
-    def update(self, ids: list[int]) -> str:
+    def update(self, ids: list[int], count: int) -> str:
+        """The text of ``ids[:count]`` (``ids`` may already hold more: the scheduler appends as it goes)."""
         before = self._decode(ids[self._surrounding : self._read])
-        after = self._decode(ids[self._surrounding :])
+        after = self._decode(ids[self._surrounding : count])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.text += after[len(before) :]
-            self._surrounding, self._read = self._read, len(ids)
+            self._surrounding, self._read = self._read, count
         return self.text
 
 
@@ -66,6 +67,9 @@ class SampleStream:
         self._text = IncrementalText(decode)
         self._sent_tokens = 0
         self._sent_text = 0
+        # The weight-version spans of the first ``_spanned`` tokens.
+        self._spans: list[dict[str, Any]] = []
+        self._spanned = 0
         self._wake = asyncio.Event()
         seq.on_tokens, seq.stream_interval = self._wake.set, interval
         seq.future.add_done_callback(lambda _: self._wake.set())
@@ -82,13 +86,15 @@ class SampleStream:
                 yield chunk
 
     def _running(self) -> dict[str, Any] | None:
+        """The chunk of the tokens so far, built from those not yet sent: what a chunk costs does not
+        grow with the tokens before it (hundreds of streams a step, each a thousand tokens long)."""
         seq = self.seq
         # The scheduler thread appends token versions last: their count is tokens complete in every list.
         count = len(seq.token_versions)
         if count <= self._sent_tokens:
             return None
-        ids = seq.output_ids[:count]
-        text = self._text.update(ids)
+        extend_spans(self._spans, seq.token_versions, self._spanned, count)
+        self._spanned = count
         meta: dict[str, Any] = {
             "id": seq.rid,
             "finish_reason": None,
@@ -96,27 +102,27 @@ class SampleStream:
             "completion_tokens": count,
             "cached_tokens": seq.cached_tokens,
             "weight_version": seq.token_versions[count - 1],
-            "weight_versions": version_spans(seq.token_versions[:count], seq.token_versions[count - 1]),
+            # Copies: the last span grows with the next tokens, after this chunk is handed on.
+            "weight_versions": [dict(span) for span in self._spans],
         }
+        first = self._sent_tokens if self.incremental else 0
+        ids = seq.output_ids[first:count]
         if seq.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(seq.logprobs[:count], ids, strict=True)]
-        return self._shaped({"text": text, "output_ids": ids, "meta_info": meta}, count)
+            rows = zip(seq.logprobs[first:count], ids, strict=True)
+            meta["output_token_logprobs"] = [[logprob, token, None] for logprob, token in rows]
+        return self._shaped(self._text.update(seq.output_ids, count), ids, meta, count)
 
     def _last(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._shaped(dict(body, meta_info=dict(body["meta_info"])), len(body["output_ids"]))
+        meta, first = dict(body["meta_info"]), self._sent_tokens if self.incremental else 0
+        if "output_token_logprobs" in meta:
+            meta["output_token_logprobs"] = meta["output_token_logprobs"][first:]
+        return self._shaped(body["text"], body["output_ids"][first:], meta, len(body["output_ids"]))
 
-    def _shaped(self, chunk: dict[str, Any], count: int) -> dict[str, Any]:
-        """The chunk as sent: sliced to what is new when incremental; the batch index when batched."""
-        if self.incremental:
-            text = chunk["text"]
-            chunk["text"] = text[self._sent_text :]
-            chunk["output_ids"] = chunk["output_ids"][self._sent_tokens :]
-            if "output_token_logprobs" in chunk["meta_info"]:
-                chunk["meta_info"]["output_token_logprobs"] = chunk["meta_info"]["output_token_logprobs"][
-                    self._sent_tokens :
-                ]
-            self._sent_text = len(text)
-        self._sent_tokens = count
+    def _shaped(self, text: str, ids: list[int], meta: dict[str, Any], count: int) -> dict[str, Any]:
+        """The chunk as sent, from the whole text so far and the ids (and log-probs) it carries: those
+        since the last chunk when incremental, all of them otherwise; the batch index when batched."""
+        chunk = {"text": text[self._sent_text :] if self.incremental else text, "output_ids": ids, "meta_info": meta}
+        self._sent_text, self._sent_tokens = len(text), count
         if self.index is not None:
             chunk["index"] = self.index
         return chunk

@@ -4,6 +4,7 @@ KV cache's room on a GPU (device-independent arithmetic)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 from relayrl.config import SettingsError
 from services.engine.bench import read_stream
 from services.engine.device import cache_tokens
-from services.engine.streaming import IncrementalText
+from services.engine.sampling import SamplingConfig
+from services.engine.scheduler import Sequence, version_spans
+from services.engine.streaming import IncrementalText, SampleStream
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,8 @@ def test_incremental_text_equals_the_whole_decode_and_never_shows_half_a_charact
     ids = tokenizer(text)["input_ids"]
     incremental = IncrementalText(lambda part: tokenizer.decode(part, skip_special_tokens=True))
 
-    seen = [incremental.update(ids[: i + 1]) for i in range(len(ids))]
+    # The list may already hold more than the count to decode (the scheduler appends as it goes).
+    seen = [incremental.update(ids, i + 1) for i in range(len(ids))]
 
     assert seen[-1] == text
     assert all("\ufffd" not in part for part in seen)
@@ -80,3 +84,36 @@ def test_a_fraction_that_leaves_less_than_one_context_names_the_setting_on_one_l
     line = err.value.one_line()
     assert "\n" not in line
     assert f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={fraction}" in line and "no room for the KV cache" in line
+
+
+async def test_a_streams_chunks_carry_their_tokens_weight_versions_while_later_tokens_extend_them() -> None:
+    loop = asyncio.get_running_loop()
+    seq = Sequence(
+        rid="r",
+        parent_rid="r",
+        prompt_ids=[1],
+        config=SamplingConfig(),
+        return_logprob=True,
+        loop=loop,
+        future=loop.create_future(),
+    )
+    stream = SampleStream(seq, lambda ids: "".join(chr(97 + i) for i in ids), None, incremental=True, interval=1)
+    chunks = stream.chunks()
+    sent = []
+    for token, version in enumerate(["1", "1", "2", "2", "3"]):
+        # As the scheduler thread appends: the version last.
+        seq.output_ids.append(token)
+        seq.logprobs.append(-0.5 - token)
+        seq.token_versions.append(version)
+        seq.on_tokens()
+        sent.append(await anext(chunks))
+
+    # Each chunk's spans are those of its tokens so far, unchanged by the spans growing after it was sent.
+    assert [chunk["meta_info"]["weight_versions"] for chunk in sent] == [
+        version_spans(seq.token_versions[:count], "") for count in range(1, 6)
+    ]
+    assert [chunk["output_ids"] for chunk in sent] == [[0], [1], [2], [3], [4]]
+    assert [chunk["meta_info"]["output_token_logprobs"] for chunk in sent] == [
+        [[-0.5 - token, token, None]] for token in range(5)
+    ]
+    assert "".join(chunk["text"] for chunk in sent) == "abcde"
