@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 SCRATCH_BLOCK = 0
@@ -123,10 +124,11 @@ class BlockPool:
             for buffer in buffers:
                 buffer[:, dst] = buffer[:, src]
 
-    def token_index(self, tables_BN: torch.Tensor, positions_BL: torch.Tensor) -> torch.Tensor:
+    def token_index(self, tables_BN: np.ndarray, positions_BL: np.ndarray) -> np.ndarray:
         """Flat pool indices of each row's ``positions_BL`` in the sequence whose block table is that
-        row of ``tables_BN``."""
-        return tables_BN.gather(1, positions_BL // self.block_size) * self.block_size + positions_BL % self.block_size
+        row of ``tables_BN`` (host arrays: a pass's inputs are built on the host)."""
+        blocks_BL = np.take_along_axis(tables_BN, positions_BL // self.block_size, axis=1)
+        return blocks_BL * self.block_size + positions_BL % self.block_size
 
     @torch.inference_mode()
     def write(self, layer: int, index_BL: torch.Tensor, key_BHLD: torch.Tensor, value_BHLD: torch.Tensor) -> None:

@@ -19,9 +19,11 @@ are the ones a lone forward pass over that sequence gives.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from services.engine.attention import (
@@ -198,22 +200,11 @@ class ModelRunner:
         """
         for slot, feed in zip(slots, feeds, strict=True):
             self.kv.reserve(slot, slot.length + len(feed))
-        longest = max(len(feed) for feed in feeds)
-        # Built for the whole batch at once: a step's host work grows by a few list items per row,
-        # not by a few tensor operations per row (which at hundreds of rows outlast a GPU's pass).
-        input_ids = torch.tensor([[0] * (longest - len(feed)) + list(feed) for feed in feeds], dtype=torch.long)
-        fed_B1 = torch.tensor([[len(feed)] for feed in feeds])
-        held_B1 = torch.tensor([[slot.length] for slot in slots])
-        column_L = torch.arange(longest)
-        real_BL = column_L >= longest - fed_B1
-        positions = torch.where(real_BL, held_B1 + column_L - (longest - fed_B1), 0)
-        tables = pad_tables([s.blocks for s in slots])
-        scratch = SCRATCH_BLOCK * self.pool.block_size
-        write_index = torch.where(real_BL, self.pool.token_index(tables, positions), scratch)
         device = self.device
-        lengths = (held_B1 + fed_B1)[:, 0]
-        inputs = PassInputs(write_index.to(device), tables.to(device), positions.to(device), lengths.to(device))
-        input_ids, positions = input_ids.to(device), inputs.positions_BL
+        input_ids, positions, write_index, tables, lengths = (
+            torch.from_numpy(array).to(device) for array in _pass_arrays(self.pool, slots, feeds)
+        )
+        inputs = PassInputs(write_index, tables, positions, lengths)
         with self.lora.rows(list(adapters)):
             if decode and not any(adapters):
                 logits = self.decoder.run(self, input_ids, positions, inputs)
@@ -254,3 +245,28 @@ def _similar_lengths(longest_first: list[int], lengths: list[int]) -> Iterator[l
         real += lengths[i]
     if group:
         yield group
+
+
+def _pass_arrays(
+    pool: BlockPool, slots: Sequence[Slot], feeds: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A pass's inputs on the host: its token ids, positions and KV write indices ``[B, L]``, block
+    tables ``[B, N]`` and lengths after the pass ``[B]``, feeds right-aligned as
+    :meth:`ModelRunner._forward` describes.
+
+    Built with numpy over the whole batch: a row costs a few list items, not a few tensor
+    operations, which at hundreds of rows a step would outlast the GPU's pass.
+    """
+    rows = len(slots)
+    fed_B = np.fromiter((len(feed) for feed in feeds), np.int64, rows)
+    held_B = np.fromiter((slot.length for slot in slots), np.int64, rows)
+    longest = int(fed_B.max())
+    pad_B1 = (longest - fed_B)[:, None]
+    column_L = np.arange(longest)
+    real_BL = column_L >= pad_B1
+    input_ids = np.zeros((rows, longest), np.int64)
+    input_ids[real_BL] = np.fromiter(itertools.chain.from_iterable(feeds), np.int64, int(fed_B.sum()))
+    positions = np.where(real_BL, held_B[:, None] + column_L - pad_B1, 0)
+    tables = pad_tables([slot.blocks for slot in slots])
+    write_index = np.where(real_BL, pool.token_index(tables, positions), SCRATCH_BLOCK * pool.block_size)
+    return input_ids, positions, write_index, tables, held_B + fed_B

@@ -4,6 +4,7 @@ in ``test_triton.py``, in Triton's CPU interpreter); triton outside CUDA is refu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,12 +34,12 @@ def check_against_dense(
     dense_v = [torch.randn(kv_heads, n, head_dim) for n in lengths]
     positions = torch.tensor([list(range(n - queries, n)) for n in lengths])
     for table, n, k, v in zip(tables, lengths, dense_k, dense_v, strict=True):
-        flat = pool.token_index(torch.tensor([table]), torch.arange(n)[None])[0]
+        flat = torch.from_numpy(pool.token_index(np.array([table]), np.arange(n)[None])[0])
         pool.keys[0][:, flat] = k
         pool.values[0][:, flat] = v
     query = torch.randn(len(lengths), heads, queries, head_dim)
     unused_writes = torch.zeros(len(lengths), queries, dtype=torch.long)
-    inputs = PassInputs(unused_writes, pad_tables(tables), positions, torch.tensor(lengths))
+    inputs = PassInputs(unused_writes, torch.from_numpy(pad_tables(tables)), positions, torch.tensor(lengths))
     attention = backend_named(backend, torch.device("cpu"))
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)

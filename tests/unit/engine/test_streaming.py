@@ -1,6 +1,6 @@
 """The pieces of the engine's streaming and of its bench that need no engine process: the text of a
-growing output decoded a few tokens at a time, the bench's reading of a stream's timing, and the
-KV cache's room on a GPU (device-independent arithmetic)."""
+growing output decoded a few tokens at a time (and the decoder it uses), a stream's chunks, the
+bench's reading of a stream's timing, and the KV cache's room on a GPU (device-independent arithmetic)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from services.engine.bench import read_stream
 from services.engine.device import cache_tokens
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence, version_spans
+from services.engine.state import text_decoder
 from services.engine.streaming import IncrementalText, SampleStream
 
 
@@ -117,3 +118,17 @@ async def test_a_streams_chunks_carry_their_tokens_weight_versions_while_later_t
         [[-0.5 - token, token, None]] for token in range(5)
     ]
     assert "".join(chunk["text"] for chunk in sent) == "abcde"
+
+
+def test_the_engines_text_is_the_tokenizers_decode_without_special_tokens(tokenizer) -> None:
+    ids = tokenizer("<|im_start|>assistant\nhéllo ✓<|im_end|>")["input_ids"]
+    fast = text_decoder(tokenizer)
+    # The fast path is the Rust tokenizer's own decode, not transformers' wrapper around it.
+    assert fast.func == tokenizer.backend_tokenizer.decode
+    assert fast(ids) == tokenizer.decode(ids, skip_special_tokens=True) == "assistant\nhéllo ✓"
+
+    tokenizer.clean_up_tokenization_spaces = True  # a clean-up only transformers' decode does
+    try:
+        assert text_decoder(tokenizer).func == tokenizer.decode
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
