@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, str] = {
     "compare": "commands.stack.compare:bench",
     "openai": "services.rollout.openai_bench:bench",
     "engine": "services.engine.cli:bench",
+    "engine-host": "services.engine.host_bench:bench",
     "staleness": "commands.stack.bench_staleness:bench",
     "checkpoint": "services.trainer.checkpoint_bench:bench",
 }

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.engine.launch import ENGINE_MODULE
+
 SHM = Path("/dev/shm")
 
 
@@ -153,8 +155,8 @@ def run_bench(
                 result.setdefault("skipped", {})[backend] = "timeout"
                 continue
             backend_settings = {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}
-            with _engine(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
-                figures = asyncio.run(_engine_run(url, work, deadline))
+            with engine_process(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
+                figures = asyncio.run(stream_workload(url, work, deadline))
                 _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
                 figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
                 _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
@@ -196,7 +198,10 @@ def _gpu_name(device: str) -> str | None:
 
 
 @contextmanager
-def _engine(model_dir: Path, device: str, settings: dict[str, str], log: Path) -> Iterator[str]:
+def engine_process(
+    model_dir: Path, device: str, settings: dict[str, str], log: Path, module: str = ENGINE_MODULE
+) -> Iterator[str]:
+    """An engine process on ``model_dir`` (``module``'s ``serve`` command) for one bench run; its URL."""
     from relayrl.net import free_port
     from relayrl.subprocesses import stop_process
     from services.engine.launch import launch_engine, wait_engine_healthy
@@ -213,7 +218,7 @@ def _engine(model_dir: Path, device: str, settings: dict[str, str], log: Path) -
     # The engine's log goes to a file, not a pipe: a pipe nobody reads while the workload runs would
     # block the engine once its buffer fills (a compiler's warnings are enough).
     with log.open("wb") as stderr:
-        process = launch_engine(model_dir, port, stderr=stderr, settings=env)
+        process = launch_engine(model_dir, port, stderr=stderr, settings=env, module=module)
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     try:
@@ -244,7 +249,7 @@ def _progress(line: str) -> None:
     print(f"bench engine: {line}", file=sys.stderr, flush=True)
 
 
-async def _engine_run(
+async def stream_workload(
     url: str, work: Workload, deadline: float | None = None, min_window_s: float = MIN_WINDOW_S
 ) -> dict[str, Any]:
     import aiohttp

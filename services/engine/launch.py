@@ -11,6 +11,8 @@ from pathlib import Path
 
 from relayrl.subprocesses import Process, start_process, wait_serving
 
+ENGINE_MODULE = "services.engine.cli"
+
 
 def launch_engine(
     model_dir: Path,
@@ -18,13 +20,15 @@ def launch_engine(
     stderr: int = subprocess.DEVNULL,
     cwd: Path | None = None,
     settings: Mapping[str, str] | None = None,
+    module: str = ENGINE_MODULE,
 ) -> Process:
     """``relayrl engine serve`` on ``port`` with one torch thread (several engines share the CPUs);
     ``settings`` adds environment variables (``RELAYRL_ENGINE_*``) over the defaults. The engine
-    ends with its caller, killed or not: one left behind keeps its share of the GPU."""
+    ends with its caller, killed or not: one left behind keeps its share of the GPU. ``module`` is
+    the command-line module whose ``serve`` starts it (a bench's may change the engine first)."""
     env = {**os.environ, "RELAYRL_ENGINE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", **(settings or {})}
     return start_process(
-        [sys.executable, "-m", "services.engine.cli", "serve", "--model", str(model_dir), "--port", str(port)],
+        [sys.executable, "-m", module, "serve", "--model", str(model_dir), "--port", str(port)],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,

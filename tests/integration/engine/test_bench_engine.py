@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from commands.cli import app
 from commands.stack.progress import read_samples
-from services.engine.bench import Workload, _cache_for, _engine, _engine_run, block_tokens
+from services.engine.bench import Workload, _cache_for, block_tokens, engine_process, stream_workload
 from tests.waiting import wait_until
 
 
@@ -77,8 +77,8 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
 
 def test_a_workload_past_its_deadline_is_cut_and_rated_over_what_streamed(tiny_model_dir: Path, tmp_path: Path) -> None:
     work = Workload.nano_vllm(requests=24, min_len=200, max_len=400, vocab=250)
-    with _engine(tiny_model_dir, "cpu", {}, tmp_path / "engine.log") as url:
-        figures = asyncio.run(_engine_run(url, work, deadline=time.monotonic(), min_window_s=1.0))
+    with engine_process(tiny_model_dir, "cpu", {}, tmp_path / "engine.log") as url:
+        figures = asyncio.run(stream_workload(url, work, deadline=time.monotonic(), min_window_s=1.0))
 
         def idle() -> bool:
             samples = read_samples(url)

@@ -1,0 +1,151 @@
+"""``relayrl bench engine-host``: how many tokens a second the engine's host side can feed a GPU,
+measured on any machine.
+
+A GPU engine is only as fast as the host work around each pass: admitting requests, building the
+pass's inputs, sampling, and streaming every token back over HTTP, all in one Python process. On a
+GPU that work either hides behind the pass or adds to it. This bench runs the real engine process
+(HTTP server, scheduler, KV block tables, sampling, streaming) on nano-vllm's workload through its
+HTTP API, as ``bench engine`` does, with one change: the model's forward pass is replaced by a wait
+as long as a GPU pass would take (``time.sleep``, which like a CUDA synchronisation lets the other
+thread run), returning logits that make every row's next token its last one plus one. A wait of 0
+gives the host's own ceiling; a wait of a GPU step's length (a ``base`` decode step over 256 rows
+takes a few milliseconds on an H100-class GPU) gives what the engine reaches when the host work
+adds to the pass. These are host figures, not GPU figures: ``bench engine --device cuda``
+measures the GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:  # the CLI imports this module to list its command: torch waits until the bench runs
+    import torch
+
+    from services.engine.attention import PassInputs
+
+# The child engine's simulated pass: a decode step's wait, and a prefill's per token fed.
+DECODE_MS_ENV = "RELAYRL_BENCH_SIMULATED_DECODE_MS"
+PREFILL_US_ENV = "RELAYRL_BENCH_SIMULATED_PREFILL_US_PER_TOKEN"
+
+# A GPU engine's prefill budget (SGLang's default on a GPU, and bench engine's on cuda).
+GPU_MAX_PREFILL_TOKENS = 16384
+
+FIGURES = ("output_tokens", "wall_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
+
+
+def simulated_forward(decode_s: float, prefill_s_per_token: float) -> Callable[..., torch.Tensor]:
+    """A stand-in for :meth:`ModelRunner.forward_logits`: waits as a GPU pass would (a decode step
+    ``decode_s``; a prefill its tokens times ``prefill_s_per_token``, at least ``decode_s``) and
+    returns logits whose argmax is each row's last token plus one."""
+
+    import torch
+
+    def forward_logits(self: Any, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+        rows, width = input_ids.shape
+        time.sleep(decode_s if width == 1 else max(decode_s, prefill_s_per_token * rows * width))
+        vocab = int(self.model.config.vocab_size)
+        logits = torch.zeros((rows, vocab), device=input_ids.device)
+        return logits.scatter_(1, (input_ids[:, -1:] + 1) % vocab, 1.0)
+
+    return forward_logits
+
+
+def run_host_bench(
+    requests: int,
+    min_len: int,
+    max_len: int,
+    decode_ms: Sequence[float],
+    prefill_us_per_token: float,
+    stream_interval: int,
+) -> dict[str, Any]:
+    """The workload once per simulated decode pass in ``decode_ms``, each in an engine process of its own."""
+    from relayrl.models.tiny import init_tiny, preset_spec
+    from services.engine.bench import Workload, engine_process, stream_workload
+
+    spec = preset_spec("tiny")
+    work = Workload.nano_vllm(requests, min_len, max_len, spec.vocab_size)
+    result: dict[str, Any] = {
+        "bench": "engine-host",
+        "requests": requests,
+        "min_len": min_len,
+        "max_len": max_len,
+        "stream_interval": stream_interval,
+        "prefill_us_per_token": prefill_us_per_token,
+        "max_prefill_tokens": GPU_MAX_PREFILL_TOKENS,
+        "passes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-engine-host-") as tmp:
+        model_dir = init_tiny(Path(tmp) / "model", spec)
+        for ms in decode_ms:
+            settings = {
+                "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
+                "RELAYRL_ENGINE_MAX_PREFILL_TOKENS": str(GPU_MAX_PREFILL_TOKENS),
+                DECODE_MS_ENV: str(ms),
+                PREFILL_US_ENV: str(prefill_us_per_token),
+            }
+            log = Path(tmp) / f"engine-{ms:g}.log"
+            with engine_process(model_dir, "cpu", settings, log, module=__name__) as url:
+                figures = asyncio.run(stream_workload(url, work))
+            result["passes"][f"{ms:g}ms"] = {key: figures[key] for key in FIGURES}
+    return result
+
+
+def bench(
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line (the default format).")] = True,
+    requests: Annotated[int, typer.Option(min=1, help="Requests (nano-vllm: 256).")] = 256,
+    min_len: Annotated[int, typer.Option(min=1, help="Shortest prompt and output, tokens (nano-vllm: 100).")] = 100,
+    max_len: Annotated[int, typer.Option(min=1, help="Longest prompt and output, tokens (nano-vllm: 1024).")] = 1024,
+    decode_ms: Annotated[
+        str,
+        typer.Option(
+            help="The simulated decode pass, milliseconds, comma-separated: each runs the workload in an engine of its"
+            " own (0: the host's own ceiling)."
+        ),
+    ] = "0,3",
+    prefill_us_per_token: Annotated[
+        float,
+        typer.Option(min=0, help="The simulated prefill pass, microseconds per token fed (at least one decode pass)."),
+    ] = 3.0,
+    stream_interval: Annotated[
+        int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
+    ] = 1,
+) -> None:
+    """What the engine's host side (HTTP, scheduler, sampling, streaming) can feed a GPU: nano-vllm's workload through
+    the real engine process with the model's pass replaced by a wait as long as a GPU pass; on any machine."""
+    import json
+
+    try:
+        passes = [float(ms) for ms in decode_ms.split(",") if ms.strip()]
+    except ValueError:
+        passes = []
+    if not passes or any(ms < 0 for ms in passes) or min_len > max_len:
+        raise typer.BadParameter(
+            f"{decode_ms!r} with lengths {min_len}-{max_len}: give comma-separated milliseconds >= 0, and"
+            " --min-len at most --max-len",
+            param_hint="--decode-ms",
+        )
+    result = run_host_bench(requests, min_len, max_len, passes, prefill_us_per_token, stream_interval)
+    typer.echo(json.dumps(result))
+
+
+def _serve_with_simulated_passes() -> None:
+    """The bench's engine process: ``relayrl engine serve`` with the model's pass simulated."""
+    from services.engine.cli import app
+    from services.engine.model_runner import ModelRunner
+
+    ModelRunner.forward_logits = simulated_forward(  # type: ignore[method-assign]
+        float(os.environ[DECODE_MS_ENV]) / 1e3, float(os.environ[PREFILL_US_ENV]) / 1e6
+    )
+    app()
+
+
+if __name__ == "__main__":
+    _serve_with_simulated_passes()

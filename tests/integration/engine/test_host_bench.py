@@ -1,0 +1,49 @@
+"""``relayrl bench engine-host``: the real engine process with its model's pass simulated."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+from typer.testing import CliRunner
+
+from commands.cli import app
+from relayrl.models.tiny import preset_spec
+from services.engine.bench import Workload
+from services.engine.host_bench import run_host_bench, simulated_forward
+
+
+def test_a_simulated_pass_answers_each_rows_last_token_plus_one() -> None:
+    forward = simulated_forward(decode_s=0.0, prefill_s_per_token=0.0)
+    runner = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=10)))
+
+    logits = forward(runner, torch.tensor([[0, 3], [0, 9]]), torch.zeros(2, 2, dtype=torch.long), None)
+
+    assert logits.argmax(-1).tolist() == [4, 0]
+
+
+def test_every_pass_streams_the_whole_workload_and_a_decode_wait_is_in_every_step() -> None:
+    result = run_host_bench(12, 8, 24, decode_ms=[0, 5], prefill_us_per_token=3.0, stream_interval=1)
+
+    expected = sum(Workload.nano_vllm(12, 8, 24, preset_spec("tiny").vocab_size).output_lens)
+    assert set(result["passes"]) == {"0ms", "5ms"}
+    assert all(figures["output_tokens"] == expected for figures in result["passes"].values())
+    # Each token is a step of its own, and each step waits 5 ms: no token streams faster than that.
+    assert result["passes"]["5ms"]["itl_p50_s"] >= 0.005
+
+
+def test_the_command_refuses_a_pass_it_cannot_read() -> None:
+    outcome = CliRunner().invoke(app, ["bench", "engine-host", "--decode-ms", "fast"])
+
+    assert outcome.exit_code == 2
+    assert "--decode-ms" in outcome.output
+
+
+def test_the_command_prints_one_json_line() -> None:
+    outcome = CliRunner().invoke(
+        app, ["bench", "engine-host", "--requests", "4", "--min-len", "4", "--max-len", "8", "--decode-ms", "1"]
+    )
+
+    assert outcome.exit_code == 0, outcome.output
+    assert json.loads(outcome.output.strip().splitlines()[-1])["passes"]["1ms"]["output_tokens"] > 0
