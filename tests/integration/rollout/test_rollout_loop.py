@@ -287,7 +287,10 @@ async def test_a_prompt_held_by_a_pause_longer_than_pause_wait_s_goes_back_to_th
     queue = await start_queue_server(QueueSettings(**queue_overrides(redis_server.url, run_id, lease_timeout_s=60.0)))
     try:
         async with QueueClient(queue.grpc_address) as q:
-            await q.release([prompt(0, n=1, max_new_tokens=1500)])
+            # Greedy: the session engine's weights never end this prompt within 1,500 tokens. Sampled, the
+            # answer's length hung on the engine's random state, which earlier tests advance: in some test
+            # orders it ended after a few tokens, before the wait below saw it generating.
+            await q.release([prompt(0, n=1, max_new_tokens=1500, temperature=0.0)])
             overrides = {"pause_wait_s": 0.5, "max_new_tokens": 1500}
             async with running_replica(engine.url, queue.grpc_address, **overrides) as replica:
                 await wait_until_async(lambda: replica.state.status().in_flight > 0, what="the prompt generating")
