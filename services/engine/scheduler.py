@@ -273,7 +273,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _sample_step(self) -> None:
-        logits_BV = torch.stack([seq.next_logits for seq in self.running])  # type: ignore[misc]
+        logits_BV = torch.stack([seq.next_logits for seq in self.running])  # type: ignore[arg-type]
         tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in self.running], self.generator)
         # One copy from the device for the whole batch; token ids survive the float64 round trip.
         picks = torch.stack([tokens_B.double(), logprobs_B.double()], dim=1).tolist()
