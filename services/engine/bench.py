@@ -271,6 +271,8 @@ async def stream_workload(
 
         # A warm-up request: the first pass pays one-off costs (kernels, compilation) no request should carry.
         await one(work.prompts[0][:16], 4)
+        async with http.get("/get_model_info") as response:
+            before = await response.json()
         started = time.perf_counter()
         runs = [asyncio.ensure_future(one(p, n)) for p, n in zip(work.prompts, work.output_lens, strict=True)]
         left = None if deadline is None else max(deadline - time.monotonic(), min_window_s)
@@ -304,8 +306,17 @@ async def stream_workload(
         "kv_block_size": info["kv_block_size"],
         "attention_backend": info["attention_backend"],
         "cuda_graph": bool(info["cuda_graph_batch_sizes"]),
+        "device_wait_share": _device_wait_share(before, info),
         "peak_gpu_memory_gib": round(peak / 2**30, 2) if peak else None,
     }
+
+
+def _device_wait_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """Of the engine's busy seconds over the workload, the share it waited for the device to return a
+    step's tokens: near 1 the device bounds the engine, near 0 its host work does (on CPU the pass
+    runs on the host, so the share stays near 0)."""
+    busy = after["busy_seconds"] - before["busy_seconds"]
+    return round((after["device_wait_seconds"] - before["device_wait_seconds"]) / busy, 3) if busy > 0 else None
 
 
 async def _paused_total(http: Any) -> float:

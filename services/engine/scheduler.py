@@ -135,6 +135,11 @@ class Scheduler:
         self.paused: PauseMode | None = None
         self.closing = False
         self.generated_tokens = 0
+        # Seconds of the steps that had sequences to run, and of those the seconds spent waiting for
+        # the device to hand back the step's tokens: on a GPU a wait near the whole step means the
+        # device bounds the engine, a wait near none that the host's own work does.
+        self.busy_s = 0.0
+        self.device_wait_s = 0.0
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
@@ -168,10 +173,12 @@ class Scheduler:
             if self.paused is not None:
                 continue
             try:
+                started = time.perf_counter()
                 self._admit()
                 if self.running:
                     self._sample_step()
                     self._decode_step()
+                    self.busy_s += time.perf_counter() - started
             except Exception as exc:  # a broken batch fails its requests, never the engine
                 log.exception("engine step failed")
                 self.runner.kv.clear()
@@ -275,8 +282,11 @@ class Scheduler:
     def _sample_step(self) -> None:
         logits_BV = torch.stack([seq.next_logits for seq in self.running])  # type: ignore[arg-type]
         tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in self.running], self.generator)
-        # One copy from the device for the whole batch; token ids survive the float64 round trip.
+        # One copy from the device for the whole batch; token ids survive the float64 round trip. It
+        # waits for the device to finish the step's passes, which ran while the host went on.
+        waited = time.perf_counter()
         picks = torch.stack([tokens_B.double(), logprobs_B.double()], dim=1).tolist()
+        self.device_wait_s += time.perf_counter() - waited
         # Streams are told once per step and event loop: one wake-up of the loop, not one per sequence.
         streamed: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
         for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):

@@ -285,6 +285,8 @@ class EngineState:
             "num_decode_forward_passes": counts.decode,
             "max_decode_batch_size": counts.max_decode_batch,
             "generated_tokens": self.scheduler.generated_tokens,
+            "busy_seconds": self.scheduler.busy_s,
+            "device_wait_seconds": self.scheduler.device_wait_s,
             "prefill_tokens": counts.prefill_tokens,
             "cached_prompt_tokens": counts.cached_tokens,
             "device": str(self.device),

@@ -104,6 +104,8 @@ def test_bench_engine_on_cuda_measures_every_attention_backend_with_gpu_memory()
     for engine in figures["engines"].values():
         assert engine["output_tokens"] == figures["output_tokens"]
         assert engine["peak_gpu_memory_gib"] > 0 and engine["ttft_p50_s"] > 0 and engine["itl_p50_s"] > 0
+        # Steps ran, and each read its tokens back from the GPU: the share is measured, whichever side bounds it.
+        assert 0 <= engine["device_wait_share"] <= 1
     assert figures["hf_generate"]["peak_gpu_memory_gib"] > 0
 
 
