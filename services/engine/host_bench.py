@@ -8,10 +8,12 @@ GPU that work either hides behind the pass or adds to it. This bench runs the re
 HTTP API, as ``bench engine`` does, with one change: the model's forward pass is replaced by a wait
 as long as a GPU pass would take (``time.sleep``, which like a CUDA synchronisation lets the other
 thread run), returning logits that make every row's next token its last one plus one. A wait of 0
-gives the host's own ceiling; a wait of a GPU step's length (a ``base`` decode step over 256 rows
-takes a few milliseconds on an H100-class GPU) gives what the engine reaches when the host work
-adds to the pass. These are host figures, not GPU figures: ``bench engine --device cuda``
-measures the GPU.
+gives the host's own ceiling; a wait of a GPU step's length (by the arithmetic of weights and KV
+cache read per step, a few milliseconds for a ``base`` decode step over 256 rows on an H100-class
+GPU) gives what the engine reaches when the host work adds to the pass. The wait runs inside the
+host's call, so nothing the host does between a real pass's launch and its readback overlaps it:
+at a given wait the figure is a little below what a GPU would give. These are host figures, not
+GPU figures: ``bench engine --device cuda`` measures the GPU.
 """
 
 from __future__ import annotations
