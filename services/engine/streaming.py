@@ -16,6 +16,7 @@ the new tokens together), as SGLang's tokenizer manager does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -133,6 +134,24 @@ async def sse_events(
 ) -> AsyncIterator[bytes]:
     """Every sample's chunks as server-sent events, interleaved as they come, then ``[DONE]``;
     ``on_finished`` sees each sample's last chunk."""
+    # One sample (most requests) is read in place: no task and no wait per chunk, which with
+    # hundreds of streams a step the serving thread would pay for every token.
+    chunks = streams[0].chunks() if len(streams) == 1 else _interleaved(streams)
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    on_finished(chunk)
+                yield event(chunk)
+        yield DONE
+    finally:
+        # A client that went away: the scheduler drops its samples as it drops a cancelled request's.
+        for stream in streams:
+            stream.seq.future.cancel()
+
+
+async def _interleaved(streams: list[SampleStream]) -> AsyncIterator[dict[str, Any]]:
+    """Several samples' chunks in the order they come: a task waits for each sample's next chunk."""
     pending: dict[asyncio.Task[dict[str, Any]], AsyncIterator[dict[str, Any]]] = {}
     for stream in streams:
         chunks = stream.chunks()
@@ -146,14 +165,8 @@ async def sse_events(
                     chunk = task.result()
                 except StopAsyncIteration:
                     continue
-                if chunk["meta_info"]["finish_reason"] is not None:
-                    on_finished(chunk)
-                yield event(chunk)
+                yield chunk
                 pending[asyncio.ensure_future(anext(chunks))] = chunks
-        yield DONE
     finally:
-        # A client that went away: the scheduler drops its samples as it drops a cancelled request's.
         for task in pending:
             task.cancel()
-        for stream in streams:
-            stream.seq.future.cancel()
