@@ -128,12 +128,13 @@ def bench(
         passes = [float(ms) for ms in decode_ms.split(",") if ms.strip()]
     except ValueError:
         passes = []
-    if not passes or any(ms < 0 for ms in passes) or min_len > max_len:
+    # Distinct: each pass's figures are keyed by its wait, so a repeated one would hide the other's.
+    if not passes or any(ms < 0 for ms in passes) or len({f"{ms:g}" for ms in passes}) < len(passes):
         raise typer.BadParameter(
-            f"{decode_ms!r} with lengths {min_len}-{max_len}: give comma-separated milliseconds >= 0, and"
-            " --min-len at most --max-len",
-            param_hint="--decode-ms",
+            f"{decode_ms!r}: give distinct comma-separated milliseconds >= 0", param_hint="--decode-ms"
         )
+    if min_len > max_len:
+        raise typer.BadParameter(f"{min_len} is more than --max-len {max_len}", param_hint="--min-len")
     result = run_host_bench(requests, min_len, max_len, passes, prefill_us_per_token, stream_interval)
     typer.echo(json.dumps(result))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -33,11 +34,20 @@ def test_every_pass_streams_the_whole_workload_and_a_decode_wait_is_in_every_ste
     assert result["passes"]["5ms"]["itl_p50_s"] >= 0.005
 
 
-def test_the_command_refuses_a_pass_it_cannot_read() -> None:
-    outcome = CliRunner().invoke(app, ["bench", "engine-host", "--decode-ms", "fast"])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--decode-ms", "fast"], "--decode-ms"),
+        # Two engines with one wait: the second's figures would replace the first's.
+        (["--decode-ms", "3,3.0"], "--decode-ms"),
+        (["--min-len", "64", "--max-len", "32"], "--min-len"),
+    ],
+)
+def test_the_command_refuses_what_it_cannot_run_naming_the_option(options: list[str], named: str) -> None:
+    outcome = CliRunner().invoke(app, ["bench", "engine-host", *options])
 
     assert outcome.exit_code == 2
-    assert "--decode-ms" in outcome.output
+    assert named in outcome.output
 
 
 def test_the_command_prints_one_json_line() -> None:
