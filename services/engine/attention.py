@@ -31,12 +31,9 @@ pass sit at position 0 and write to the pool's scratch block.
 from __future__ import annotations
 
 import functools
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -259,13 +256,3 @@ def register() -> str:
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
     return ATTN_IMPLEMENTATION
-
-
-def pad_tables(tables: Sequence[Sequence[int]]) -> np.ndarray:
-    """Block tables as one ``[B, longest]`` host array padded with the scratch block."""
-    lengths_B = np.fromiter((len(table) for table in tables), np.int64, len(tables))
-    padded = np.full((len(tables), max(1, int(lengths_B.max()))), SCRATCH_BLOCK, np.int64)
-    padded[np.arange(padded.shape[1]) < lengths_B[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(tables), np.int64, int(lengths_B.sum())
-    )
-    return padded

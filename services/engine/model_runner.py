@@ -32,7 +32,6 @@ from services.engine.attention import (
     PagedPass,
     PassInputs,
     backend_named,
-    pad_tables,
     register,
 )
 from services.engine.device import DecodeRunner, EagerDecode
@@ -60,12 +59,18 @@ class ForwardCounts:
 
 @dataclass(frozen=True, slots=True)
 class Prefilled:
-    """A prompt taken into the running rows: its row, its next-token logits, and how many of its
-    tokens came from the prefix cache instead of the forward pass."""
+    """A prompt taken into the running rows: its row, its next-token logits (row ``row`` of its
+    pass's ``batch_logits``), and how many of its tokens came from the prefix cache instead of the
+    forward pass."""
 
     slot: Slot
-    logits: torch.Tensor
+    batch_logits: torch.Tensor
+    row: int
     cached_tokens: int
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.batch_logits[self.row]
 
 
 class ModelRunner:
@@ -130,7 +135,7 @@ class ModelRunner:
                 raise
             self.counts.prefill += 1
             for row, i in enumerate(group):
-                results[i] = Prefilled(slots[row], logits[row], cached[i])
+                results[i] = Prefilled(slots[row], logits, row, cached[i])
                 self.counts.prefill_tokens += len(prompts[i]) - cached[i]
                 self.counts.cached_tokens += cached[i]
         return [r for r in results if r is not None]
@@ -202,7 +207,7 @@ class ModelRunner:
             self.kv.reserve(slot, slot.length + len(feed))
         device = self.device
         input_ids, positions, write_index, tables, lengths = (
-            torch.from_numpy(array).to(device) for array in _pass_arrays(self.pool, slots, feeds)
+            torch.from_numpy(array).to(device) for array in _pass_arrays(self.kv, slots, feeds)
         )
         inputs = PassInputs(write_index, tables, positions, lengths)
         with self.lora.rows(list(adapters)):
@@ -248,7 +253,7 @@ def _similar_lengths(longest_first: list[int], lengths: list[int]) -> Iterator[l
 
 
 def _pass_arrays(
-    pool: BlockPool, slots: Sequence[Slot], feeds: Sequence[Sequence[int]]
+    kv: PagedKV, slots: Sequence[Slot], feeds: Sequence[Sequence[int]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A pass's inputs on the host: its token ids, positions and KV write indices ``[B, L]``, block
     tables ``[B, N]`` and lengths after the pass ``[B]``, feeds right-aligned as
@@ -267,6 +272,6 @@ def _pass_arrays(
     input_ids = np.zeros((rows, longest), np.int64)
     input_ids[real_BL] = np.fromiter(itertools.chain.from_iterable(feeds), np.int64, int(fed_B.sum()))
     positions = np.where(real_BL, held_B[:, None] + column_L - pad_B1, 0)
-    tables = pad_tables([slot.blocks for slot in slots])
-    write_index = np.where(real_BL, pool.token_index(tables, positions), SCRATCH_BLOCK * pool.block_size)
+    tables = kv.tables(slots)
+    write_index = np.where(real_BL, kv.pool.token_index(tables, positions), SCRATCH_BLOCK * kv.pool.block_size)
     return input_ids, positions, write_index, tables, held_B + fed_B

@@ -70,7 +70,9 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[str] = field(default_factory=list)
     slot: Slot | None = None
-    next_logits: torch.Tensor | None = None
+    # The logits the next token is sampled from: a pass's ``[B, V]`` logits and this sequence's row
+    # of them, so a step samples from the pass's own tensor instead of re-stacking a row per sequence.
+    next_logits: tuple[torch.Tensor, int] | None = None
     logits_version: str = ""
     finish: dict[str, Any] | None = None
     # The LoRA adapter the request named (``lora_path``), held until it finishes; None: the base.
@@ -106,6 +108,22 @@ def extend_spans(spans: list[dict[str, Any]], token_versions: list[str], start: 
         else:
             spans.append({"version": version, "start": index, "end": index + 1})
     return spans
+
+
+def stack_rows(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The ``[B, V]`` logits of ``rows`` (a pass's logits and a row of them each), in order: a view
+    of one pass's logits where the rows run consecutively through it, as after a decode step, and
+    one concatenation of such runs otherwise (newly prefilled rows, samples sharing a prompt's row)."""
+    runs: list[torch.Tensor] = []
+    start = 0
+    while start < len(rows):
+        tensor, first = rows[start]
+        end = start + 1
+        while end < len(rows) and rows[end][0] is tensor and rows[end][1] == first + end - start:
+            end += 1
+        runs.append(tensor[first : first + end - start])
+        start = end
+    return runs[0] if len(runs) == 1 else torch.cat(runs)
 
 
 class Scheduler:
@@ -259,7 +277,7 @@ class Scheduler:
             first = prefilled[key]
             seq.slot = self.runner.kv.fork(first.slot) if key in placed else first.slot
             placed.add(key)
-            seq.next_logits, seq.cached_tokens = first.logits, first.cached_tokens
+            seq.next_logits, seq.cached_tokens = (first.batch_logits, first.row), first.cached_tokens
             seq.cache_epoch = self.runner.prefixes.epoch
             seq.logits_version = self.weight_version
             self.running.append(seq)
@@ -280,7 +298,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _sample_step(self) -> None:
-        logits_BV = torch.stack([seq.next_logits for seq in self.running])  # type: ignore[arg-type]
+        logits_BV = stack_rows([seq.next_logits for seq in self.running])  # type: ignore[misc]
         tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in self.running], self.generator)
         # One copy from the device for the whole batch; token ids survive the float64 round trip. It
         # waits for the device to finish the step's passes, which ran while the host went on.
@@ -330,7 +348,7 @@ class Scheduler:
         else:
             return
         for row, seq in enumerate(live):
-            seq.next_logits, seq.logits_version = logits[row], self.weight_version
+            seq.next_logits, seq.logits_version = (logits, row), self.weight_version
 
     def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
         seq.finish = reason

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.config import SettingsError
-from services.engine.attention import PassInputs, backend_named, pad_tables
+from services.engine.attention import PassInputs, backend_named
 from services.engine.kv_pool import BlockPool, KVLayout
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 4, 2, 8, 4
@@ -39,7 +39,9 @@ def check_against_dense(
         pool.values[0][:, flat] = v
     query = torch.randn(len(lengths), heads, queries, head_dim)
     unused_writes = torch.zeros(len(lengths), queries, dtype=torch.long)
-    inputs = PassInputs(unused_writes, torch.from_numpy(pad_tables(tables)), positions, torch.tensor(lengths))
+    # Tables padded with the scratch block, 0.
+    tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True)
+    inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths))
     attention = backend_named(backend, torch.device("cpu"))
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)

@@ -11,7 +11,7 @@ import torch
 from services.engine.model_runner import ModelRunner
 from services.engine.prefix_cache import BLOCK_TOKENS
 from services.engine.sampling import SamplingConfig
-from services.engine.scheduler import Scheduler, Sequence
+from services.engine.scheduler import Scheduler, Sequence, stack_rows
 from tests.unit.engine.models import random_causal_lm
 
 NEW_TOKENS = 3
@@ -123,3 +123,14 @@ async def test_a_continued_conversation_costs_only_the_tokens_the_prefix_cache_d
 
     assert len(got) == 4
     assert engine.prefilled_per_step == [4 * (1 + 4)], "four continuations of 5 new tokens fit a budget of 20"
+
+
+def test_a_step_samples_every_sequence_from_its_own_row_of_its_pass() -> None:
+    decoded, prefilled = torch.randn(4, 8), torch.randn(2, 8)
+    rows = [(decoded, 0), (decoded, 1), (decoded, 3), (prefilled, 1), (prefilled, 0), (prefilled, 0)]
+
+    stacked = stack_rows(rows)
+
+    torch.testing.assert_close(stacked, torch.stack([tensor[row] for tensor, row in rows]), rtol=0, atol=0)
+    # After a decode step every row is its pass's own, in order: sampled from the pass's tensor, not a copy.
+    assert stack_rows([(decoded, row) for row in range(4)]).data_ptr() == decoded.data_ptr()
