@@ -88,6 +88,9 @@ def run_host_bench(
         model_dir = init_tiny(Path(tmp) / "model", spec)
         for ms in decode_ms:
             settings = {
+                # Room for every request's prompt and output at once (and each one's last part-filled
+                # block), so no request is retracted for want of blocks: a GPU's pool is far larger.
+                "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": str(requests * (2 * max_len + 64)),
                 "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
                 "RELAYRL_ENGINE_MAX_PREFILL_TOKENS": str(GPU_MAX_PREFILL_TOKENS),
                 DECODE_MS_ENV: str(ms),
@@ -140,13 +143,24 @@ def bench(
 
 
 def _serve_with_simulated_passes() -> None:
-    """The bench's engine process: ``relayrl engine serve`` with the model's pass simulated."""
+    """The bench's engine process: ``relayrl engine serve`` with the model's pass simulated and its
+    KV pool allocated whole at start, as on a GPU (a CPU pool grows as it fills, each growth a copy
+    of the whole pool that a GPU engine never makes)."""
+    from services.engine import state
     from services.engine.cli import app
+    from services.engine.kv_pool import BlockPool
     from services.engine.model_runner import ModelRunner
 
     ModelRunner.forward_logits = simulated_forward(  # type: ignore[method-assign]
         float(os.environ[DECODE_MS_ENV]) / 1e3, float(os.environ[PREFILL_US_ENV]) / 1e6
     )
+    grown_as_needed = state.kv_pool_for
+
+    def allocated_at_start(*args: Any, **kwargs: Any) -> BlockPool:
+        pool = grown_as_needed(*args, **kwargs)
+        return BlockPool(pool.layout, pool.block_size, pool.max_blocks)
+
+    state.kv_pool_for = allocated_at_start  # type: ignore[assignment]
     app()
 
 
