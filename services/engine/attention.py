@@ -48,13 +48,16 @@ class PassInputs:
     """What one forward pass over the paged cache needs, on the model's device.
 
     ``tables_BN`` holds each row's block table padded with the scratch block, ``positions_BL``
-    each query token's position (0 for padding), ``lengths_B`` each row's tokens after the pass.
+    each query token's position (0 for padding), ``lengths_B`` each row's tokens after the pass;
+    ``longest`` is the largest of them, known on the host (a plan sizes its gather by it without
+    reading the device).
     """
 
     write_index_BL: torch.Tensor
     tables_BN: torch.Tensor
     positions_BL: torch.Tensor
     lengths_B: torch.Tensor
+    longest: int
 
 
 class AttentionBackend(Protocol):
@@ -73,13 +76,12 @@ class GatherSDPA:
     """``torch_native``: SDPA over each sequence's blocks gathered into a dense tensor."""
 
     name = "torch_native"
-    # The gather's width is the longest row of the step, read back to the host.
+    # The gather's width is the longest row of the step, which changes every step.
     graphable = False
     compiles = False
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        width = int(inputs.lengths_B.max())
-        columns = torch.arange(width, device=inputs.tables_BN.device)
+        columns = torch.arange(inputs.longest, device=inputs.tables_BN.device)
         blocks_BW = inputs.tables_BN[:, columns // pool.block_size]
         index_BW = blocks_BW * pool.block_size + columns % pool.block_size
         mask_B1LW = (columns <= inputs.positions_BL[:, :, None])[:, None]

@@ -1,5 +1,5 @@
-"""The engine's device-specific parts behind one small interface: how a decode step runs, and
-how much memory the KV cache gets.
+"""The engine's device-specific parts behind one small interface: how host data reaches the
+device, how a decode step runs, and how much memory the KV cache gets.
 
 A :class:`DecodeRunner` runs one decode forward pass for the :class:`~services.engine.model_runner.ModelRunner`.
 On CPU (and on CUDA with ``disable_cuda_graph``) :class:`EagerDecode` simply calls the model. On
@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from relayrl.config import SettingsError
@@ -32,6 +33,7 @@ class ModelRunner(Protocol):
 
     device: torch.device
     attention: AttentionBackend
+    pool: BlockPool
 
     def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor: ...
 
@@ -42,6 +44,21 @@ class DecodeRunner(Protocol):
     ) -> torch.Tensor:
         """Last-column logits ``[B, V]`` of one decode pass (``input_ids`` and ``positions`` are ``[B, 1]``)."""
         ...
+
+
+def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a host array or tensor) on ``device``, queued behind the work already launched there
+    instead of waiting for it.
+
+    A copy from pageable memory makes torch synchronise the CUDA stream after it, so the host would
+    wait for every pass in flight before it could prepare the next one (and the wait would show as
+    host work, not as the device's). On CUDA the copy goes through pinned memory, asynchronously;
+    torch's pinned allocator keeps that memory until the copy is done.
+    """
+    tensor = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class EagerDecode:
@@ -147,8 +164,10 @@ class CudaGraphDecode:
 
     def _capture(self, runner: ModelRunner, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         static = self._static or self._allocate(runner)
+        # The longest row the static tables can describe: the plans graphs hold do not read it.
+        longest = static.tables.shape[1] * runner.pool.block_size
         inputs = PassInputs(
-            static.write_index[:size], static.tables[:size], static.positions[:size], static.lengths[:size]
+            static.write_index[:size], static.tables[:size], static.positions[:size], static.lengths[:size], longest
         )
 
         def forward() -> torch.Tensor:

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from relayrl.models.adapters import CONFIG_FILE, PEFT_PREFIX, WEIGHTS_FILE
+from services.engine.device import upload
 
 
 @dataclass(eq=False)  # identity: the scheduler groups rows by the adapter object
@@ -93,8 +94,8 @@ class LoraSet:
     model: torch.nn.Module
     adapters: dict[str, LoraAdapter] = field(default_factory=dict)
     _hooked: set[str] = field(default_factory=set)
-    # Per row of the batch being forwarded, its adapter (None: the base model).
-    _rows: list[LoraAdapter | None] = field(default_factory=list)
+    # The adapters of the batch being forwarded, each with its rows' indices on the model's device.
+    _groups: list[tuple[LoraAdapter, torch.Tensor]] = field(default_factory=list)
 
     def load(self, adapter: LoraAdapter) -> None:
         current = self.adapters.get(adapter.name)
@@ -136,11 +137,19 @@ class LoraSet:
 
     @contextlib.contextmanager
     def rows(self, adapters: Sequence[LoraAdapter | None]) -> Iterator[None]:
-        self._rows = list(adapters)
+        """Within it, each row of the batch being forwarded uses ``adapters[row]`` (None: the base).
+        An adapter's row indices go to the device once a pass, not once a hooked layer."""
+        groups: dict[int, tuple[LoraAdapter, list[int]]] = {}
+        for row, adapter in enumerate(adapters):
+            if adapter is not None:
+                groups.setdefault(id(adapter), (adapter, []))[1].append(row)
+        if groups:
+            device = next(self.model.parameters()).device
+            self._groups = [(adapter, upload(torch.tensor(rows), device)) for adapter, rows in groups.values()]
         try:
             yield
         finally:
-            self._rows = []
+            self._groups = []
 
     def _drop_if_unused(self, adapter: LoraAdapter) -> None:
         if adapter.unloaded and adapter.users <= 0 and self.adapters.get(adapter.name) is adapter:
@@ -148,16 +157,11 @@ class LoraSet:
 
     def _hook(self, module_name: str):
         def add_lora(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-            groups: dict[int, tuple[LoraAdapter, list[int]]] = {}
-            for row, adapter in enumerate(self._rows):
-                if adapter is not None and module_name in adapter.weights:
-                    groups.setdefault(id(adapter), (adapter, []))[1].append(row)
-            if not groups:
-                return output
             x_BLI = inputs[0]
-            for adapter, rows in groups.values():
+            for adapter, index in self._groups:
+                if module_name not in adapter.weights:
+                    continue
                 a, b = adapter.weights[module_name]
-                index = torch.tensor(rows, device=output.device)
                 delta_BLO = (x_BLI.index_select(0, index) @ a.T) @ b.T
                 output = output.index_add(0, index, delta_BLO, alpha=adapter.scale)
             return output

@@ -34,7 +34,7 @@ from services.engine.attention import (
     backend_named,
     register,
 )
-from services.engine.device import DecodeRunner, EagerDecode
+from services.engine.device import DecodeRunner, EagerDecode, upload
 from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool, KVLayout, OutOfBlocks, PagedKV, Slot
 from services.engine.lora import LoraAdapter, LoraSet
 from services.engine.prefix_cache import CachedPrefix, PrefixCache
@@ -205,11 +205,9 @@ class ModelRunner:
         """
         for slot, feed in zip(slots, feeds, strict=True):
             self.kv.reserve(slot, slot.length + len(feed))
-        device = self.device
-        input_ids, positions, write_index, tables, lengths = (
-            torch.from_numpy(array).to(device) for array in _pass_arrays(self.kv, slots, feeds)
-        )
-        inputs = PassInputs(write_index, tables, positions, lengths)
+        arrays = _pass_arrays(self.kv, slots, feeds)
+        input_ids, positions, write_index, tables, lengths = (upload(array, self.device) for array in arrays)
+        inputs = PassInputs(write_index, tables, positions, lengths, int(arrays[-1].max()))
         with self.lora.rows(list(adapters)):
             if decode and not any(adapters):
                 logits = self.decoder.run(self, input_ids, positions, inputs)

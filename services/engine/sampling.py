@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.device import upload
+
 # SGLang treats temperatures below this as greedy.
 _GREEDY_BELOW = 1e-6
 
@@ -57,8 +59,8 @@ def sample_batch(
     """
     vocab = logits_BV.shape[1]
     device = logits_BV.device
-    greedy_B = torch.tensor([c.greedy for c in configs], device=device)
-    temperature_B1 = torch.tensor([[1.0 if c.greedy else c.temperature] for c in configs], device=device)
+    greedy_B = upload(torch.tensor([c.greedy for c in configs]), device)
+    temperature_B1 = upload(torch.tensor([[1.0 if c.greedy else c.temperature] for c in configs]), device)
     logprobs_BV = torch.log_softmax(logits_BV.float() / temperature_B1, dim=-1)
     if all(c.greedy for c in configs):
         tokens_B = torch.argmax(logprobs_BV, dim=-1)
@@ -68,17 +70,22 @@ def sample_batch(
     if min(top_k) < vocab:
         # Rows without top-k compare against 0 and keep every token.
         kth_BK = torch.topk(probs_BV, max(k for k in top_k if k < vocab), dim=-1).values
-        index_B1 = torch.tensor([[min(k, kth_BK.shape[1]) - 1] for k in top_k], device=device)
-        kth_B1 = torch.where(torch.tensor([[k < vocab] for k in top_k], device=device), kth_BK.gather(1, index_B1), 0.0)
+        index_B1 = upload(torch.tensor([[min(k, kth_BK.shape[1]) - 1] for k in top_k]), device)
+        limited_B1 = upload(torch.tensor([[k < vocab] for k in top_k]), device)
+        kth_B1 = torch.where(limited_B1, kth_BK.gather(1, index_B1), 0.0)
         probs_BV = torch.where(probs_BV >= kth_B1, probs_BV, 0.0)
     if any(c.top_p < 1.0 for c in configs):
-        top_p_B1 = torch.tensor([[c.top_p] for c in configs], device=device)
+        top_p_B1 = upload(torch.tensor([[c.top_p] for c in configs]), device)
         sorted_BV, order_BV = torch.sort(probs_BV, dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays); rows at
         # top_p 1 keep everything, whatever the rounding of a cumulative sum.
         outside_BV = (torch.cumsum(sorted_BV, dim=-1) - sorted_BV) > top_p_B1 * sorted_BV.sum(-1, keepdim=True)
         outside_BV &= top_p_B1 < 1.0
         probs_BV = torch.zeros_like(probs_BV).scatter(1, order_BV, sorted_BV.masked_fill(outside_BV, 0.0))
-    drawn_B = torch.multinomial(probs_BV, 1, generator=generator)[:, 0]
+    # torch.multinomial's own draw for one sample (the argmax of p / q, q ~ Exp(1)), the same tokens
+    # for the same generator, without its checks of the probabilities: each reads a value back from
+    # the device, so the host would wait there for every pass in flight.
+    noise_BV = torch.empty_like(probs_BV).exponential_(1, generator=generator)
+    drawn_B = (probs_BV / noise_BV).argmax(dim=-1)
     tokens_B = torch.where(greedy_B, torch.argmax(logprobs_BV, dim=-1), drawn_B)
     return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]

@@ -41,7 +41,7 @@ def check_against_dense(
     unused_writes = torch.zeros(len(lengths), queries, dtype=torch.long)
     # Tables padded with the scratch block, 0.
     tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True)
-    inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths))
+    inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths), max(lengths))
     attention = backend_named(backend, torch.device("cpu"))
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)
