@@ -1,5 +1,5 @@
 """The engine's device-specific parts behind one small interface: how host data reaches the
-device, how a decode step runs, and how much memory the KV cache gets.
+device and comes back, how a decode step runs, and how much memory the KV cache gets.
 
 A :class:`DecodeRunner` runs one decode forward pass for the :class:`~services.engine.model_runner.ModelRunner`.
 On CPU (and on CUDA with ``disable_cuda_graph``) :class:`EagerDecode` simply calls the model. On
@@ -14,8 +14,9 @@ copy into the parameters instead of replacing them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -59,6 +60,25 @@ def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tenso
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def read_back(tensor: torch.Tensor) -> Callable[[], list[Any]]:
+    """Starts copying ``tensor`` to the host behind the work queued before it, and returns a function
+    that waits for the copy and gives it as a list. Work queued in between (the next pass) runs on
+    the device while the host waits, and after. On CPU the copy is made at once."""
+    if tensor.device.type != "cuda":
+        values = tensor.tolist()
+        return lambda: values
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait() -> list[Any]:
+        copied.synchronize()
+        return host.tolist()
+
+    return wait
 
 
 class EagerDecode:

@@ -128,7 +128,8 @@ class ModelRunner:
                 slots = [self.kv.add(hits[i][0].blocks if hits[i] else (), cached[i]) for i in group]
                 taken.extend(slots)
                 feeds = [prompts[i][cached[i] :] for i in group]
-                logits = self._forward(slots, feeds, [chosen[i] for i in group])
+                input_ids = upload(_feed_ids(feeds), self.device)
+                logits = self._forward(slots, [len(feed) for feed in feeds], input_ids, [chosen[i] for i in group])
             except OutOfBlocks:
                 for slot in taken:  # all or nothing: the caller retries these prompts later
                     self.kv.release(slot)
@@ -144,19 +145,25 @@ class ModelRunner:
     def decode(
         self,
         slots: Sequence[Slot],
-        last_tokens: Sequence[int],
+        last_tokens: Sequence[int] | torch.Tensor,
         adapters: Sequence[LoraAdapter | None] | None = None,
     ) -> torch.Tensor:
         """Feeds one token per sequence in one batched pass.
 
-        Each slot grows by one token, with the LoRA adapter ``adapters`` names for it (None: the
-        base model). Returns next-token logits ``[len(slots), V]`` in the order of ``slots``;
-        raises :class:`OutOfBlocks` (nothing fed) when a slot needs a block and none is left.
+        ``last_tokens`` may be a ``[B]`` tensor on the model's device (the tokens a step sampled,
+        which the pass then reads without their coming back to the host first). Each slot grows by
+        one token, with the LoRA adapter ``adapters`` names for it (None: the base model). Returns
+        next-token logits ``[len(slots), V]`` in the order of ``slots``; raises
+        :class:`OutOfBlocks` (nothing fed) when a slot needs a block and none is left.
         """
         if any(s.released for s in slots):
             raise ValueError("decode was given a released slot")
         chosen = list(adapters) if adapters is not None else [None] * len(slots)
-        logits = self._forward(slots, [[token] for token in last_tokens], chosen, decode=True)
+        if isinstance(last_tokens, torch.Tensor):
+            input_ids = last_tokens.reshape(-1, 1)
+        else:
+            input_ids = upload(np.array(last_tokens, np.int64).reshape(-1, 1), self.device)
+        logits = self._forward(slots, [1] * len(slots), input_ids, chosen, decode=True)
         self.counts.decode += 1
         self.counts.max_decode_batch = max(self.counts.max_decode_batch, len(slots))
         return logits
@@ -176,7 +183,8 @@ class ModelRunner:
             for length in lengths:
                 slots = [self.kv.add() for _ in range(rows)]
                 try:
-                    self._forward(slots, [[0] * length] * rows, [None] * rows)
+                    input_ids = torch.zeros((rows, length), dtype=torch.long, device=self.device)
+                    self._forward(slots, [length] * rows, input_ids, [None] * rows)
                 finally:
                     for slot in slots:
                         self.kv.release(slot)
@@ -193,28 +201,30 @@ class ModelRunner:
     def _forward(
         self,
         slots: Sequence[Slot],
-        feeds: Sequence[Sequence[int]],
+        fed: Sequence[int],
+        input_ids: torch.Tensor,
         adapters: Sequence[LoraAdapter | None],
         decode: bool = False,
     ) -> torch.Tensor:
-        """One pass feeding ``feeds[i]`` (at least one token) after ``slots[i]``'s tokens; returns
-        the logits after each feed's last token, in the order of ``slots``.
+        """One pass feeding ``fed[i]`` tokens (at least one), row ``i`` of ``input_ids`` on the
+        device, after ``slots[i]``'s tokens; returns the logits after each feed's last token, in
+        the order of ``slots``.
 
         Feeds are right-aligned (the last token of every row in the last column); the padding
         before a shorter feed sits at position 0 and writes to the scratch block.
         """
-        for slot, feed in zip(slots, feeds, strict=True):
-            self.kv.reserve(slot, slot.length + len(feed))
-        arrays = _pass_arrays(self.kv, slots, feeds)
-        input_ids, positions, write_index, tables, lengths = (upload(array, self.device) for array in arrays)
+        for slot, count in zip(slots, fed, strict=True):
+            self.kv.reserve(slot, slot.length + count)
+        arrays = _pass_arrays(self.kv, slots, np.array(fed, np.int64))
+        positions, write_index, tables, lengths = (upload(array, self.device) for array in arrays)
         inputs = PassInputs(write_index, tables, positions, lengths, int(arrays[-1].max()))
         with self.lora.rows(list(adapters)):
             if decode and not any(adapters):
                 logits = self.decoder.run(self, input_ids, positions, inputs)
             else:
                 logits = self.forward_logits(input_ids, positions, inputs)
-        for slot, feed in zip(slots, feeds, strict=True):
-            slot.length += len(feed)
+        for slot, count in zip(slots, fed, strict=True):
+            slot.length += count
         return logits
 
     def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
@@ -250,26 +260,31 @@ def _similar_lengths(longest_first: list[int], lengths: list[int]) -> Iterator[l
         yield group
 
 
-def _pass_arrays(
-    kv: PagedKV, slots: Sequence[Slot], feeds: Sequence[Sequence[int]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A pass's inputs on the host: its token ids, positions and KV write indices ``[B, L]``, block
-    tables ``[B, N]`` and lengths after the pass ``[B]``, feeds right-aligned as
-    :meth:`ModelRunner._forward` describes.
+def _feed_ids(feeds: Sequence[Sequence[int]]) -> np.ndarray:
+    """The token ids of a pass's feeds, ``[B, L]`` right-aligned and padded with 0 before."""
+    fed_B = np.fromiter((len(feed) for feed in feeds), np.int64, len(feeds))
+    longest = int(fed_B.max())
+    input_ids = np.zeros((len(feeds), longest), np.int64)
+    input_ids[np.arange(longest) >= (longest - fed_B)[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(feeds), np.int64, int(fed_B.sum())
+    )
+    return input_ids
+
+
+def _pass_arrays(kv: PagedKV, slots: Sequence[Slot], fed_B: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A pass's inputs on the host besides its token ids: positions and KV write indices ``[B, L]``,
+    block tables ``[B, N]`` and lengths after the pass ``[B]``, for feeds of ``fed_B`` tokens
+    right-aligned as :meth:`ModelRunner._forward` describes.
 
     Built with numpy over the whole batch: a row costs a few list items, not a few tensor
     operations, which at hundreds of rows a step would outlast the GPU's pass.
     """
-    rows = len(slots)
-    fed_B = np.fromiter((len(feed) for feed in feeds), np.int64, rows)
-    held_B = np.fromiter((slot.length for slot in slots), np.int64, rows)
+    held_B = np.fromiter((slot.length for slot in slots), np.int64, len(slots))
     longest = int(fed_B.max())
     pad_B1 = (longest - fed_B)[:, None]
     column_L = np.arange(longest)
     real_BL = column_L >= pad_B1
-    input_ids = np.zeros((rows, longest), np.int64)
-    input_ids[real_BL] = np.fromiter(itertools.chain.from_iterable(feeds), np.int64, int(fed_B.sum()))
     positions = np.where(real_BL, held_B[:, None] + column_L - pad_B1, 0)
     tables = kv.tables(slots)
     write_index = np.where(real_BL, kv.pool.token_index(tables, positions), SCRATCH_BLOCK * kv.pool.block_size)
-    return input_ids, positions, write_index, tables, held_B + fed_B
+    return positions, write_index, tables, held_B + fed_B

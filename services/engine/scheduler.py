@@ -3,7 +3,9 @@
 Each loop iteration (a *step*) it runs control commands (weight updates, pause, abort), then
 admits waiting requests up to ``max_running_requests`` (prefilling each distinct prompt once),
 samples one token for every running sequence, and feeds all of those tokens to the model in
-**one** batched decode forward pass. New requests therefore join between decode steps
+**one** batched decode forward pass, queued on the device before the host reads the tokens back:
+the device computes the next step's logits while the host streams this step's tokens and admits
+the next requests. New requests therefore join between decode steps
 instead of waiting for a running batch to drain. A step admits at most ``max_prefill_tokens``
 prompt tokens to prefill, as SGLang's scheduler does: a wave of requests that arrived together
 is taken over several steps, so its requests finish at different times instead of all at once.
@@ -38,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 
+from services.engine.device import read_back, upload
 from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, OutOfBlocks, Slot
 from services.engine.prefix_cache import CachedPrefix
@@ -194,8 +197,7 @@ class Scheduler:
                 started = time.perf_counter()
                 self._admit()
                 if self.running:
-                    self._sample_step()
-                    self._decode_step()
+                    self._step()
                     self.busy_s += time.perf_counter() - started
             except Exception as exc:  # a broken batch fails its requests, never the engine
                 log.exception("engine step failed")
@@ -297,17 +299,54 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _sample_step(self) -> None:
-        logits_BV = stack_rows([seq.next_logits for seq in self.running])  # type: ignore[misc]
-        tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in self.running], self.generator)
-        # One copy from the device for the whole batch; token ids survive the float64 round trip. It
-        # waits for the device to finish the step's passes, which ran while the host went on.
+    def _step(self) -> None:
+        """One token for every running sequence: sample it, queue the next decode pass on the
+        sampled tokens where they lie, and only then wait for them on the host, so that the device
+        runs that pass while the host streams this step's tokens and admits the next requests (the
+        overlap of SGLang's scheduler). A sequence that samples its stop token is known only after
+        the wait: its row of that pass is computed and thrown away, as SGLang's is."""
+        sampled = list(self.running)
+        logits_BV = stack_rows([seq.next_logits for seq in sampled])  # type: ignore[misc]
+        tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in sampled], self.generator)
+        # Token ids survive the float64 round trip: one copy to the host for both.
+        picks = read_back(torch.stack([tokens_B.double(), logprobs_B.double()], dim=1))
+        retracted = self._decode(sampled, tokens_B)
         waited = time.perf_counter()
-        picks = torch.stack([tokens_B.double(), logprobs_B.double()], dim=1).tolist()
+        rows = picks()
         self.device_wait_s += time.perf_counter() - waited
-        # Streams are told once per step and event loop: one wake-up of the loop, not one per sequence.
+        self._take_tokens(sampled, rows, retracted)
+
+    def _decode(self, sampled: list[Sequence], tokens_B: torch.Tensor) -> list[Sequence]:
+        """Queues the decode pass that feeds each sampled token back, for the sequences that go on
+        after it; returns those retracted for want of KV blocks (they wait to be prefilled again)."""
+        rows = [row for row, seq in enumerate(sampled) if not seq.future.cancelled() and not self._full_after(seq)]
+        retracted: list[Sequence] = []
+        while rows:
+            live = [sampled[row] for row in rows]
+            fed = tokens_B if len(rows) == len(sampled) else tokens_B[upload(torch.tensor(rows), tokens_B.device)]
+            try:
+                logits = self.runner.decode([s.slot for s in live], fed, [s.adapter for s in live])
+                break
+            except OutOfBlocks:
+                self._retract(live[-1])  # the most recently admitted goes back first
+                retracted.append(live[-1])
+                rows.pop()
+        else:
+            return retracted
+        for row, seq in enumerate(live):
+            seq.next_logits, seq.logits_version = (logits, row), self.weight_version
+        return retracted
+
+    def _full_after(self, seq: Sequence) -> bool:
+        """Whether the token being sampled is ``seq``'s last by length (so it needs no next pass)."""
+        produced = len(seq.output_ids) + 1
+        return produced >= seq.config.max_new_tokens or len(seq.prompt_ids) + produced >= self.context_length
+
+    def _take_tokens(self, sampled: list[Sequence], rows: list[list[float]], retracted: list[Sequence]) -> None:
+        """Appends each sampled token to its sequence, finishes those that end with it, and tells
+        streams once per event loop (one wake-up of the loop, not one per sequence)."""
         streamed: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
-        for seq, (token_f, logprob) in zip(list(self.running), picks, strict=True):
+        for seq, (token_f, logprob) in zip(sampled, rows, strict=True):
             token = int(token_f)
             if seq.first_token_at is None:
                 seq.first_token_at = time.monotonic()
@@ -316,7 +355,11 @@ class Scheduler:
             seq.token_versions.append(seq.logits_version)
             self.generated_tokens += 1
             reason = self._finish_reason(seq, token)
+            if reason is None and seq.future.cancelled():
+                reason = {"type": "abort", "message": "client disconnected"}
             if reason is not None:
+                if seq in retracted:
+                    self.waiting.remove(seq)
                 self._finish(seq, reason)
             elif seq.on_tokens is not None and (len(seq.output_ids) - 1) % seq.stream_interval == 0:
                 streamed.setdefault(seq.loop, []).append(seq.on_tokens)
@@ -331,24 +374,6 @@ class Scheduler:
         if len(seq.prompt_ids) + len(seq.output_ids) >= self.context_length:
             return {"type": "length", "length": len(seq.output_ids)}
         return None
-
-    def _decode_step(self) -> None:
-        live = [seq for seq in self.running if not seq.future.cancelled()]
-        for seq in self.running:
-            if seq.future.cancelled():
-                self._finish(seq, {"type": "abort", "message": "client disconnected"})
-        while live:
-            try:
-                logits = self.runner.decode(
-                    [s.slot for s in live], [s.output_ids[-1] for s in live], [s.adapter for s in live]
-                )
-                break
-            except OutOfBlocks:
-                self._retract(live.pop())  # the most recently admitted goes back first
-        else:
-            return
-        for row, seq in enumerate(live):
-            seq.next_logits, seq.logits_version = (logits, row), self.weight_version
 
     def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
         seq.finish = reason

@@ -101,3 +101,77 @@ async def test_a_full_pool_retracts_and_still_finishes_every_request_with_the_sa
         assert scheduler.runner.pool.used_blocks == 0
     assert all(len(ids) == 30 for ids in answers[1])
     assert answers[1] == answers[0]
+
+
+async def answers_of(scheduler: Scheduler, configs: list[SamplingConfig]) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    batch = [
+        Sequence(f"r{i}", f"r{i}", list(p), config, False, loop, loop.create_future())
+        for i, (p, config) in enumerate(zip(PROMPTS, configs, strict=True))
+    ]
+    scheduler.submit(batch)
+    scheduler.start()
+    try:
+        return await asyncio.wait_for(asyncio.gather(*(s.future for s in batch)), timeout=120)
+    finally:
+        scheduler.stop()
+
+
+class RecordingRetractions(Scheduler):
+    """Records each retraction as (request id, tokens the sequence had when its next one was sampled)."""
+
+    retractions: list[tuple[str, int]]
+
+    def _retract(self, seq: Sequence) -> None:
+        self.retractions.append((seq.rid, len(seq.output_ids)))
+        super()._retract(seq)
+
+
+def recording_scheduler(model: torch.nn.Module) -> RecordingRetractions:
+    pool = BlockPool(KVLayout.of(model), block_size=4, max_blocks=24, initial_blocks=4)  # retracts: see above
+    scheduler = RecordingRetractions(ModelRunner(model, pool=pool), lambda ids: "", set(), 64, 512, 256, "0", seed=0)
+    scheduler.retractions = []
+    return scheduler
+
+
+async def test_stop_tokens_end_answers_where_a_lone_run_does_and_hold_nothing_after() -> None:
+    # A step queues the next pass before it knows which rows sampled their stop token: those rows'
+    # next logits must be dropped, their blocks given back, and no token generated for them again.
+    model = random_causal_lm()
+    greedy = SamplingConfig(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+    full = [body["output_ids"] for body in await answers_of(scheduler_over(model, cache_bytes=0), [greedy] * 5)]
+    for offset in range(0, 30, 5):
+        stops = [ids[(offset + 7 * i) % 30] for i, ids in enumerate(full)]
+        configs = [SamplingConfig(max_new_tokens=30, temperature=0.0, stop_token_ids=(stop,)) for stop in stops]
+        scheduler = scheduler_over(model, max_blocks=24, cache_bytes=0)
+
+        bodies = await answers_of(scheduler, configs)
+
+        for ids, stop, body in zip(full, stops, bodies, strict=True):
+            assert body["output_ids"] == ids[: ids.index(stop) + 1]
+            assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert scheduler.generated_tokens == sum(len(body["output_ids"]) for body in bodies)
+        assert scheduler.runner.pool.used_blocks == 0 and not scheduler.waiting
+
+
+async def test_a_sequence_retracted_in_the_step_that_samples_its_stop_token_ends_there_once() -> None:
+    # Retraction happens while the step's tokens are still on the device: the sequence waits to be
+    # prefilled again, then its token turns out to be its last. It must end, and leave the queue.
+    model = random_causal_lm()
+    greedy = SamplingConfig(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+    full = [body["output_ids"] for body in await answers_of(scheduler_over(model, cache_bytes=0), [greedy] * 5)]
+    probe = recording_scheduler(model)
+    await answers_of(probe, [greedy] * 5)
+    rid, at = next((rid, k) for rid, k in probe.retractions if full[int(rid[1:])][k] not in full[int(rid[1:])][:k])
+    row = int(rid[1:])
+    configs = [greedy] * 5
+    configs[row] = SamplingConfig(max_new_tokens=30, temperature=0.0, stop_token_ids=(full[row][at],))
+    scheduler = recording_scheduler(model)
+
+    bodies = await answers_of(scheduler, configs)
+
+    assert (rid, at) in scheduler.retractions
+    assert bodies[row]["output_ids"] == full[row][: at + 1]
+    assert [body["output_ids"] for i, body in enumerate(bodies) if i != row] == full[:row] + full[row + 1 :]
+    assert scheduler.generated_tokens == sum(len(body["output_ids"]) for body in bodies)
+    assert scheduler.runner.pool.used_blocks == 0 and not scheduler.waiting
