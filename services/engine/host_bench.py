@@ -5,15 +5,15 @@ A GPU engine is only as fast as the host work around each pass: admitting reques
 pass's inputs, sampling, and streaming every token back over HTTP, all in one Python process. On a
 GPU that work either hides behind the pass or adds to it. This bench runs the real engine process
 (HTTP server, scheduler, KV block tables, sampling, streaming) on nano-vllm's workload through its
-HTTP API, as ``bench engine`` does, with one change: the model's forward pass is replaced by a wait
-as long as a GPU pass would take (``time.sleep``, which like a CUDA synchronisation lets the other
-thread run), returning logits that make every row's next token its last one plus one. A wait of 0
-gives the host's own ceiling; a wait of a GPU step's length (by the arithmetic of weights and KV
-cache read per step, a few milliseconds for a ``base`` decode step over 256 rows on an H100-class
-GPU) gives what the engine reaches when the host work adds to the pass. The wait runs inside the
-host's call, so nothing the host does between a real pass's launch and its readback overlaps it:
-at a given wait the figure is a little below what a GPU would give. These are host figures, not
-GPU figures: ``bench engine --device cuda`` measures the GPU.
+HTTP API, as ``bench engine`` does, with one change: the model's pass runs on a simulated GPU
+(:class:`SimulatedGPU`). A pass is queued and returns at once, with logits that make every row's
+next token its last one plus one; the queued passes take their time one after another (a decode
+step its wait, a prefill its tokens' time), and the host waits only where the engine reads a step's
+tokens back, for the passes queued before that read-back, as on a GPU. A wait of 0 gives the
+host's own ceiling; a wait of a GPU step's length (by the arithmetic of weights and KV cache read
+per step, a few milliseconds for a ``base`` decode step over 256 rows on an H100-class GPU) gives
+what the engine reaches when the host work hides behind the passes, or fails to. These are host
+figures, not GPU figures: ``bench engine --device cuda`` measures the GPU.
 """
 
 from __future__ import annotations
@@ -43,21 +43,37 @@ GPU_MAX_PREFILL_TOKENS = 16384
 FIGURES = ("output_tokens", "wall_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
 
 
-def simulated_forward(decode_s: float, prefill_s_per_token: float) -> Callable[..., torch.Tensor]:
-    """A stand-in for :meth:`ModelRunner.forward_logits`: waits as a GPU pass would (a decode step
-    ``decode_s``; a prefill its tokens times ``prefill_s_per_token``, at least ``decode_s``) and
-    returns logits whose argmax is each row's last token plus one."""
+class SimulatedGPU:
+    """A stand-in for the GPU's stream: passes queue and run one after another while the host goes
+    on (a decode step ``decode_s``; a prefill its tokens times ``prefill_s_per_token``, at least
+    ``decode_s``), and a read-back waits for the passes queued before it."""
 
-    import torch
+    def __init__(self, decode_s: float, prefill_s_per_token: float) -> None:
+        self.decode_s, self.prefill_s_per_token = decode_s, prefill_s_per_token
+        # When the passes queued so far end (``time.perf_counter``).
+        self.free_at = 0.0
 
-    def forward_logits(self: Any, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+    def forward_logits(self, runner: Any, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> Any:
+        """:meth:`ModelRunner.forward_logits`: queues the pass and returns logits whose argmax is each
+        row's last token plus one."""
+        import torch
+
         rows, width = input_ids.shape
-        time.sleep(decode_s if width == 1 else max(decode_s, prefill_s_per_token * rows * width))
-        vocab = int(self.model.config.vocab_size)
+        seconds = self.decode_s if width == 1 else max(self.decode_s, self.prefill_s_per_token * rows * width)
+        self.free_at = max(time.perf_counter(), self.free_at) + seconds
+        vocab = int(runner.model.config.vocab_size)
         logits = torch.zeros((rows, vocab), device=input_ids.device)
         return logits.scatter_(1, (input_ids[:, -1:] + 1) % vocab, 1.0)
 
-    return forward_logits
+    def read_back(self, tensor: torch.Tensor) -> Callable[[], list[Any]]:
+        """:func:`services.engine.device.read_back`: ready when the passes queued so far end."""
+        values, ready = tensor.tolist(), self.free_at
+
+        def wait() -> list[Any]:
+            time.sleep(max(0.0, ready - time.perf_counter()))
+            return values
+
+        return wait
 
 
 def run_host_bench(
@@ -143,17 +159,21 @@ def bench(
 
 
 def _serve_with_simulated_passes() -> None:
-    """The bench's engine process: ``relayrl engine serve`` with the model's pass simulated and its
-    KV pool allocated whole at start, as on a GPU (a CPU pool grows as it fills, each growth a copy
-    of the whole pool that a GPU engine never makes)."""
-    from services.engine import state
+    """The bench's engine process: ``relayrl engine serve`` with the model's passes on a
+    :class:`SimulatedGPU` and its KV pool allocated whole at start, as on a GPU (a CPU pool grows as
+    it fills, each growth a copy of the whole pool that a GPU engine never makes)."""
+    from services.engine import scheduler, state
     from services.engine.cli import app
     from services.engine.kv_pool import BlockPool
     from services.engine.model_runner import ModelRunner
 
-    ModelRunner.forward_logits = simulated_forward(  # type: ignore[method-assign]
-        float(os.environ[DECODE_MS_ENV]) / 1e3, float(os.environ[PREFILL_US_ENV]) / 1e6
-    )
+    gpu = SimulatedGPU(float(os.environ[DECODE_MS_ENV]) / 1e3, float(os.environ[PREFILL_US_ENV]) / 1e6)
+
+    def forward_logits(runner: ModelRunner, *pass_inputs: Any) -> Any:
+        return gpu.forward_logits(runner, *pass_inputs)
+
+    ModelRunner.forward_logits = forward_logits  # type: ignore[method-assign]
+    scheduler.read_back = gpu.read_back  # type: ignore[assignment]
     grown_as_needed = state.kv_pool_for
 
     def allocated_at_start(*args: Any, **kwargs: Any) -> BlockPool:
