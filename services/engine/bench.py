@@ -313,8 +313,8 @@ async def stream_workload(
 
 def _device_wait_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:
     """Of the engine's busy seconds over the workload, the share it waited for the device to return a
-    step's tokens: near 1 the device bounds the engine, near 0 its host work does (on CPU the pass
-    runs on the host, so the share stays near 0)."""
+    step's tokens: the host's slack, near 0 where its work bounds the engine, above where the device
+    does (on CPU the pass runs on the host, so the share stays near 0)."""
     busy = after["busy_seconds"] - before["busy_seconds"]
     return round((after["device_wait_seconds"] - before["device_wait_seconds"]) / busy, 3) if busy > 0 else None
 
