@@ -310,11 +310,14 @@ class Scheduler:
         tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in sampled], self.generator)
         # Token ids survive the float64 round trip: one copy to the host for both.
         picks = read_back(torch.stack([tokens_B.double(), logprobs_B.double()], dim=1))
+        # Each token is credited to the weights of the logits it was drawn from, before the pass
+        # queued next relabels the sequence's logits with the weights now held.
+        versions = [seq.logits_version for seq in sampled]
         retracted = self._decode(sampled, tokens_B)
         waited = time.perf_counter()
         rows = picks()
         self.device_wait_s += time.perf_counter() - waited
-        self._take_tokens(sampled, rows, retracted)
+        self._take_tokens(sampled, rows, versions, retracted)
 
     def _decode(self, sampled: list[Sequence], tokens_B: torch.Tensor) -> list[Sequence]:
         """Queues the decode pass that feeds each sampled token back, for the sequences that go on
@@ -342,17 +345,20 @@ class Scheduler:
         produced = len(seq.output_ids) + 1
         return produced >= seq.config.max_new_tokens or len(seq.prompt_ids) + produced >= self.context_length
 
-    def _take_tokens(self, sampled: list[Sequence], rows: list[list[float]], retracted: list[Sequence]) -> None:
-        """Appends each sampled token to its sequence, finishes those that end with it, and tells
-        streams once per event loop (one wake-up of the loop, not one per sequence)."""
+    def _take_tokens(
+        self, sampled: list[Sequence], rows: list[list[float]], versions: list[str], retracted: list[Sequence]
+    ) -> None:
+        """Appends each sampled token (with its log-prob and weight version) to its sequence, finishes
+        those that end with it, and tells streams once per event loop (one wake-up of the loop, not
+        one per sequence)."""
         streamed: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
-        for seq, (token_f, logprob) in zip(sampled, rows, strict=True):
+        for seq, (token_f, logprob), version in zip(sampled, rows, versions, strict=True):
             token = int(token_f)
             if seq.first_token_at is None:
                 seq.first_token_at = time.monotonic()
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
-            seq.token_versions.append(seq.logits_version)
+            seq.token_versions.append(version)
             self.generated_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is None and seq.future.cancelled():

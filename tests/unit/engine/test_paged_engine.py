@@ -175,3 +175,32 @@ async def test_a_sequence_retracted_in_the_step_that_samples_its_stop_token_ends
     assert [body["output_ids"] for i, body in enumerate(bodies) if i != row] == full[:row] + full[row + 1 :]
     assert scheduler.generated_tokens == sum(len(body["output_ids"]) for body in bodies)
     assert scheduler.runner.pool.used_blocks == 0 and not scheduler.waiting
+
+
+async def test_tokens_drawn_from_logits_computed_before_a_weight_change_keep_the_old_version() -> None:
+    # The step after an update draws from logits the old weights computed (their pass was queued
+    # before the update): that token is the old version's, the ones after it the new one's.
+    scheduler = scheduler_over(random_causal_lm())
+    batch = sequences(PROMPTS[:2], SamplingConfig(max_new_tokens=40, temperature=0.0, ignore_eos=True))
+    scheduler.submit(batch)
+    scheduler.start()
+    try:
+        for _ in range(1200):
+            if len(batch[0].output_ids) >= 5:
+                break
+            await asyncio.sleep(0.01)
+
+        def update() -> int:
+            scheduler.set_weight_version("1")
+            return len(batch[0].output_ids)
+
+        held = await on_thread(scheduler, update)
+        bodies = await asyncio.wait_for(asyncio.gather(*(s.future for s in batch)), timeout=60)
+    finally:
+        scheduler.stop()
+
+    assert 5 <= held < 40
+    assert bodies[0]["meta_info"]["weight_versions"] == [
+        {"version": "0", "start": 0, "end": held + 1},
+        {"version": "1", "start": held + 1, "end": 40},
+    ]
