@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import orjson
 
 from services.engine.scheduler import Sequence, extend_spans
 
@@ -27,7 +28,8 @@ DONE = b"data: [DONE]\n\n"
 
 
 def event(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    # orjson, as SGLang's server: a tenth of json.dumps's time, paid per stream and token.
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 class IncrementalText:
