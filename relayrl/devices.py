@@ -9,9 +9,13 @@ model or server exists.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator
+
+if TYPE_CHECKING:  # settings modules import this one: torch waits until a tensor moves
+    import numpy as np
+    import torch
 
 DeviceName = Literal["cpu", "cuda"]
 
@@ -38,3 +42,21 @@ def available_device(value: DeviceName) -> DeviceName:
 
 # The type of every ``device`` setting: validated where it is read, so a bad one never starts work.
 Device = Annotated[DeviceName, AfterValidator(available_device)]
+
+
+def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a host array or tensor) on ``device``, queued behind the work already launched there
+    instead of waiting for it.
+
+    A copy from pageable memory makes torch synchronise the CUDA stream after it, so the host would
+    wait for every kernel in flight before it could queue the next (the engine's next pass, the
+    trainer's next micro-batch), and the GPU would idle while it did. On CUDA the copy goes through
+    pinned memory, asynchronously; torch's pinned allocator keeps that memory until the copy is done.
+    """
+    import numpy as np
+    import torch
+
+    tensor = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

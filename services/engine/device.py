@@ -1,5 +1,6 @@
-"""The engine's device-specific parts behind one small interface: how host data reaches the
-device and comes back, how a decode step runs, and how much memory the KV cache gets.
+"""The engine's device-specific parts behind one small interface: how a step's tokens come back to
+the host, how a decode step runs, and how much memory the KV cache gets (host data goes up through
+:func:`relayrl.devices.upload`, which the trainer shares).
 
 A :class:`DecodeRunner` runs one decode forward pass for the :class:`~services.engine.model_runner.ModelRunner`.
 On CPU (and on CUDA with ``disable_cuda_graph``) :class:`EagerDecode` simply calls the model. On
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from relayrl.config import SettingsError
@@ -45,21 +45,6 @@ class DecodeRunner(Protocol):
     ) -> torch.Tensor:
         """Last-column logits ``[B, V]`` of one decode pass (``input_ids`` and ``positions`` are ``[B, 1]``)."""
         ...
-
-
-def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` (a host array or tensor) on ``device``, queued behind the work already launched there
-    instead of waiting for it.
-
-    A copy from pageable memory makes torch synchronise the CUDA stream after it, so the host would
-    wait for every pass in flight before it could prepare the next one (and the wait would show as
-    host work, not as the device's). On CUDA the copy goes through pinned memory, asynchronously;
-    torch's pinned allocator keeps that memory until the copy is done.
-    """
-    tensor = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def read_back(tensor: torch.Tensor) -> Callable[[], list[Any]]:

@@ -25,8 +25,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from relayrl.devices import upload
 from relayrl.models.adapters import CONFIG_FILE, PEFT_PREFIX, WEIGHTS_FILE
-from services.engine.device import upload
 
 
 @dataclass(eq=False)  # identity: the scheduler groups rows by the adapter object

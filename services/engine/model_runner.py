@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from relayrl.devices import upload
 from services.engine.attention import (
     Q_BLOCK,
     AttentionBackend,
@@ -34,7 +35,7 @@ from services.engine.attention import (
     backend_named,
     register,
 )
-from services.engine.device import DecodeRunner, EagerDecode, upload
+from services.engine.device import DecodeRunner, EagerDecode
 from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool, KVLayout, OutOfBlocks, PagedKV, Slot
 from services.engine.lora import LoraAdapter, LoraSet
 from services.engine.prefix_cache import CachedPrefix, PrefixCache

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.device import upload
+from relayrl.devices import upload
 
 # SGLang treats temperatures below this as greedy.
 _GREEDY_BELOW = 1e-6

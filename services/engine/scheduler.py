@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 import torch
 
-from services.engine.device import read_back, upload
+from relayrl.devices import upload
+from services.engine.device import read_back
 from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, OutOfBlocks, Slot
 from services.engine.prefix_cache import CachedPrefix

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from relayrl.devices import upload
 from relayrl.schema import Group
 from relayrl.staleness import oldest_model_version
 
@@ -175,10 +176,10 @@ class MicroBatch:
     def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The model's keyword arguments. A packed row goes without an attention mask: transformers
         then reads where each sequence starts from ``position_ids`` and confines attention to it."""
-        ids = self.input_ids_BL.to(device)
+        ids = upload(self.input_ids_BL, device)
         if self.position_ids_BL is not None:
-            return {"input_ids": ids, "position_ids": self.position_ids_BL.to(device)}
-        return {"input_ids": ids, "attention_mask": self.attention_mask_BL.to(device)}
+            return {"input_ids": ids, "position_ids": upload(self.position_ids_BL, device)}
+        return {"input_ids": ids, "attention_mask": upload(self.attention_mask_BL, device)}
 
     def rows(self) -> torch.Tensor:
         B = self.response_start_B.shape[0]
@@ -263,7 +264,7 @@ def gather_response(
     """Picks, for each sequence b and response token t, the entry of row ``row_B[b]`` (default: b)
     at position response_start + t − 1 (the one predicting it): [B, T] or [B, T, H]. Positions past
     a short response are clamped into the row (their mask is 0)."""
-    L = values_RL.shape[1]
-    pos_BT = (response_start_B[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1).to(values_RL.device)
+    L, device = values_RL.shape[1], values_RL.device
+    pos_BT = upload((response_start_B[:, None] - 1 + torch.arange(T)[None, :]).clamp(0, L - 1), device)
     rows = row_B if row_B is not None else torch.arange(response_start_B.shape[0])
-    return values_RL[rows.to(values_RL.device)[:, None], pos_BT]
+    return values_RL[upload(rows, device)[:, None], pos_BT]

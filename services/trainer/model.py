@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from relayrl.devices import upload
 from services.trainer.batching import MicroBatch, gather_response
 from services.trainer.config import LrSchedulerType, TrainerSettings
 
@@ -226,7 +227,7 @@ def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_en
     hidden_BTH = gather_response(hidden_RLH, mb.response_start_B, T, rows)
     L = mb.input_ids_BL.shape[1]
     pos_BT = (mb.response_start_B[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
-    targets_BT = mb.input_ids_BL[rows[:, None], pos_BT].to(device)
+    targets_BT = upload(mb.input_ids_BL[rows[:, None], pos_BT], device)
     logp_N, entropy_N = token_logprobs(
         output_head(model), hidden_BTH.reshape(B * T, -1), targets_BT.reshape(-1), temperature, with_entropy
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from relayrl.devices import upload
 from services.trainer import advantages as adv_lib
 from services.trainer import distributed as D
 from services.trainer.batching import (
@@ -199,9 +200,11 @@ def recompute(
     """Proximal log-probs (the actor before this step's update; left out when ``with_prox`` is
     false), reference log-probs and old values, each as a full [N, T] tensor on every rank
     (each rank computed its shard; all-gathered)."""
-    mine: dict[str, dict[int, list[float]]] = defaultdict(dict)
     if not (with_prox or models.ref is not None or models.critic is not None):
         return {}
+    # Read back once every pass is queued: one read per micro-batch would make the host wait for
+    # each before it could queue the next.
+    computed: list[tuple[MicroBatch, dict[str, torch.Tensor]]] = []
     for plan in plans:
         for mb in plan.micro:
             parts = {}
@@ -211,8 +214,11 @@ def recompute(
                 parts["ref"] = policy_forward(models.ref, mb, settings.temperature, False).logp_BT
             if models.critic is not None:
                 parts["values"] = value_forward(models.critic, mb)
-            for name, t_BT in parts.items():
-                mine[name].update(_rows_of(mb, t_BT))
+            computed.append((mb, parts))
+    mine: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    for mb, parts in computed:
+        for name, t_BT in parts.items():
+            mine[name].update(_rows_of(mb, t_BT))
     return _gather_rows(mine, n, T)
 
 
@@ -237,19 +243,29 @@ def compute_advantages(
 
 
 class _Sums:
-    """Token- or loss-weighted sums of statistics, reduced over ranks at the end."""
+    """Token- or loss-weighted sums of statistics, reduced over ranks at the end.
+
+    A statistic still on the device is added there: reading each back would make the host wait for
+    its micro-batch's passes before it could queue the next, and the GPU idle while it did. The
+    step reads them all back at once, in :meth:`reduced`.
+    """
 
     def __init__(self) -> None:
-        self.values: dict[str, float] = defaultdict(float)
+        self.values: dict[str, float | torch.Tensor] = defaultdict(float)
 
-    def add(self, key: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
+    def add(self, key: str, value: torch.Tensor | float, weight: torch.Tensor | float = 1.0) -> None:
         if isinstance(value, torch.Tensor):
-            value = value.detach()
-        self.values[key] += float(value) * weight
+            value = value.detach().double()
+        self.values[key] += value * weight
 
     def reduced(self) -> dict[str, float]:
         keys = sorted(self.values)
-        t = D.all_reduce(torch.tensor([self.values[k] for k in keys], dtype=torch.float64))
+        on_device = [key for key in keys if isinstance(self.values[key], torch.Tensor)]
+        read: dict[str, float] = {}
+        if on_device:
+            stacked = torch.stack([self.values[key].reshape(()) for key in on_device])  # type: ignore[union-attr]
+            read = dict(zip(on_device, stacked.double().cpu().tolist(), strict=True))
+        t = D.all_reduce(torch.tensor([read.get(k, self.values[k]) for k in keys], dtype=torch.float64))
         return dict(zip(keys, t.tolist(), strict=True))
 
 
@@ -276,27 +292,29 @@ def update_actor(
     cfg = loss_config(s)
     world = D.world_size()
     norm = loss_normaliser(extras["loss_mask"], plan.rows)
+    # This forward's own proximal log-probs, read back once the update is queued (not per micro-batch).
+    own: list[tuple[MicroBatch, torch.Tensor]] = []
     for mb in plan.micro:
         out = policy_forward(models.actor, mb, s.temperature, with_entropy=True)
         dev = out.logp_BT.device
-        mask = _rows(extras["loss_mask"], mb).to(dev)
+        mask = upload(_rows(extras["loss_mask"], mb), dev)
         if "prox" in extras:
-            prox = _rows(extras["prox"], mb).to(dev)
+            prox = upload(_rows(extras["prox"], mb), dev)
         else:
             prox = out.logp_BT.detach()
             if own_prox is not None:
-                own_prox.update(_rows_of(mb, prox))
-        correction = _rows(extras["correction"], mb).to(dev) if s.rollout_is else None
-        behav = mb.behav_logp_BT.to(dev)
+                own.append((mb, prox))
+        correction = upload(_rows(extras["correction"], mb), dev) if s.rollout_is else None
+        behav = upload(mb.behav_logp_BT, dev)
         pl = policy_loss(
             out.logp_BT,
             # Anchored at the engine's log-probs, decoupled PPO's weight π_prox/π_behav is 1: nothing counted twice.
             behav if s.use_rollout_log_probs else prox,
             behav,
-            _rows(adv, mb).to(dev),
+            upload(_rows(adv, mb), dev),
             mask,
             cfg,
-            score_BT=_rows(extras["score"], mb).to(dev),
+            score_BT=upload(_rows(extras["score"], mb), dev),
             correction_BT=correction,
         )
         pg_loss = aggregate(pl.loss_BT, mask, s.loss_agg_mode, norm)
@@ -304,7 +322,7 @@ def update_actor(
         loss = pg_loss - s.entropy_coeff * entropy
         if s.use_kl_loss:
             kl = aggregate(
-                kl_estimate(out.logp_BT, _rows(extras["ref"], mb).to(dev), s.kl_loss_type),
+                kl_estimate(out.logp_BT, upload(_rows(extras["ref"], mb), dev), s.kl_loss_type),
                 mask,
                 s.loss_agg_mode,
                 norm,
@@ -313,7 +331,7 @@ def update_actor(
             sums.add("actor/kl_loss", kl.detach())
         # FSDP averages gradients over ranks; the loss is already a share of the global mean.
         (loss * world).backward()
-        ntok = float(mask.sum())
+        ntok = mask.sum()
         sums.add("actor/pg_loss", pg_loss.detach())
         sums.add("actor/entropy", entropy.detach())
         sums.add("actor/pg_clipfrac", pl.clipfrac, ntok)
@@ -322,6 +340,9 @@ def update_actor(
         sums.add("actor/approx_kl", (kl_estimate(out.logp_BT.detach(), prox, "k3") * mask).sum())
         sums.add("_tokens", ntok)
     norm, ok = _clip_and_step(models.actor, models.actor_opt, s.grad_clip, sums)
+    if own_prox is not None:
+        for mb, prox in own:
+            own_prox.update(_rows_of(mb, prox))
     sums.values["actor/grad_norm"] += norm / world if ok else 0.0
     sums.values["actor/nonfinite_grad_steps"] += 0.0 if ok else 1.0 / world
 
@@ -334,14 +355,14 @@ def update_critic(
     for mb in plan.micro:
         values = value_forward(models.critic, mb)
         dev = values.device
-        mask = mb.mask_BT.to(dev)
+        mask = upload(mb.mask_BT, dev)
         vl = value_loss(
-            values, _rows(extras["values"], mb).to(dev), _rows(returns, mb).to(dev), mask, s.cliprange_value
+            values, upload(_rows(extras["values"], mb), dev), upload(_rows(returns, mb), dev), mask, s.cliprange_value
         )
         loss = aggregate(vl.loss_BT, mask, s.loss_agg_mode, plan.norm)
         (loss * world).backward()
         sums.add("critic/vf_loss", loss.detach())
-        sums.add("critic/vf_clipfrac", vl.clipfrac, float(mask.sum()))
+        sums.add("critic/vf_clipfrac", vl.clipfrac, mask.sum())
     norm, ok = _clip_and_step(models.critic, models.critic_opt, s.grad_clip, sums)
     sums.values["critic/grad_norm"] += norm / world if ok else 0.0
 
