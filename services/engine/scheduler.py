@@ -158,8 +158,9 @@ class Scheduler:
         self.closing = False
         self.generated_tokens = 0
         # Seconds of the steps that had sequences to run, and of those the seconds spent waiting for
-        # the device to hand back the step's tokens: the host's slack. Its work hides behind the
-        # passes, so on a GPU a wait near none means the host bounds the engine; any more, the device.
+        # the device to hand back the step's tokens (after a real wait, until the GIL came back from
+        # the serving thread too): the host's slack. Its work hides behind the passes, so on a GPU a
+        # wait near none means the host bounds the engine; any more, the device.
         self.busy_s = 0.0
         self.device_wait_s = 0.0
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()

@@ -48,6 +48,10 @@ def test_every_pass_streams_the_whole_workload_and_a_decode_wait_is_in_every_ste
     # Each token after a request's first is a decode pass of its own, and the simulated GPU runs
     # its 5 ms passes one after another: the longest answer takes at least that many of them.
     assert result["passes"]["5ms"]["wall_s"] >= (max(lengths) - 1) * 0.005
+    # A dozen rows are little host work against a 5 ms pass: the host spends most of each step
+    # waiting for the device, and with no wait at all, next to none.
+    assert result["passes"]["5ms"]["device_wait_share"] > 0.5
+    assert result["passes"]["0ms"]["device_wait_share"] < 0.2
 
 
 @pytest.mark.parametrize(
