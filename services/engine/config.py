@@ -75,6 +75,14 @@ class EngineSettings(ServiceSettings):
             " running ones first; a longer prompt is prefilled alone."
         ),
     )
+    disable_overlap_schedule: bool = Field(
+        False,
+        description=(
+            "Read each step's sampled tokens back before queuing the next decode pass (SGLang's name). By default the"
+            " pass is queued first, on the tokens where they lie, so the GPU runs it while the host streams the step's"
+            " tokens and admits requests; a row that sampled its stop token is computed once more and dropped."
+        ),
+    )
     prefix_cache_mb: int = Field(
         256,
         ge=0,

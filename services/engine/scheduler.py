@@ -141,6 +141,7 @@ class Scheduler:
         context_length: int,
         weight_version: str,
         seed: int,
+        overlap: bool = True,
         on_step: Callable[[Scheduler], None] = lambda _: None,
     ) -> None:
         self.runner = runner
@@ -151,6 +152,8 @@ class Scheduler:
         self.context_length = context_length
         self.weight_version = weight_version
         self.generator = torch.Generator(device=runner.device).manual_seed(seed)
+        # Whether a step queues its decode pass before reading its tokens back (SGLang's overlap schedule).
+        self.overlap = overlap
         self.on_step = on_step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -306,7 +309,9 @@ class Scheduler:
         sampled tokens where they lie, and only then wait for them on the host, so that the device
         runs that pass while the host streams this step's tokens and admits the next requests (the
         overlap of SGLang's scheduler). A sequence that samples its stop token is known only after
-        the wait: its row of that pass is computed and thrown away, as SGLang's is."""
+        the wait: its row of that pass is computed and thrown away, as SGLang's is. Without the
+        overlap (``disable_overlap_schedule``) the tokens come back first and only the sequences
+        that go on are fed."""
         sampled = list(self.running)
         logits_BV = stack_rows([seq.next_logits for seq in sampled])  # type: ignore[misc]
         tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in sampled], self.generator)
@@ -315,27 +320,34 @@ class Scheduler:
         # Each token is credited to the weights of the logits it was drawn from, before the pass
         # queued next relabels the sequence's logits with the weights now held.
         versions = [seq.logits_version for seq in sampled]
-        retracted = self._decode(sampled, tokens_B)
-        waited = time.perf_counter()
-        rows = picks()
-        self.device_wait_s += time.perf_counter() - waited
-        self._take_tokens(sampled, rows, versions, retracted)
-
-    def _decode(self, sampled: list[Sequence], tokens_B: torch.Tensor) -> list[Sequence]:
-        """Queues the decode pass that feeds each sampled token back, for the sequences that go on
-        after it; returns those retracted for want of KV blocks (they wait to be prefilled again)."""
-        rows = [row for row, seq in enumerate(sampled) if not seq.future.cancelled() and not self._full_after(seq)]
         retracted: list[Sequence] = []
-        while rows:
-            live = [sampled[row] for row in rows]
-            fed = tokens_B if len(rows) == len(sampled) else tokens_B[upload(torch.tensor(rows), tokens_B.device)]
+        if self.overlap:
+            rows = [i for i, seq in enumerate(sampled) if not seq.future.cancelled() and not self._full_after(seq)]
+            fed = tokens_B
+            if len(rows) < len(sampled):
+                fed = tokens_B[upload(torch.tensor(rows, dtype=torch.long), tokens_B.device)]
+            retracted = self._decode([sampled[i] for i in rows], fed)
+        waited = time.perf_counter()
+        picked = picks()
+        self.device_wait_s += time.perf_counter() - waited
+        self._take_tokens(sampled, picked, versions, retracted)
+        if not self.overlap:
+            for seq in [seq for seq in self.running if seq.future.cancelled()]:
+                self._finish(seq, {"type": "abort", "message": "client disconnected"})
+            self._decode(list(self.running), [seq.output_ids[-1] for seq in self.running])
+
+    def _decode(self, live: list[Sequence], fed: torch.Tensor | list[int]) -> list[Sequence]:
+        """Queues the decode pass that feeds ``fed[i]`` to ``live[i]``; returns the sequences retracted
+        for want of KV blocks (the most recently admitted first; they wait to be prefilled again)."""
+        retracted: list[Sequence] = []
+        while live:
             try:
                 logits = self.runner.decode([s.slot for s in live], fed, [s.adapter for s in live])
                 break
             except OutOfBlocks:
-                self._retract(live[-1])  # the most recently admitted goes back first
                 retracted.append(live[-1])
-                rows.pop()
+                self._retract(live[-1])
+                live, fed = live[:-1], fed[:-1]
         else:
             return retracted
         for row, seq in enumerate(live):

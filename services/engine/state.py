@@ -118,6 +118,7 @@ class EngineState:
             context_length=self.context_length,
             weight_version=settings.weight_version,
             seed=settings.seed,
+            overlap=not settings.disable_overlap_schedule,
             on_step=self._observe,
         )
         self._set_version_gauge(settings.weight_version)

@@ -20,10 +20,16 @@ from tests.unit.engine.models import random_causal_lm
 PROMPTS = [[(11 * i + 3 * t) % 97 for t in range(5 + 6 * i)] for i in range(5)]
 
 
-def scheduler_over(model: torch.nn.Module, max_blocks: int = 256, cache_bytes: int = 1 << 20) -> Scheduler:
+def scheduler_over(
+    model: torch.nn.Module, max_blocks: int = 256, cache_bytes: int = 1 << 20, overlap: bool = True
+) -> Scheduler:
     pool = BlockPool(KVLayout.of(model), block_size=4, max_blocks=max_blocks, initial_blocks=4)
     runner = ModelRunner(model, pool=pool, prefix_cache_bytes=cache_bytes)
-    return Scheduler(runner, lambda ids: "", set(), 64, 512, 256, "0", seed=0)
+    return Scheduler(runner, lambda ids: "", set(), 64, 512, 256, "0", seed=0, overlap=overlap)
+
+
+# A step queues its next pass before reading its tokens back, or (disable_overlap_schedule) after.
+SCHEDULES = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
 
 
 def sequences(prompts: list[list[int]], config: SamplingConfig) -> list[Sequence]:
@@ -37,8 +43,9 @@ async def on_thread(scheduler: Scheduler, fn: Callable[[], Any]) -> Any:
     return await asyncio.wait_for(scheduler.call(fn), timeout=60)
 
 
-async def test_greedy_answers_equal_a_plain_forward_pass_token_for_token() -> None:
-    scheduler = scheduler_over(random_causal_lm())
+@SCHEDULES
+async def test_greedy_answers_equal_a_plain_forward_pass_token_for_token(overlap: bool) -> None:
+    scheduler = scheduler_over(random_causal_lm(), overlap=overlap)
     config = SamplingConfig(max_new_tokens=12, temperature=0.0, ignore_eos=True)
     batch = sequences(PROMPTS, config)
     scheduler.submit(batch)
@@ -84,12 +91,13 @@ async def test_pauses_and_aborts_under_load_leave_no_block_held(mode: str) -> No
         scheduler.stop()
 
 
-async def test_a_full_pool_retracts_and_still_finishes_every_request_with_the_same_answers() -> None:
+@SCHEDULES
+async def test_a_full_pool_retracts_and_still_finishes_every_request_with_the_same_answers(overlap: bool) -> None:
     model = random_causal_lm()
     config = SamplingConfig(max_new_tokens=30, temperature=0.0, ignore_eos=True)
     answers = []
     for max_blocks in (256, 24):  # 23 usable blocks of 4 tokens: fewer than the five sequences need at once
-        scheduler = scheduler_over(model, max_blocks=max_blocks, cache_bytes=0)
+        scheduler = scheduler_over(model, max_blocks=max_blocks, cache_bytes=0, overlap=overlap)
         batch = sequences(PROMPTS, config)
         scheduler.submit(batch)
         scheduler.start()
@@ -134,7 +142,8 @@ def recording_scheduler(model: torch.nn.Module) -> RecordingRetractions:
     return scheduler
 
 
-async def test_stop_tokens_end_answers_where_a_lone_run_does_and_hold_nothing_after() -> None:
+@SCHEDULES
+async def test_stop_tokens_end_answers_where_a_lone_run_does_and_hold_nothing_after(overlap: bool) -> None:
     # A step queues the next pass before it knows which rows sampled their stop token: those rows'
     # next logits must be dropped, their blocks given back, and no token generated for them again.
     model = random_causal_lm()
@@ -143,7 +152,7 @@ async def test_stop_tokens_end_answers_where_a_lone_run_does_and_hold_nothing_af
     for offset in range(0, 30, 5):
         stops = [ids[(offset + 7 * i) % 30] for i, ids in enumerate(full)]
         configs = [SamplingConfig(max_new_tokens=30, temperature=0.0, stop_token_ids=(stop,)) for stop in stops]
-        scheduler = scheduler_over(model, max_blocks=24, cache_bytes=0)
+        scheduler = scheduler_over(model, max_blocks=24, cache_bytes=0, overlap=overlap)
 
         bodies = await answers_of(scheduler, configs)
 
@@ -177,10 +186,11 @@ async def test_a_sequence_retracted_in_the_step_that_samples_its_stop_token_ends
     assert scheduler.runner.pool.used_blocks == 0 and not scheduler.waiting
 
 
-async def test_tokens_drawn_from_logits_computed_before_a_weight_change_keep_the_old_version() -> None:
+@SCHEDULES
+async def test_tokens_drawn_from_logits_computed_before_a_weight_change_keep_the_old_version(overlap: bool) -> None:
     # The step after an update draws from logits the old weights computed (their pass was queued
     # before the update): that token is the old version's, the ones after it the new one's.
-    scheduler = scheduler_over(random_causal_lm())
+    scheduler = scheduler_over(random_causal_lm(), overlap=overlap)
     batch = sequences(PROMPTS[:2], SamplingConfig(max_new_tokens=40, temperature=0.0, ignore_eos=True))
     scheduler.submit(batch)
     scheduler.start()
