@@ -124,6 +124,14 @@ STAGES: tuple[Stage, ...] = (
             180,
         ),
     ),
+    # The engine of the base run without its overlap schedule (SGLang's disable_overlap_schedule): what
+    # queuing each step's next pass before the read-back is worth on the GPU.
+    _bench(
+        "engine-no-overlap",
+        "#47",
+        "the engine without its overlap schedule",
+        Run("base", (*ENGINE, "--no-floors", "--no-overlap-schedule", "--timeout-s", "130"), 180),
+    ),
     # flex_attention (auto on cuda) against sdpa over the same packed rows (transformers confines sdpa
     # to each sequence with a dense mask as long as the row squared).
     _bench(

@@ -79,6 +79,13 @@ def bench(
     stream_interval: Annotated[
         int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
     ] = 1,
+    overlap_schedule: Annotated[
+        bool,
+        typer.Option(
+            help="Queue each step's next decode pass before reading its tokens back (the engine's default);"
+            " --no-overlap-schedule sets the engine's disable_overlap_schedule."
+        ),
+    ] = True,
     timeout_s: Annotated[
         float | None,
         typer.Option(
@@ -116,6 +123,7 @@ def bench(
         "RELAYRL_ENGINE_DISABLE_CUDA_GRAPH": str(not cuda_graph).lower(),
         "RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS": str(cuda_graph_max_bs),
         "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
+        "RELAYRL_ENGINE_DISABLE_OVERLAP_SCHEDULE": str(not overlap_schedule).lower(),
     }
     result = run_bench(
         preset,

@@ -50,6 +50,7 @@ FIGURES = (
     "itl_p99_s",
     # The host's slack: the share of its busy time it waited for the simulated GPU (0: the host bounds it).
     "device_wait_share",
+    "overlap_schedule",
 )
 
 
@@ -95,6 +96,7 @@ def run_host_bench(
     decode_ms: Sequence[float],
     prefill_us_per_token: float,
     stream_interval: int,
+    overlap_schedule: bool = True,
 ) -> dict[str, Any]:
     """The workload once per simulated decode pass in ``decode_ms``, each in an engine process of its own."""
     from relayrl.models.tiny import init_tiny, preset_spec
@@ -120,6 +122,7 @@ def run_host_bench(
                 # block), so no request is retracted for want of blocks: a GPU's pool is far larger.
                 "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": str(requests * (2 * max_len + 64)),
                 "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
+                "RELAYRL_ENGINE_DISABLE_OVERLAP_SCHEDULE": str(not overlap_schedule).lower(),
                 "RELAYRL_ENGINE_MAX_PREFILL_TOKENS": str(GPU_MAX_PREFILL_TOKENS),
                 DECODE_MS_ENV: str(ms),
                 PREFILL_US_ENV: str(prefill_us_per_token),
@@ -150,6 +153,13 @@ def bench(
     stream_interval: Annotated[
         int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
     ] = 1,
+    overlap_schedule: Annotated[
+        bool,
+        typer.Option(
+            help="Queue each step's next decode pass before reading its tokens back (the engine's default);"
+            " --no-overlap-schedule sets the engine's disable_overlap_schedule."
+        ),
+    ] = True,
 ) -> None:
     """What the engine's host side (HTTP, scheduler, sampling, streaming) can feed a GPU: nano-vllm's workload through
     the real engine process with the model's pass replaced by a wait as long as a GPU pass; on any machine."""
@@ -166,7 +176,7 @@ def bench(
         )
     if min_len > max_len:
         raise typer.BadParameter(f"{min_len} is more than --max-len {max_len}", param_hint="--min-len")
-    result = run_host_bench(requests, min_len, max_len, passes, prefill_us_per_token, stream_interval)
+    result = run_host_bench(requests, min_len, max_len, passes, prefill_us_per_token, stream_interval, overlap_schedule)
     typer.echo(json.dumps(result))
 
 

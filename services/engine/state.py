@@ -288,6 +288,7 @@ class EngineState:
             "generated_tokens": self.scheduler.generated_tokens,
             "busy_seconds": self.scheduler.busy_s,
             "device_wait_seconds": self.scheduler.device_wait_s,
+            "overlap_schedule": self.scheduler.overlap,
             "prefill_tokens": counts.prefill_tokens,
             "cached_prompt_tokens": counts.cached_tokens,
             "device": str(self.device),

@@ -70,10 +70,13 @@ def test_the_command_refuses_what_it_cannot_run_naming_the_option(options: list[
     assert named in outcome.output
 
 
-def test_the_command_prints_one_json_line() -> None:
-    outcome = CliRunner().invoke(
-        app, ["bench", "engine-host", "--requests", "4", "--min-len", "4", "--max-len", "8", "--decode-ms", "1"]
-    )
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_the_command_prints_one_json_line_naming_the_engines_schedule(overlap: bool) -> None:
+    options = ["--requests", "4", "--min-len", "4", "--max-len", "8", "--decode-ms", "1"]
+    options += [] if overlap else ["--no-overlap-schedule"]
+
+    outcome = CliRunner().invoke(app, ["bench", "engine-host", *options])
 
     assert outcome.exit_code == 0, outcome.output
-    assert json.loads(outcome.output.strip().splitlines()[-1])["passes"]["1ms"]["output_tokens"] > 0
+    figures = json.loads(outcome.output.strip().splitlines()[-1])["passes"]["1ms"]
+    assert figures["output_tokens"] > 0 and figures["overlap_schedule"] is overlap
