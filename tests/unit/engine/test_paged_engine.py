@@ -191,7 +191,8 @@ async def test_tokens_drawn_from_logits_computed_before_a_weight_change_keep_the
     # The step after an update draws from logits the old weights computed (their pass was queued
     # before the update): that token is the old version's, the ones after it the new one's.
     scheduler = scheduler_over(random_causal_lm(), overlap=overlap)
-    batch = sequences(PROMPTS[:2], SamplingConfig(max_new_tokens=40, temperature=0.0, ignore_eos=True))
+    # Long enough that the update lands mid-answer however fast the machine steps.
+    batch = sequences(PROMPTS[:2], SamplingConfig(max_new_tokens=200, temperature=0.0, ignore_eos=True))
     scheduler.submit(batch)
     scheduler.start()
     try:
@@ -209,8 +210,8 @@ async def test_tokens_drawn_from_logits_computed_before_a_weight_change_keep_the
     finally:
         scheduler.stop()
 
-    assert 5 <= held < 40
+    assert 5 <= held < 200
     assert bodies[0]["meta_info"]["weight_versions"] == [
         {"version": "0", "start": 0, "end": held + 1},
-        {"version": "1", "start": held + 1, "end": 40},
+        {"version": "1", "start": held + 1, "end": 200},
     ]
