@@ -44,11 +44,33 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from services.engine.launch import ENGINE_MODULE
 
 SHM = Path("/dev/shm")
+
+# The engine settings both engine benches (engine, engine-host) take from their command line.
+StreamInterval = Annotated[
+    int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
+]
+OverlapSchedule = Annotated[
+    bool,
+    typer.Option(
+        help="Queue each step's next decode pass before reading its tokens back (the engine's default);"
+        " --no-overlap-schedule sets the engine's disable_overlap_schedule."
+    ),
+]
+
+
+def streaming_settings(stream_interval: int, overlap_schedule: bool) -> dict[str, str]:
+    """The engine's environment for :data:`StreamInterval` and :data:`OverlapSchedule`."""
+    return {
+        "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
+        "RELAYRL_ENGINE_DISABLE_OVERLAP_SCHEDULE": str(not overlap_schedule).lower(),
+    }
 
 
 @dataclass(frozen=True, slots=True)

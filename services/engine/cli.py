@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from services.engine.bench import OverlapSchedule, StreamInterval, streaming_settings
+
 app = typer.Typer(help="The built-in inference engine (SGLang's native HTTP API).", no_args_is_help=True)
 
 
@@ -76,16 +78,8 @@ def bench(
     cuda_graph_max_bs: Annotated[
         int, typer.Option(min=1, help="The largest decode batch replayed from a CUDA graph (the engine's setting).")
     ] = 256,
-    stream_interval: Annotated[
-        int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
-    ] = 1,
-    overlap_schedule: Annotated[
-        bool,
-        typer.Option(
-            help="Queue each step's next decode pass before reading its tokens back (the engine's default);"
-            " --no-overlap-schedule sets the engine's disable_overlap_schedule."
-        ),
-    ] = True,
+    stream_interval: StreamInterval = 1,
+    overlap_schedule: OverlapSchedule = True,
     timeout_s: Annotated[
         float | None,
         typer.Option(
@@ -122,8 +116,7 @@ def bench(
     settings = {
         "RELAYRL_ENGINE_DISABLE_CUDA_GRAPH": str(not cuda_graph).lower(),
         "RELAYRL_ENGINE_CUDA_GRAPH_MAX_BS": str(cuda_graph_max_bs),
-        "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
-        "RELAYRL_ENGINE_DISABLE_OVERLAP_SCHEDULE": str(not overlap_schedule).lower(),
+        **streaming_settings(stream_interval, overlap_schedule),
     }
     result = run_bench(
         preset,

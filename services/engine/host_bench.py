@@ -28,6 +28,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from services.engine.bench import (
+    OverlapSchedule,
+    StreamInterval,
+    Workload,
+    engine_process,
+    stream_workload,
+    streaming_settings,
+)
+
 if TYPE_CHECKING:  # the CLI imports this module to list its command: torch waits until the bench runs
     import torch
 
@@ -100,7 +109,6 @@ def run_host_bench(
 ) -> dict[str, Any]:
     """The workload once per simulated decode pass in ``decode_ms``, each in an engine process of its own."""
     from relayrl.models.tiny import init_tiny, preset_spec
-    from services.engine.bench import Workload, engine_process, stream_workload
 
     spec = preset_spec("tiny")
     work = Workload.nano_vllm(requests, min_len, max_len, spec.vocab_size)
@@ -121,8 +129,7 @@ def run_host_bench(
                 # Room for every request's prompt and output at once (and each one's last part-filled
                 # block), so no request is retracted for want of blocks: a GPU's pool is far larger.
                 "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": str(requests * (2 * max_len + 64)),
-                "RELAYRL_ENGINE_STREAM_INTERVAL": str(stream_interval),
-                "RELAYRL_ENGINE_DISABLE_OVERLAP_SCHEDULE": str(not overlap_schedule).lower(),
+                **streaming_settings(stream_interval, overlap_schedule),
                 "RELAYRL_ENGINE_MAX_PREFILL_TOKENS": str(GPU_MAX_PREFILL_TOKENS),
                 DECODE_MS_ENV: str(ms),
                 PREFILL_US_ENV: str(prefill_us_per_token),
@@ -150,19 +157,12 @@ def bench(
         float,
         typer.Option(min=0, help="The simulated prefill pass, microseconds per token fed (at least one decode pass)."),
     ] = 3.0,
-    stream_interval: Annotated[
-        int, typer.Option(min=1, help="The engine's stream_interval: a streamed chunk every N tokens (SGLang: 1).")
-    ] = 1,
-    overlap_schedule: Annotated[
-        bool,
-        typer.Option(
-            help="Queue each step's next decode pass before reading its tokens back (the engine's default);"
-            " --no-overlap-schedule sets the engine's disable_overlap_schedule."
-        ),
-    ] = True,
+    stream_interval: StreamInterval = 1,
+    overlap_schedule: OverlapSchedule = True,
 ) -> None:
     """What the engine's host side (HTTP, scheduler, sampling, streaming) can feed a GPU: nano-vllm's workload through
-    the real engine process with the model's pass replaced by a wait as long as a GPU pass; on any machine."""
+    the real engine process with the model's passes on a simulated GPU stream, each as long as a GPU pass; on any
+    machine."""
     import json
 
     try:
