@@ -59,10 +59,10 @@ def sample_batch(
     """
     vocab = logits_BV.shape[1]
     device = logits_BV.device
-    greedy_B = upload(torch.tensor([c.greedy for c in configs]), device)
+    greedy = [c.greedy for c in configs]
     temperature_B1 = upload(torch.tensor([[1.0 if c.greedy else c.temperature] for c in configs]), device)
     logprobs_BV = torch.log_softmax(logits_BV.float() / temperature_B1, dim=-1)
-    if all(c.greedy for c in configs):
+    if all(greedy):
         tokens_B = torch.argmax(logprobs_BV, dim=-1)
         return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
     probs_BV = logprobs_BV.exp()
@@ -86,6 +86,7 @@ def sample_batch(
     # for the same generator, without its checks of the probabilities: each reads a value back from
     # the device, so the host would wait there for every pass in flight.
     noise_BV = torch.empty_like(probs_BV).exponential_(1, generator=generator)
-    drawn_B = (probs_BV / noise_BV).argmax(dim=-1)
-    tokens_B = torch.where(greedy_B, torch.argmax(logprobs_BV, dim=-1), drawn_B)
+    tokens_B = (probs_BV / noise_BV).argmax(dim=-1)
+    if any(greedy):
+        tokens_B = torch.where(upload(torch.tensor(greedy), device), torch.argmax(logprobs_BV, dim=-1), tokens_B)
     return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
