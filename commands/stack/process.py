@@ -207,27 +207,33 @@ class ManagedProcess:
 TAG_VARIABLE = "RELAYRL_STACK_COMPONENT"
 
 
+def _pids() -> list[int]:
+    """Every process id in /proc now. Read by listing, not globbing: a glob stats each match, and a
+    process that exits in between makes the stat fail with ESRCH, which pathlib does not ignore."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
 def _tagged(tag: str) -> list[int]:
     """Running processes (not zombies) whose environment carries ``tag``."""
     needle = tag.encode() + b"\0"
     found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    for pid in _pids():
         try:
-            if needle not in environ.read_bytes() + b"\0":
+            if needle not in Path(f"/proc/{pid}/environ").read_bytes() + b"\0":
                 continue
-            state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue  # exited while we looked, or not ours to read
         if state != "Z":
-            found.append(int(environ.parent.name))
+            found.append(pid)
     return found
 
 
 def _group_running(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still running (zombies waiting to be reaped are not)."""
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+    for pid in _pids():
         try:
-            fields = stat_path.read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # exited while we looked
         if int(fields[2]) == pgid and fields[0] != "Z":
