@@ -63,6 +63,7 @@ BENCHMARKS: dict[str, str] = {
     "openai": "services.rollout.openai_bench:bench",
     "engine": "services.engine.cli:bench",
     "engine-host": "services.engine.host_bench:bench",
+    "sampling": "services.engine.sampling_bench:bench",
     "staleness": "commands.stack.bench_staleness:bench",
     "checkpoint": "services.trainer.checkpoint_bench:bench",
 }

@@ -80,6 +80,13 @@ STAGES: tuple[Stage, ...] = (
         "tokens/s against the floors, TTFT, ITL, update pauses",
         Run("base", (*ENGINE, "--floor-requests", "32", "--timeout-s", "150"), 210),
     ),
+    # The sampling backends on one step's logits (the engine run above sampled with auto: triton).
+    _bench(
+        "sampling",
+        "#47",
+        "the pytorch and triton samplers at 1, 64 and 256 rows of Qwen's vocabulary",
+        Run("base-vocab", ("bench", "sampling", "--device", "cuda", "--json"), 60),
+    ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
     _bench(
         "e2e-cuda",

@@ -11,6 +11,7 @@ from relayrl.config import ServiceSettings
 from relayrl.devices import Device
 
 AttentionBackend = Literal["auto", "torch_native", "flex_attention", "triton"]
+SamplingBackend = Literal["auto", "pytorch", "triton"]
 
 
 class EngineSettings(ServiceSettings):
@@ -52,6 +53,12 @@ class EngineSettings(ServiceSettings):
         description="Attention over the paged KV cache (SGLang's name): torch_native (SDPA over each sequence's"
         " gathered blocks), flex_attention (torch's flex_attention with a block mask over the pages) or triton"
         " (a Triton kernel for decode steps, cuda only); auto: torch_native on cpu, flex_attention on cuda.",
+    )
+    sampling_backend: SamplingBackend = Field(
+        "auto",
+        description="The kernels that draw each step's tokens (SGLang's name): pytorch (a few passes of torch"
+        " operations over the step's logits) or triton (one Triton kernel reading each row's logits once, cuda"
+        " only; a batch with a top-k or top-p row takes pytorch's path); auto: triton on cuda, pytorch on cpu.",
     )
     disable_cuda_graph: bool = Field(
         False, description="cuda only: decode eagerly instead of replaying CUDA graphs (SGLang's name)."
@@ -146,6 +153,12 @@ class EngineSettings(ServiceSettings):
         if self.attention_backend != "auto":
             return self.attention_backend
         return "flex_attention" if self.device == "cuda" else "torch_native"
+
+    def resolved_sampling_backend(self) -> Literal["pytorch", "triton"]:
+        """``sampling_backend``, with auto resolved for the device."""
+        if self.sampling_backend != "auto":
+            return self.sampling_backend
+        return "triton" if self.device == "cuda" else "pytorch"
 
     def resolved_cuda_graph_max_bs(self) -> int:
         """``cuda_graph_max_bs``, capped at the largest decode batch there can be (``max_running_requests``)."""

@@ -229,12 +229,14 @@ class ModelRunner:
         return logits
 
     def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
-        """The model's last-column logits ``[B, V]`` (float32) for one pass planned by ``inputs``."""
+        """The model's last-column logits ``[B, V]`` for one pass planned by ``inputs``, in the model's
+        dtype: the samplers compute in float32 as they read, so an upcast here would be one more
+        ``[B, V]`` copy each pass (and a CUDA graph's output twice the size)."""
         paged = PagedPass(self.pool, self.attention, self.attention.plan(self.pool, inputs), inputs.write_index_BL)
         out = self.model(
             input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=1, relayrl_pass=paged
         )
-        return out.logits[:, -1].float()
+        return out.logits[:, -1]
 
 
 def default_pool(model: torch.nn.Module, max_tokens: int, block_size: int = 16) -> BlockPool:

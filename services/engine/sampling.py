@@ -10,7 +10,7 @@ reports ``log_softmax(logits)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +90,44 @@ def sample_batch(
     if any(greedy):
         tokens_B = torch.where(upload(torch.tensor(greedy), device), torch.argmax(logprobs_BV, dim=-1), tokens_B)
     return tokens_B, logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
+
+
+SampleFn = Callable[[torch.Tensor, Sequence[SamplingConfig], torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampler:
+    """A sampling backend (``sampling_backend``): its name and its :func:`sample_batch`."""
+
+    name: str
+    sample: SampleFn
+
+    def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Draws once from a throwaway generator, so a kernel built at first use (Triton's) is built
+        at start, not under the first requests; the engine's own generator is left as it was."""
+        if self.name == "pytorch":
+            return
+        throwaway = torch.Generator(device=device).manual_seed(0)
+        self.sample(torch.zeros((1, vocab), dtype=dtype, device=device), [SamplingConfig()], throwaway)
+
+
+def sampler_named(name: str, device: torch.device) -> Sampler:
+    """The sampling backend ``name`` (``pytorch`` or ``triton``), or one line naming the setting where
+    it cannot run."""
+    if name == "pytorch":
+        return Sampler("pytorch", sample_batch)
+    if name != "triton":
+        raise ValueError(f"unknown sampling backend {name!r}; choose pytorch or triton")
+    from relayrl.config import SettingsError
+
+    def refused(why: str) -> SettingsError:
+        return SettingsError("EngineSettings", [f"RELAYRL_ENGINE_SAMPLING_BACKEND=triton: {why}"])
+
+    try:
+        from services.engine import triton_sampling
+        from services.engine.triton_attention import interpreted
+    except ImportError as exc:
+        raise refused(f"Triton is not installed ({exc}); choose pytorch") from None
+    if device.type != "cuda" and not interpreted():
+        raise refused(f"Triton kernels run on CUDA, not {device.type}; choose pytorch")
+    return Sampler("triton", triton_sampling.sample_batch)

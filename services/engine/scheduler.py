@@ -45,7 +45,7 @@ from services.engine.device import read_back
 from services.engine.lora import LoraAdapter
 from services.engine.model_runner import ModelRunner, OutOfBlocks, Slot
 from services.engine.prefix_cache import CachedPrefix
-from services.engine.sampling import SamplingConfig, sample_batch
+from services.engine.sampling import SampleFn, SamplingConfig, sample_batch
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class Scheduler:
         weight_version: str,
         seed: int,
         overlap: bool = True,
+        sample: SampleFn = sample_batch,
         on_step: Callable[[Scheduler], None] = lambda _: None,
     ) -> None:
         self.runner = runner
@@ -154,6 +155,7 @@ class Scheduler:
         self.generator = torch.Generator(device=runner.device).manual_seed(seed)
         # Whether a step queues its decode pass before reading its tokens back (SGLang's overlap schedule).
         self.overlap = overlap
+        self.sample = sample
         self.on_step = on_step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -314,7 +316,7 @@ class Scheduler:
         that go on are fed."""
         sampled = list(self.running)
         logits_BV = stack_rows([seq.next_logits for seq in sampled])  # type: ignore[misc]
-        tokens_B, logprobs_B = sample_batch(logits_BV, [seq.config for seq in sampled], self.generator)
+        tokens_B, logprobs_B = self.sample(logits_BV, [seq.config for seq in sampled], self.generator)
         # Token ids survive the float64 round trip: one copy to the host for both.
         picks = read_back(torch.stack([tokens_B.double(), logprobs_B.double()], dim=1))
         # Each token is credited to the weights of the logits it was drawn from, before the pass

@@ -20,6 +20,7 @@ from services.engine.device import CudaGraphDecode, compiled_graphs, decode_runn
 from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
+from services.engine.sampling import sampler_named
 from services.engine.scheduler import PauseMode, Scheduler
 from services.engine.tensor_updates import named_tensors
 from services.engine.weights import apply_tensors, read_safetensors_dir, read_safetensors_to_device
@@ -96,6 +97,7 @@ class EngineState:
             log.warning(
                 "shared_weights_dir is ignored on %s: every weight update is copied to the GPU", settings.device
             )
+        sampler = sampler_named(settings.resolved_sampling_backend(), self.device)
         self.model = load_causal_lm(settings.model_path, dtype=settings.resolved_dtype(), device=settings.device)
         self.tokenizer = load_tokenizer(settings.model_path)
         self._decode = text_decoder(self.tokenizer)
@@ -109,6 +111,8 @@ class EngineState:
         self.receiver = TorchDistReceiver()
         self.lora = LoraSet(self.model)
         self.runner = self._runner(settings)
+        self.sampling_backend = sampler.name
+        sampler.warm_up(self.vocab_size, self.model.dtype, self.device)
         self.scheduler = Scheduler(
             runner=self.runner,
             decode_text=self.decode_text,
@@ -119,6 +123,7 @@ class EngineState:
             weight_version=settings.weight_version,
             seed=settings.seed,
             overlap=not settings.disable_overlap_schedule,
+            sample=sampler.sample,
             on_step=self._observe,
         )
         self._set_version_gauge(settings.weight_version)
@@ -293,6 +298,7 @@ class EngineState:
             "cached_prompt_tokens": counts.cached_tokens,
             "device": str(self.device),
             "attention_backend": self.runner.attention.name,
+            "sampling_backend": self.sampling_backend,
             "kv_block_size": self.runner.pool.block_size,
             "kv_total_blocks": self.runner.pool.max_blocks - 1,
             "kv_used_blocks": self.runner.pool.used_blocks,

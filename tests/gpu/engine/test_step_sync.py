@@ -17,17 +17,27 @@ import torch
 
 from services.engine.device import CudaGraphDecode, kv_pool_for
 from services.engine.model_runner import ModelRunner
-from services.engine.sampling import SamplingConfig, sample_batch
+from services.engine.sampling import SampleFn, SamplingConfig, sampler_named
 from tests.unit.engine.models import random_causal_lm
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = [
-    SamplingConfig(temperature=0.0),
-    SamplingConfig(temperature=0.8, top_k=5),
-    SamplingConfig(temperature=1.0, top_p=0.9),
-    SamplingConfig(temperature=0.7, top_k=20, top_p=0.5),
-]
+# The torch sampler with every setting; the triton one with those it takes itself (a top-k or top-p
+# row would send its batch to the torch sampler).
+SAMPLERS = {
+    "pytorch": [
+        SamplingConfig(temperature=0.0),
+        SamplingConfig(temperature=0.8, top_k=5),
+        SamplingConfig(temperature=1.0, top_p=0.9),
+        SamplingConfig(temperature=0.7, top_k=20, top_p=0.5),
+    ],
+    "triton": [
+        SamplingConfig(temperature=0.0),
+        SamplingConfig(temperature=0.8),
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=1.3),
+    ],
+}
 
 
 @pytest.fixture(scope="module", params=["flex_attention", "triton"])
@@ -42,16 +52,21 @@ def runner(request: pytest.FixtureRequest) -> Iterator[ModelRunner]:
     torch.cuda.synchronize()
 
 
-def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(runner: ModelRunner) -> None:
+@pytest.mark.parametrize("sampling_backend", sorted(SAMPLERS))
+def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(
+    runner: ModelRunner, sampling_backend: str
+) -> None:
+    sample_batch: SampleFn = sampler_named(sampling_backend, torch.device("cuda")).sample
+    configs = SAMPLERS[sampling_backend]
     generator = torch.Generator(device="cuda").manual_seed(0)
-    prompts = [[3 + i, 5, 7 + i, 11] * (i + 1) for i in range(len(CONFIGS))]
+    prompts = [[3 + i, 5, 7 + i, 11] * (i + 1) for i in range(len(configs))]
     # Once outside the check: the first call of each shape may compile.
     for _ in range(2):
         done = runner.prefill(prompts)
         logits = torch.stack([d.logits for d in done])
-        tokens = sample_batch(logits, CONFIGS, generator)[0].tolist()
+        tokens = sample_batch(logits, configs, generator)[0].tolist()
         logits = runner.decode([d.slot for d in done], tokens)
-        sample_batch(logits, CONFIGS, generator)
+        sample_batch(logits, configs, generator)
         for d in done:
             runner.kv.release(d.slot)
     torch.cuda.synchronize()
@@ -59,12 +74,12 @@ def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(runne
     torch.cuda.set_sync_debug_mode("error")
     try:
         done = runner.prefill(prompts)
-        tokens_B, _ = sample_batch(torch.stack([d.logits for d in done]), CONFIGS, generator)
+        tokens_B, _ = sample_batch(torch.stack([d.logits for d in done]), configs, generator)
         logits = runner.decode([d.slot for d in done], [7] * len(done))
-        tokens_B, logprobs_B = sample_batch(logits, CONFIGS, generator)
+        tokens_B, logprobs_B = sample_batch(logits, configs, generator)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
-    assert len(tokens_B.tolist()) == len(CONFIGS) and torch.isfinite(logprobs_B).all()
+    assert len(tokens_B.tolist()) == len(configs) and torch.isfinite(logprobs_B).all()
     # The decode step ran from a graph, as in serving.
     assert isinstance(runner.decoder, CudaGraphDecode) and runner.decoder.replays > 0

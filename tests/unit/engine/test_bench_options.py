@@ -4,6 +4,8 @@ refused with one line naming the option, before anything starts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -28,7 +30,7 @@ no_gpu = pytest.mark.skipif(cuda_unavailable_reason() is None, reason="this mach
 
 
 @no_gpu
-@pytest.mark.parametrize("bench", ["engine", "rollout", "openai"])
+@pytest.mark.parametrize("bench", ["engine", "rollout", "openai", "sampling"])
 def test_device_cuda_without_a_gpu_is_refused_naming_the_option(bench: str) -> None:
     result = CliRunner().invoke(app, ["bench", bench, "--device", "cuda"])
 
@@ -57,3 +59,14 @@ def test_bench_engine_refuses_an_attention_list_it_cannot_run(attention: str) ->
 
     assert result.exit_code == 2
     assert "--attention" in result.output
+
+
+def test_bench_sampling_on_a_cpu_times_pytorch_and_names_why_triton_was_skipped() -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "sampling", "--vocab", "1000", "--batch", "1,8", "--calls", "2", "--rounds", "1"]
+    )
+
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert set(figures["batches"]) == {"1", "8"} and all(row["pytorch_ms"] > 0 for row in figures["batches"].values())
+    assert "RELAYRL_ENGINE_SAMPLING_BACKEND=triton" in figures["skipped"]["triton"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from relayrl.config import SettingsError, load_settings
 from services.engine.config import EngineSettings
@@ -50,6 +51,19 @@ def test_auto_settings_resolve_per_device(monkeypatch: pytest.MonkeyPatch) -> No
         128,
         "flex_attention",
     )
+    assert (settings.resolved_sampling_backend(), on_gpu.resolved_sampling_backend()) == ("pytorch", "triton")
+
+
+def test_the_triton_sampler_outside_cuda_and_the_interpreter_is_refused_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.engine.sampling import sampler_named
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SettingsError) as err:
+        sampler_named("triton", torch.device("cpu"))
+    assert "RELAYRL_ENGINE_SAMPLING_BACKEND=triton" in err.value.one_line()
+    assert sampler_named("pytorch", torch.device("cpu")).name == "pytorch"
 
 
 def test_an_unknown_attention_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
