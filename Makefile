@@ -27,9 +27,11 @@ helm: $(STAMP)
 
 # torch's exact CPU build first (PyPI's Linux default is the CUDA build), then RelayRL with every extra
 # at the exact versions of constraints.txt: pyproject.toml holds ranges, so that a GPU host keeps its own.
+# Triton beside the CPU torch, which brings none: the engine's Triton kernels (attention, sampling) run
+# in its interpreter in the tests and are compiled for sm_90 there. A GPU host's torch brings its own.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.9.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,docs,all]'
 	@touch $(STAMP)
 

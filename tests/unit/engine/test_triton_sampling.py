@@ -2,7 +2,8 @@
 (the same log-probs, softmax's distribution, repeatable seeds, the torch path for top-k and top-p),
 and it compiles for a Hopper GPU. The checks run in processes of their own
 (``triton_sampling_checks.py``): the interpreter must be on before Triton is imported, and off for
-the compile. Skipped where Triton is not installed (torch's CPU wheels bring none)."""
+the compile. ``make setup`` installs Triton beside the CPU torch (which brings none); skipped
+where it is not installed."""
 
 from __future__ import annotations
 
