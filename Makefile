@@ -27,11 +27,14 @@ helm: $(STAMP)
 
 # torch's exact CPU build first (PyPI's Linux default is the CUDA build), then RelayRL with every extra
 # at the exact versions of constraints.txt: pyproject.toml holds ranges, so that a GPU host keeps its own.
-# Triton beside the CPU torch, which brings none: the engine's Triton kernels (attention, sampling) run
-# in its interpreter in the tests and are compiled for sm_90 there. A GPU host's torch brings its own.
+# Triton for the tests of the engine's Triton kernels (attention, sampling: run in its interpreter and
+# compiled for sm_90), in a folder of its own that only their processes put on their path: the CPU
+# torch brings none, and torch's dynamo would import one on the venv's path into every process that
+# touches torch.compile (tests/unit/engine/triton_runs.py). A GPU host's torch brings its own.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.9.0
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade --target $(VENV)/triton triton==3.9.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,docs,all]'
 	@touch $(STAMP)
 

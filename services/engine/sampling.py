@@ -124,10 +124,21 @@ def sampler_named(name: str, device: torch.device) -> Sampler:
         return SettingsError("EngineSettings", [f"RELAYRL_ENGINE_SAMPLING_BACKEND=triton: {why}"])
 
     try:
-        from services.engine import triton_sampling
         from services.engine.triton_attention import interpreted
+        from services.engine.triton_sampling import sample_plain
     except ImportError as exc:
         raise refused(f"Triton is not installed ({exc}); choose pytorch") from None
     if device.type != "cuda" and not interpreted():
         raise refused(f"Triton kernels run on CUDA, not {device.type}; choose pytorch")
-    return Sampler("triton", triton_sampling.sample_batch)
+
+    def sample(
+        logits_BV: torch.Tensor, configs: Sequence[SamplingConfig], generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Top-k and top-p need each row's sorted distribution, which the kernel does not build.
+        vocab = logits_BV.shape[1]
+        if any(c.top_p < 1.0 or 0 < c.top_k < vocab for c in configs):
+            return sample_batch(logits_BV, configs, generator)
+        scales = [1.0 if c.greedy else 1.0 / c.temperature for c in configs]
+        return sample_plain(logits_BV, scales, [c.greedy for c in configs], generator)
+
+    return Sampler("triton", sample)

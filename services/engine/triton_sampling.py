@@ -10,8 +10,8 @@ draws from ``softmax(logits / temperature)`` as torch.multinomial's argmax of ``
 The noise is Philox's, made in the kernel from a seed the engine's generator gives each step, so
 runs with one seed repeat. Greedy rows take the argmax of the logits.
 
-Top-k and top-p need each row's sorted distribution: a batch with such a row takes the torch
-sampler whole. On a CPU, Triton runs kernels only in its interpreter (``TRITON_INTERPRET=1``, set
+Top-k and top-p need each row's sorted distribution: :func:`services.engine.sampling.sampler_named`
+sends a batch with such a row to the torch sampler whole. On a CPU, Triton runs kernels only in its interpreter (``TRITON_INTERPRET=1``, set
 before Triton is imported), where the tests check this one; the engine takes it on CUDA.
 """
 
@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 
 from relayrl.devices import upload
-from services.engine import sampling
-from services.engine.sampling import SamplingConfig
 
 # Vocabulary entries a program reads per loop step (at most), as four quarters: Philox makes four
 # numbers per call, one for each quarter, so the noise costs a quarter of the calls one number each would.
@@ -105,19 +103,18 @@ def _sample_rows(
     tl.store(logprobs_ptr + row, chosen - (running_max + tl.log(total)))
 
 
-def sample_batch(
-    logits_BV: torch.Tensor, configs: Sequence[SamplingConfig], generator: torch.Generator
+def sample_plain(
+    logits_BV: torch.Tensor, scales: Sequence[float], greedy: Sequence[bool], generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`services.engine.sampling.sample_batch`'s contract, in one kernel where no row asks
-    for top-k or top-p, and by the torch sampler where one does."""
+    """Every row's token and its log-prob under ``softmax(logits * scale)``, as two ``[B]`` tensors
+    on the logits' device: drawn (Gumbel-max), or the argmax where ``greedy``. ``scales`` are the
+    rows' 1 / temperature (1 for greedy rows); none asks for top-k or top-p."""
     batch, vocab = logits_BV.shape
-    if any(c.top_p < 1.0 or 0 < c.top_k < vocab for c in configs):
-        return sampling.sample_batch(logits_BV, configs, generator)
     device = logits_BV.device
     if logits_BV.stride(1) != 1:
         logits_BV = logits_BV.contiguous()
-    scale_B = upload(torch.tensor([1.0 if c.greedy else 1.0 / c.temperature for c in configs]), device)
-    greedy_B = upload(torch.tensor([c.greedy for c in configs], dtype=torch.int8), device)
+    scale_B = upload(torch.tensor(list(scales), dtype=torch.float32), device)
+    greedy_B = upload(torch.tensor(list(greedy), dtype=torch.int8), device)
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
     tokens_B = torch.empty(batch, dtype=torch.int64, device=device)
     logprobs_B = torch.empty(batch, dtype=torch.float32, device=device)

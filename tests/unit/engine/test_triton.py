@@ -8,39 +8,14 @@ by another test inherits the environment). Skipped where Triton 3.8 or later is 
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.unit.engine.triton_checks import CHECKS
-
-REPO = Path(__file__).parents[3]
-
-
-def _triton_version() -> tuple[int, ...] | None:
-    try:
-        return tuple(int(part) for part in importlib.metadata.version("triton").split(".")[:2])
-    except importlib.metadata.PackageNotFoundError:
-        return None
+from tests.unit.engine.triton_runs import run_checks, triton_version
 
 
 def test_the_triton_backend_in_tritons_interpreter_equals_dense_attention_and_lone_passes() -> None:
-    version = _triton_version()
+    version = triton_version()
     if version is None or version < (3, 8):
-        pytest.skip(f"Triton 3.8 or later is not installed (found {version})")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.unit.engine.triton_checks"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == CHECKS
+        pytest.skip(f"Triton 3.8 or later is not installed (found {version}; make setup installs it)")
+    assert run_checks("tests.unit.engine.triton_checks", interpret=True) == CHECKS

@@ -37,9 +37,10 @@ def _chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
 def interpreted() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     from services.engine import triton_sampling  # imports Triton, which reads TRITON_INTERPRET then
+    from services.engine.sampling import sampler_named
 
     torch.set_num_threads(1)
-    sample = triton_sampling.sample_batch
+    sample = sampler_named("triton", torch.device("cpu")).sample
     generator = torch.Generator().manual_seed(3)
     configs = [SamplingConfig(temperature=t) for t in (1.0, 0.7, 0.0, 1.3, 0.0)]
     temperature_B1 = torch.tensor([[c.temperature if not c.greedy else 1.0] for c in configs])
