@@ -185,6 +185,22 @@ class MicroBatch:
         B = self.response_start_B.shape[0]
         return self.row_B if self.row_B is not None else torch.arange(B)
 
+    def response_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sequence b, response index t) of every response token, observation tokens included and
+        padding left out, as two host tensors: the positions whose log-probs anything reads. One
+        micro-batch's ``[B, T]`` rectangle spans its longest response, so with responses of mixed
+        lengths most of it can be padding. A micro-batch without a response token (the dummy, which
+        has no ``response_lens``) gives its first position: every rank must run the output head for
+        FSDP's gradient collectives to match."""
+        B, T = self.mask_BT.shape
+        lens_B = torch.tensor(self.response_lens or [T] * B, dtype=torch.long)
+        count = int(lens_B.sum())
+        if count == 0:
+            return torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        b_N = torch.repeat_interleave(torch.arange(B), lens_B)
+        starts_B = torch.cumsum(lens_B, 0) - lens_B
+        return b_N, torch.arange(count) - starts_B[b_N]
+
 
 def _response_tensors(chosen: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mask, behaviour log-probs, token rewards), each [B, T]."""

@@ -223,16 +223,21 @@ def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_en
     hidden_RLH = last_hidden(model, mb)
     device = hidden_RLH.device
     B, T = mb.mask_BT.shape
-    rows = mb.rows()
-    hidden_BTH = gather_response(hidden_RLH, mb.response_start_B, T, rows)
-    L = mb.input_ids_BL.shape[1]
-    pos_BT = (mb.response_start_B[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
-    targets_BT = upload(mb.input_ids_BL[rows[:, None], pos_BT], device)
-    logp_N, entropy_N = token_logprobs(
-        output_head(model), hidden_BTH.reshape(B * T, -1), targets_BT.reshape(-1), temperature, with_entropy
-    )
-    entropy_BT = entropy_N.view(B, T) if entropy_N is not None else None
-    return PolicyOut(logp_N.view(B, T), entropy_BT)
+    # Only the response tokens meet the output head, not the padding of the [B, T] rectangle: the
+    # head and its log-softmax over the vocabulary are a large part of a step's work.
+    b_N, t_N = mb.response_positions()
+    row_N = mb.rows()[b_N]
+    # Clamped into the row only for the stand-in position of a micro-batch without response tokens.
+    pos_N = (mb.response_start_B[b_N] + t_N).clamp(1, mb.input_ids_BL.shape[1] - 1)
+    hidden_NH = hidden_RLH[upload(row_N, device), upload(pos_N - 1, device)]
+    targets_N = upload(mb.input_ids_BL[row_N, pos_N], device)
+    logp_N, entropy_N = token_logprobs(output_head(model), hidden_NH, targets_N, temperature, with_entropy)
+    flat_N = upload(b_N * T + t_N, device)
+
+    def rectangle(values_N: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(B * T, dtype=values_N.dtype, device=device).scatter(0, flat_N, values_N).view(B, T)
+
+    return PolicyOut(rectangle(logp_N), rectangle(entropy_N) if entropy_N is not None else None)
 
 
 def value_forward(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:

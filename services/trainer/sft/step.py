@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from relayrl.devices import upload
 from services.trainer import distributed as D
 from services.trainer.batching import pack_by_count, shard
 from services.trainer.losses import Normaliser, aggregate
@@ -29,7 +30,8 @@ class SftMicroBatch:
     loss_mask_BL: torch.Tensor
 
     def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids_BL.to(device), "attention_mask": self.attention_mask_BL.to(device)}
+        ids, attention = upload(self.input_ids_BL, device), upload(self.attention_mask_BL, device)
+        return {"input_ids": ids, "attention_mask": attention}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +61,25 @@ def token_nll(model: nn.Module, mb: SftMicroBatch) -> tuple[torch.Tensor, torch.
     """(−log p of each next token, its loss mask), both [B, L−1]: position t predicts token t+1.
 
     From the hidden states and the output head a chunk of tokens at a time, as the RL trainer's
-    log-probs (:func:`services.trainer.model.token_logprobs`): the whole logits never exist.
+    log-probs (:func:`services.trainer.model.token_logprobs`): the whole logits never exist, and
+    positions the loss does not train get 0 without meeting the head.
     """
     hidden_BLH = last_hidden(model, mb)
-    B, L, H = hidden_BLH.shape
-    targets_BT = mb.input_ids_BL[:, 1:].to(hidden_BLH.device)
-    logp_N, _ = token_logprobs(
-        output_head(model), hidden_BLH[:, :-1].reshape(-1, H), targets_BT.reshape(-1), 1.0, with_entropy=False
+    device = hidden_BLH.device
+    B, L, _ = hidden_BLH.shape
+    mask_BT = mb.loss_mask_BL[:, 1:]
+    # Only the trained tokens meet the output head (not the prompt, not the padding); a micro-batch
+    # with none sends its first position, as every rank must run the head for FSDP's collectives.
+    b_N, t_N = mask_BT.nonzero(as_tuple=True)
+    if not len(b_N):
+        b_N, t_N = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    hidden_NH = hidden_BLH[upload(b_N, device), upload(t_N, device)]
+    targets_N = upload(mb.input_ids_BL[b_N, t_N + 1], device)
+    logp_N, _ = token_logprobs(output_head(model), hidden_NH, targets_N, 1.0, with_entropy=False)
+    nll_BT = torch.zeros(B * (L - 1), dtype=logp_N.dtype, device=device).scatter(
+        0, upload(b_N * (L - 1) + t_N, device), -logp_N
     )
-    return -logp_N.view(B, L - 1), mb.loss_mask_BL[:, 1:].to(hidden_BLH.device)
+    return nll_BT.view(B, L - 1), upload(mask_BT, device)
 
 
 def micro_loss(model: nn.Module, mb: SftMicroBatch, batch_trained_tokens: int) -> torch.Tensor:

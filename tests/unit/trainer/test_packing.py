@@ -5,9 +5,17 @@ document mask. A packed step is the padded step, loss and gradients, in fp32."""
 import pytest
 import torch
 
-from services.trainer.batching import TrainSample, collate, collate_packed, pack_tokens
+from services.trainer.batching import TrainSample, collate, collate_packed, dummy_micro_batch, pack_tokens
 from services.trainer.config import TrainerSettings
-from services.trainer.model import AdamW, LrSchedule, build_optimizer, load_actor, load_critic, policy_forward
+from services.trainer.model import (
+    AdamW,
+    LrSchedule,
+    build_optimizer,
+    load_actor,
+    load_critic,
+    output_head,
+    policy_forward,
+)
 from services.trainer.step import Models, plan_mini_batch, train_step
 
 # A long-tailed mix of response lengths, and prompts of several lengths.
@@ -70,6 +78,46 @@ def test_a_packed_forward_gives_each_sequence_its_own_log_probs(tiny_model_dir):
     # The last sequence sees none of the nine packed before it.
     n = len(samples[9].response_ids)
     torch.testing.assert_close(packed.logp_BT[9, :n], alone.logp_BT[0, :n], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_only_response_tokens_meet_the_output_head(tiny_model_dir, layout):
+    """The [B, T] rectangle spans the longest response (30 tokens for ten of 2 to 30 here): its padding
+    is neither sent through the output head nor given a log-prob, and every response token gets the
+    log-prob and entropy of the whole logits at its position."""
+    model = load_actor(tiny_model_dir, torch.device("cpu"))
+    samples = _samples()
+    index = list(range(len(samples)))
+    mb = collate(samples, index, pad_id=0) if layout == "padded" else collate_packed(samples, index)
+    seen = []
+    handle = output_head(model).register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    with torch.no_grad():
+        out = policy_forward(model, mb, 0.7, True)
+        handle.remove()
+        logits_RLV = model(**mb.model_inputs(torch.device("cpu")), use_cache=False).logits
+
+    # The model's own forward keeps one position a row (logits_to_keep); then the response tokens.
+    assert seen == [mb.input_ids_BL.shape[0], sum(LENGTHS)] and sum(LENGTHS) < len(LENGTHS) * max(LENGTHS)
+    for b, sample in enumerate(samples):
+        n, start, row = len(sample.response_ids), int(mb.response_start_B[b]), int(mb.rows()[b])
+        logp_TV = torch.log_softmax(logits_RLV[row, start - 1 : start - 1 + n] / 0.7, dim=-1)
+        expected = logp_TV.gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
+        torch.testing.assert_close(out.logp_BT[b, :n], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.entropy_BT[b, :n], -(logp_TV.exp() * logp_TV).sum(-1), atol=1e-5, rtol=0)
+        assert not out.logp_BT[b, n:].any() and not out.entropy_BT[b, n:].any()
+
+
+def test_a_micro_batch_without_response_tokens_still_runs_the_output_head(tiny_model_dir):
+    """FSDP reduces every rank's gradients together: the dummy micro-batch a rank with fewer runs
+    must send its one position through the head too, for a loss of exactly zero."""
+    model = load_actor(tiny_model_dir, torch.device("cpu"))
+    seen = []
+    handle = output_head(model).register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    out = policy_forward(model, dummy_micro_batch(pad_id=0), 1.0, True)
+    handle.remove()
+    (out.logp_BT * 0.0).sum().backward()
+
+    assert seen == [1, 1] and output_head(model).weight.grad is not None
 
 
 @pytest.fixture

@@ -66,3 +66,17 @@ def test_a_step_reports_the_loss_before_its_update_and_lowers_it(model, examples
     assert result.trained_tokens == 35 and result.tokens == sum(len(e.input_ids) for e in examples)
     assert result.stepped and result.grad_norm > 0 and result.lr == pytest.approx(1e-2)
     assert hand_loss(model, examples) < before
+
+
+def test_only_trained_tokens_meet_the_output_head(model, examples, tokenizer):
+    """Prompts and padding get no logits: the head sees one position a row (the model's own
+    logits_to_keep) and then exactly the trained tokens, whose loss is unchanged above."""
+    from services.trainer.model import output_head
+
+    seen = []
+    handle = output_head(model).register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    with torch.no_grad():
+        micro_loss(model, collate(examples, tokenizer.pad_token_id), 35)
+    handle.remove()
+
+    assert seen == [len(examples), 5 + 2 + 28]
