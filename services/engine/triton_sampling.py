@@ -11,8 +11,9 @@ The noise is Philox's, made in the kernel from a seed the engine's generator giv
 runs with one seed repeat. Greedy rows take the argmax of the logits.
 
 Top-k and top-p need each row's sorted distribution: :func:`services.engine.sampling.sampler_named`
-sends a batch with such a row to the torch sampler whole. On a CPU, Triton runs kernels only in its interpreter (``TRITON_INTERPRET=1``, set
-before Triton is imported), where the tests check this one; the engine takes it on CUDA.
+sends a batch with such a row to the torch sampler whole. On a CPU, Triton runs kernels only in
+its interpreter (``TRITON_INTERPRET=1``, set before Triton is imported), where the tests check
+this one; the engine takes it on CUDA.
 """
 
 from __future__ import annotations
