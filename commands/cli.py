@@ -66,6 +66,7 @@ BENCHMARKS: dict[str, str] = {
     "sampling": "services.engine.sampling_bench:bench",
     "staleness": "commands.stack.bench_staleness:bench",
     "checkpoint": "services.trainer.checkpoint_bench:bench",
+    "logprobs": "services.trainer.logprob_bench:bench",
 }
 
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")

@@ -373,8 +373,9 @@ WARM_UP_RESPONSES = (24, 300)
 
 
 def compiles(s: TrainerSettings) -> bool:
-    """Whether the models compile kernels at their first passes (flex_attention, use_torch_compile)."""
-    return ModelOptions.of(s).compiles
+    """Whether the models compile kernels at their first passes: flex_attention, use_torch_compile,
+    and on CUDA the log-probs' statistics over the vocabulary (``model.token_logprobs``)."""
+    return ModelOptions.of(s).compiles or s.device == "cuda"
 
 
 def warm_up(models: Models, s: TrainerSettings, pad_id: int) -> bool:

@@ -30,7 +30,7 @@ no_gpu = pytest.mark.skipif(cuda_unavailable_reason() is None, reason="this mach
 
 
 @no_gpu
-@pytest.mark.parametrize("bench", ["engine", "rollout", "openai", "sampling"])
+@pytest.mark.parametrize("bench", ["engine", "rollout", "openai", "sampling", "logprobs"])
 def test_device_cuda_without_a_gpu_is_refused_naming_the_option(bench: str) -> None:
     result = CliRunner().invoke(app, ["bench", bench, "--device", "cuda"])
 
