@@ -97,15 +97,17 @@ SampleFn = Callable[[torch.Tensor, Sequence[SamplingConfig], torch.Generator], t
 
 @dataclass(frozen=True, slots=True)
 class Sampler:
-    """A sampling backend (``sampling_backend``): its name and its :func:`sample_batch`."""
+    """A sampling backend (``sampling_backend``): its name, its :func:`sample_batch`, and whether it
+    builds a kernel at first use."""
 
     name: str
     sample: SampleFn
+    compiles: bool = False
 
     def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
         """Draws once from a throwaway generator, so a kernel built at first use (Triton's) is built
         at start, not under the first requests; the engine's own generator is left as it was."""
-        if self.name == "pytorch":
+        if not self.compiles:
             return
         throwaway = torch.Generator(device=device).manual_seed(0)
         self.sample(torch.zeros((1, vocab), dtype=dtype, device=device), [SamplingConfig()], throwaway)
@@ -141,4 +143,4 @@ def sampler_named(name: str, device: torch.device) -> Sampler:
         scales = [1.0 if c.greedy else 1.0 / c.temperature for c in configs]
         return sample_plain(logits_BV, scales, [c.greedy for c in configs], generator)
 
-    return Sampler("triton", sample)
+    return Sampler("triton", sample, compiles=True)
