@@ -342,9 +342,9 @@ def _shown(value: float | tuple[float, ...]) -> str:
 def build_optimizer(model: nn.Module, adamw: AdamW, schedule: LrSchedule):
     """AdamW over the trainable parameters (with LoRA, the adapter's) with ``schedule`` on its learning rate."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        trainable, lr=adamw.lr, weight_decay=adamw.weight_decay, eps=adamw.eps, betas=adamw.betas, foreach=False
-    )
+    # torch's own choice of implementation: on CUDA one multi-tensor kernel per operation over every
+    # parameter (foreach), instead of a dozen launches per parameter; on a CPU, one at a time.
+    opt = torch.optim.AdamW(trainable, lr=adamw.lr, weight_decay=adamw.weight_decay, eps=adamw.eps, betas=adamw.betas)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule.factor)
 
 
