@@ -330,6 +330,7 @@ async def stream_workload(
         "cuda_graph": bool(info["cuda_graph_batch_sizes"]),
         "device_wait_share": _device_wait_share(before, info),
         "overlap_schedule": info["overlap_schedule"],
+        "sampling_backend": info["sampling_backend"],
         "peak_gpu_memory_gib": round(peak / 2**30, 2) if peak else None,
     }
 

@@ -57,7 +57,7 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
         assert 0 < engine["ttft_p50_s"] <= engine["ttft_p99_s"]
         assert 0 < engine["itl_p50_s"] <= engine["itl_p99_s"]
         assert 0 < engine["kv_blocks_used"] <= engine["kv_blocks_total"]
-        assert engine["attention_backend"] == name
+        assert engine["attention_backend"] == name and engine["sampling_backend"] == "pytorch"
         assert engine["peak_gpu_memory_gib"] is None and engine["cuda_graph"] is False
         # On CPU the pass runs on the host: reading a step's tokens back waits on no device.
         assert 0 <= engine["device_wait_share"] < 0.5
