@@ -56,7 +56,7 @@ def runner(request: pytest.FixtureRequest) -> Iterator[ModelRunner]:
 def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(
     runner: ModelRunner, sampling_backend: str
 ) -> None:
-    sample_batch: SampleFn = sampler_named(sampling_backend, torch.device("cuda")).sample
+    sample: SampleFn = sampler_named(sampling_backend, torch.device("cuda")).sample
     configs = SAMPLERS[sampling_backend]
     generator = torch.Generator(device="cuda").manual_seed(0)
     prompts = [[3 + i, 5, 7 + i, 11] * (i + 1) for i in range(len(configs))]
@@ -64,9 +64,9 @@ def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(
     for _ in range(2):
         done = runner.prefill(prompts)
         logits = torch.stack([d.logits for d in done])
-        tokens = sample_batch(logits, configs, generator)[0].tolist()
+        tokens = sample(logits, configs, generator)[0].tolist()
         logits = runner.decode([d.slot for d in done], tokens)
-        sample_batch(logits, configs, generator)
+        sample(logits, configs, generator)
         for d in done:
             runner.kv.release(d.slot)
     torch.cuda.synchronize()
@@ -74,9 +74,9 @@ def test_prefill_decode_and_sampling_launch_without_waiting_for_the_device(
     torch.cuda.set_sync_debug_mode("error")
     try:
         done = runner.prefill(prompts)
-        tokens_B, _ = sample_batch(torch.stack([d.logits for d in done]), configs, generator)
+        tokens_B, _ = sample(torch.stack([d.logits for d in done]), configs, generator)
         logits = runner.decode([d.slot for d in done], [7] * len(done))
-        tokens_B, logprobs_B = sample_batch(logits, configs, generator)
+        tokens_B, logprobs_B = sample(logits, configs, generator)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
