@@ -85,14 +85,14 @@ STAGES: tuple[Stage, ...] = (
         "sampling",
         "#47",
         "the pytorch and triton samplers at 1, 64 and 256 rows of Qwen's vocabulary",
-        Run("base-vocab", ("bench", "sampling", "--device", "cuda", "--json"), 60),
+        Run("base-vocab", ("bench", "sampling", "--device", "cuda", "--json"), 75),
     ),
     # The trainer's log-probs over the vocabulary, eager against compiled (the trainer run above used compiled).
     _bench(
         "logprobs",
         "#46",
         "the log-probs' statistics eager and compiled, a 16k-token pass with Qwen's output head",
-        Run("base-head", ("bench", "logprobs", "--device", "cuda", "--json"), 60),
+        Run("base-head", ("bench", "logprobs", "--device", "cuda", "--json"), 90),
     ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
     _bench(
