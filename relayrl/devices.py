@@ -44,6 +44,17 @@ def available_device(value: DeviceName) -> DeviceName:
 Device = Annotated[DeviceName, AfterValidator(available_device)]
 
 
+def check_bench_device(device: str) -> None:
+    """A bench's ``--device``: cpu, or cuda where a GPU is usable; otherwise one line naming the option
+    (a usage error), before the bench starts anything."""
+    import typer
+
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
+    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
+        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+
+
 def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` (a host array or tensor) on ``device``, queued behind the work already launched there
     instead of waiting for it.

@@ -93,14 +93,11 @@ def bench(
     import json
     from typing import get_args
 
-    from relayrl.devices import cuda_unavailable_reason
+    from relayrl.devices import check_bench_device
     from services.engine.bench import run_bench
     from services.engine.config import AttentionBackend, EngineSettings
 
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
-    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
-        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+    check_bench_device(device)
     backends = [name.strip() for name in attention.split(",") if name.strip()]
     known = get_args(AttentionBackend)
     # auto is a backend named by device: with that backend also listed, the two would be one run twice.

@@ -93,12 +93,9 @@ def bench(
     """The engine's sampling backends (pytorch, triton) on one step's logits, side by side: milliseconds per call."""
     import json
 
-    from relayrl.devices import cuda_unavailable_reason
+    from relayrl.devices import check_bench_device
 
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
-    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
-        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+    check_bench_device(device)
     try:
         batches = [int(b) for b in batch.split(",") if b.strip()]
     except ValueError:

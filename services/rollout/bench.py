@@ -46,18 +46,6 @@ class BenchResult:
         return asdict(self)
 
 
-def check_device(device: str) -> None:
-    """A bench's ``--device``: cpu, or cuda where a GPU is usable; otherwise one line naming the option."""
-    import typer
-
-    from relayrl.devices import cuda_unavailable_reason
-
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
-    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
-        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
-
-
 @contextlib.contextmanager
 def tiny_engine_and_redis(prefix: str, preset: str = "tiny", device: str = "cpu") -> Iterator[tuple[str, Path, str]]:
     """What one bench run against the built-in engine needs: a model of ``preset`` served by an

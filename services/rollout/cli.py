@@ -54,8 +54,9 @@ def bench(
     """Tokens/s through the rollout service vs. the same requests sent straight to the engine, same run."""
     import json
 
-    from services.rollout.bench import check_device, run_bench
+    from relayrl.devices import check_bench_device
+    from services.rollout.bench import run_bench
 
-    check_device(device)
+    check_bench_device(device)
     result = run_bench(prompts, n, max_new_tokens, inflight, rounds, device)
     typer.echo(json.dumps(result.to_dict()))

@@ -344,9 +344,9 @@ def bench(
     """Tokens/s of the same agent episodes through /v1/chat/completions vs. the native engine path, same run."""
     import json
 
-    from services.rollout.bench import check_device
+    from relayrl.devices import check_bench_device
 
-    check_device(device)
+    check_bench_device(device)
     presets = ("tiny", "small", "base") if device == "cuda" else ("tiny", "small")
     if preset not in presets:
         raise typer.BadParameter(f"{preset!r}: choose {' or '.join(presets)} on {device}", param_hint="--preset")

@@ -75,12 +75,9 @@ def bench(
     side: seconds per pass."""
     import json
 
-    from relayrl.devices import cuda_unavailable_reason
+    from relayrl.devices import check_bench_device
 
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
-    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
-        raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
+    check_bench_device(device)
     tokens = tokens or (16384 if device == "cuda" else 2048)
     if tokens < 2:
         raise typer.BadParameter(f"{tokens}: give at least 2 tokens", param_hint="--tokens")
