@@ -121,16 +121,18 @@ class ModelRunner:
             else [self.prefixes.lookup(prompt, adapter) for prompt, adapter in zip(prompts, chosen, strict=True)]
         )
         cached = [hit[1] if hit else 0 for hit in hits]
-        longest_first = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) - cached[i], reverse=True)
+        # Tokens each prompt still needs fed, past what the prefix cache gave.
+        remaining = [len(p) - c for p, c in zip(prompts, cached, strict=True)]
+        longest_first = sorted(range(len(prompts)), key=remaining.__getitem__, reverse=True)
         results: list[Prefilled | None] = [None] * len(prompts)
         taken: list[Slot] = []
-        for group in _similar_lengths(longest_first, [len(p) - c for p, c in zip(prompts, cached, strict=True)]):
+        for group in _similar_lengths(longest_first, remaining):
             try:
                 slots = [self.kv.add(hits[i][0].blocks if hits[i] else (), cached[i]) for i in group]
                 taken.extend(slots)
-                feeds = [prompts[i][cached[i] :] for i in group]
-                input_ids = upload(_feed_ids(feeds), self.device)
-                logits = self._forward(slots, [len(feed) for feed in feeds], input_ids, [chosen[i] for i in group])
+                fed = [remaining[i] for i in group]
+                input_ids = upload(_feed_ids([prompts[i][cached[i] :] for i in group], fed), self.device)
+                logits = self._forward(slots, fed, input_ids, [chosen[i] for i in group])
             except OutOfBlocks:
                 for slot in taken:  # all or nothing: the caller retries these prompts later
                     self.kv.release(slot)
@@ -138,7 +140,7 @@ class ModelRunner:
             self.counts.prefill += 1
             for row, i in enumerate(group):
                 results[i] = Prefilled(slots[row], logits, row, cached[i])
-                self.counts.prefill_tokens += len(prompts[i]) - cached[i]
+                self.counts.prefill_tokens += remaining[i]
                 self.counts.cached_tokens += cached[i]
         return [r for r in results if r is not None]
 
@@ -263,9 +265,10 @@ def _similar_lengths(longest_first: list[int], lengths: list[int]) -> Iterator[l
         yield group
 
 
-def _feed_ids(feeds: Sequence[Sequence[int]]) -> np.ndarray:
-    """The token ids of a pass's feeds, ``[B, L]`` right-aligned and padded with 0 before."""
-    fed_B = np.fromiter((len(feed) for feed in feeds), np.int64, len(feeds))
+def _feed_ids(feeds: Sequence[Sequence[int]], fed: Sequence[int]) -> np.ndarray:
+    """The token ids of a pass's feeds (``fed[i]`` tokens each), ``[B, L]`` right-aligned and padded
+    with 0 before."""
+    fed_B = np.array(fed, np.int64)
     longest = int(fed_B.max())
     input_ids = np.zeros((len(feeds), longest), np.int64)
     input_ids[np.arange(longest) >= (longest - fed_B)[:, None]] = np.fromiter(
