@@ -185,6 +185,12 @@ def _logit_stats(
     return logp_N, entropy_N
 
 
+def fuses_logit_stats(device_type: str) -> bool:
+    """Whether :func:`token_logprobs` compiles its statistics on this device by default: on CUDA; on a
+    CPU the compile would cost each trainer process more than it saves."""
+    return device_type == "cuda"
+
+
 @functools.cache
 def _fused_logit_stats() -> Any:
     """:func:`_logit_stats` compiled: its upcast, temperature, log-sum-exp, softmax and sums (and their
@@ -225,12 +231,12 @@ def token_logprobs(
     head, ``chunk_tokens`` at a time: the [N, V] logits never exist whole.
 
     With gradients each chunk is checkpointed: the backward computes its logits again, one chunk at a
-    time, so peak memory follows the chunk, not tokens × vocabulary. ``fused`` (default: on CUDA) takes
-    the statistics from the logits with compiled kernels (:func:`_fused_logit_stats`); on a CPU the
-    compile would cost each trainer process more than it saves.
+    time, so peak memory follows the chunk, not tokens × vocabulary. ``fused`` (default:
+    :func:`fuses_logit_stats`) takes the statistics from the logits with compiled kernels
+    (:func:`_fused_logit_stats`).
     """
     if fused is None:
-        fused = hidden_NH.device.type == "cuda"
+        fused = fuses_logit_stats(hidden_NH.device.type)
     logps, entropies = [], []
     for start in range(0, hidden_NH.shape[0], chunk_tokens):
         args = (head, hidden_NH[start : start + chunk_tokens], targets_N[start : start + chunk_tokens])

@@ -38,7 +38,7 @@ from services.trainer.losses import (
     policy_loss,
     value_loss,
 )
-from services.trainer.model import ModelOptions, clip_and_step, policy_forward, value_forward
+from services.trainer.model import ModelOptions, clip_and_step, fuses_logit_stats, policy_forward, value_forward
 from services.trainer.perf import synchronize
 
 
@@ -375,7 +375,7 @@ WARM_UP_RESPONSES = (24, 300)
 def compiles(s: TrainerSettings) -> bool:
     """Whether the models compile kernels at their first passes: flex_attention, use_torch_compile,
     and on CUDA the log-probs' statistics over the vocabulary (``model.token_logprobs``)."""
-    return ModelOptions.of(s).compiles or s.device == "cuda"
+    return ModelOptions.of(s).compiles or fuses_logit_stats(s.device)
 
 
 def warm_up(models: Models, s: TrainerSettings, pad_id: int) -> bool:
