@@ -31,10 +31,11 @@ helm: $(STAMP)
 # compiled for sm_90), in a folder of its own that only their processes put on their path: the CPU
 # torch brings none, and torch's dynamo would import one on the venv's path into every process that
 # touches torch.compile (tests/unit/engine/triton_runs.py). A GPU host's torch brings its own.
-$(STAMP): pyproject.toml constraints.txt
+# scripts/install-triton.sh says what of it is left out, and why.
+$(STAMP): pyproject.toml constraints.txt scripts/install-triton.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade --target $(VENV)/triton triton==3.9.0
+	PIP=$(BIN)/pip bash scripts/install-triton.sh $(VENV)/triton
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,docs,all]'
 	@touch $(STAMP)
 

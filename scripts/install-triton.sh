@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs Triton into a folder of its own (.venv/triton) for the tests of the engine's Triton kernels:
+# they run them in Triton's interpreter and compile them for sm_90 (tests/unit/engine/triton_runs.py).
+#
+# The wheel unpacks to about 1 GB, and CI's disk has run out on it (Errno 28, halfway through setup).
+# Those tests need libtriton, the Python package and its backends (the AMD one stays: Triton's entry
+# points name it and import it); the CUPTI libraries and libproton serve only Triton's profiler, and go
+# (about 300 MB). No pip cache, so the wheel is not kept twice.
+set -euo pipefail
+
+VERSION="3.9.0"
+DEST="${1:-.venv/triton}"
+PIP="${PIP:-.venv/bin/pip}"
+STAMP="$DEST/.source"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "triton==$VERSION" ]]; then
+  exit 0
+fi
+rm -rf "$DEST"
+"$PIP" install --quiet --disable-pip-version-check --no-cache-dir --target "$DEST" "triton==$VERSION"
+rm -rf "$DEST"/triton/backends/nvidia/lib/cupti* "$DEST/triton/_C/libproton.so"
+echo "triton==$VERSION" > "$STAMP"
