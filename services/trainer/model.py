@@ -251,32 +251,49 @@ def token_logprobs(
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
 
+def logprobs_at(
+    model: nn.Module,
+    hidden_RLH: torch.Tensor,
+    row_N: torch.Tensor,
+    pos_N: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) (and the entropy) of each token predicted by the hidden state at (row, position),
+    all three given as host tensors: only those positions meet the output head, in chunks
+    (:func:`token_logprobs`), not the padding around them. Results are on the hidden states' device."""
+    device = hidden_RLH.device
+    hidden_NH = hidden_RLH[upload(row_N, device), upload(pos_N, device)]
+    return token_logprobs(output_head(model), hidden_NH, upload(targets_N, device), temperature, with_entropy)
+
+
+def scattered(values_N: torch.Tensor, flat_N: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A zero tensor of ``shape`` with ``values_N`` at the flat indices ``flat_N`` (a host tensor)."""
+    zeros = torch.zeros(math.prod(shape), dtype=values_N.dtype, device=values_N.device)
+    return zeros.scatter(0, upload(flat_N, values_N.device), values_N).view(shape)
+
+
 def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool) -> PolicyOut:
     """Log-probs of the response tokens under ``model`` at the sampling temperature.
 
     Logits are divided by the temperature before log_softmax (as verl does), so at
-    temperature 1 these are the engine's log-probs up to numerics. Only the response positions'
-    hidden states meet the output head, in chunks (:func:`token_logprobs`). Results stay on the
-    model's device.
+    temperature 1 these are the engine's log-probs up to numerics. Only the response tokens meet the
+    output head (:func:`logprobs_at`), not the padding of the [B, T] rectangle: the head and its
+    log-softmax over the vocabulary are a large part of a step's work. Results stay on the model's
+    device, zero in the padding.
     """
     hidden_RLH = last_hidden(model, mb)
-    device = hidden_RLH.device
     B, T = mb.mask_BT.shape
-    # Only the response tokens meet the output head, not the padding of the [B, T] rectangle: the
-    # head and its log-softmax over the vocabulary are a large part of a step's work.
     b_N, t_N = mb.response_positions()
     row_N = mb.rows()[b_N]
     # Clamped into the row only for the stand-in position of a micro-batch without response tokens.
     pos_N = (mb.response_start_B[b_N] + t_N).clamp(1, mb.input_ids_BL.shape[1] - 1)
-    hidden_NH = hidden_RLH[upload(row_N, device), upload(pos_N - 1, device)]
-    targets_N = upload(mb.input_ids_BL[row_N, pos_N], device)
-    logp_N, entropy_N = token_logprobs(output_head(model), hidden_NH, targets_N, temperature, with_entropy)
-    flat_N = upload(b_N * T + t_N, device)
-
-    def rectangle(values_N: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(B * T, dtype=values_N.dtype, device=device).scatter(0, flat_N, values_N).view(B, T)
-
-    return PolicyOut(rectangle(logp_N), rectangle(entropy_N) if entropy_N is not None else None)
+    targets_N = mb.input_ids_BL[row_N, pos_N]
+    logp_N, entropy_N = logprobs_at(model, hidden_RLH, row_N, pos_N - 1, targets_N, temperature, with_entropy)
+    flat_N = b_N * T + t_N
+    entropy_BT = scattered(entropy_N, flat_N, (B, T)) if entropy_N is not None else None
+    return PolicyOut(scattered(logp_N, flat_N, (B, T)), entropy_BT)
 
 
 def value_forward(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:

@@ -17,7 +17,7 @@ from relayrl.devices import upload
 from services.trainer import distributed as D
 from services.trainer.batching import pack_by_count, shard
 from services.trainer.losses import Normaliser, aggregate
-from services.trainer.model import clip_and_step, last_hidden, output_head, token_logprobs
+from services.trainer.model import clip_and_step, last_hidden, logprobs_at, scattered
 from services.trainer.sft.data import SftExample
 
 
@@ -61,25 +61,19 @@ def token_nll(model: nn.Module, mb: SftMicroBatch) -> tuple[torch.Tensor, torch.
     """(−log p of each next token, its loss mask), both [B, L−1]: position t predicts token t+1.
 
     From the hidden states and the output head a chunk of tokens at a time, as the RL trainer's
-    log-probs (:func:`services.trainer.model.token_logprobs`): the whole logits never exist, and
+    log-probs (:func:`services.trainer.model.logprobs_at`): the whole logits never exist, and
     positions the loss does not train get 0 without meeting the head.
     """
     hidden_BLH = last_hidden(model, mb)
-    device = hidden_BLH.device
     B, L, _ = hidden_BLH.shape
     mask_BT = mb.loss_mask_BL[:, 1:]
-    # Only the trained tokens meet the output head (not the prompt, not the padding); a micro-batch
-    # with none sends its first position, as every rank must run the head for FSDP's collectives.
     b_N, t_N = mask_BT.nonzero(as_tuple=True)
     if not len(b_N):
+        # A micro-batch with no trained token still sends one position: every rank must run the
+        # head for FSDP's collectives.
         b_N, t_N = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
-    hidden_NH = hidden_BLH[upload(b_N, device), upload(t_N, device)]
-    targets_N = upload(mb.input_ids_BL[b_N, t_N + 1], device)
-    logp_N, _ = token_logprobs(output_head(model), hidden_NH, targets_N, 1.0, with_entropy=False)
-    nll_BT = torch.zeros(B * (L - 1), dtype=logp_N.dtype, device=device).scatter(
-        0, upload(b_N * (L - 1) + t_N, device), -logp_N
-    )
-    return nll_BT.view(B, L - 1), upload(mask_BT, device)
+    logp_N, _ = logprobs_at(model, hidden_BLH, b_N, t_N, mb.input_ids_BL[b_N, t_N + 1], 1.0, with_entropy=False)
+    return scattered(-logp_N, b_N * (L - 1) + t_N, (B, L - 1)), upload(mask_BT, hidden_BLH.device)
 
 
 def micro_loss(model: nn.Module, mb: SftMicroBatch, batch_trained_tokens: int) -> torch.Tensor:
