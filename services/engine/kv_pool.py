@@ -35,7 +35,8 @@ class KVLayout:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        # The dtype's own size, not a tensor's: the scheduler reads this at every step.
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> KVLayout:
