@@ -40,17 +40,19 @@ def test_a_read_back_waits_for_the_passes_queued_before_it_and_not_for_those_aft
 
 
 def test_every_pass_streams_the_whole_workload_and_a_decode_wait_is_in_every_step() -> None:
-    result = run_host_bench(12, 8, 24, decode_ms=[0, 5], prefill_us_per_token=3.0, stream_interval=1)
+    result = run_host_bench(12, 8, 24, decode_ms=[0, 20], prefill_us_per_token=3.0, stream_interval=1)
 
     lengths = Workload.nano_vllm(12, 8, 24, preset_spec("tiny").vocab_size).output_lens
-    assert set(result["passes"]) == {"0ms", "5ms"}
+    assert set(result["passes"]) == {"0ms", "20ms"}
     assert all(figures["output_tokens"] == sum(lengths) for figures in result["passes"].values())
     # Each token after a request's first is a decode pass of its own, and the simulated GPU runs
-    # its 5 ms passes one after another: the longest answer takes at least that many of them.
-    assert result["passes"]["5ms"]["wall_s"] >= (max(lengths) - 1) * 0.005
-    # A dozen rows are little host work against a 5 ms pass: the host spends most of each step
-    # waiting for the device, and with no wait at all, next to none.
-    assert result["passes"]["5ms"]["device_wait_share"] > 0.5
+    # its 20 ms passes one after another: the longest answer takes at least that many of them.
+    assert result["passes"]["20ms"]["wall_s"] >= (max(lengths) - 1) * 0.020
+    # A dozen rows are little host work against a 20 ms pass: the host spends most of each step
+    # waiting for the device, and with no wait at all, next to none. (Against 5 ms passes the
+    # share swung between 0.48 and 0.78 from run to run on a slow day: a step's wait also counts
+    # until the serving thread hands back the GIL, which Python does every 5 ms.)
+    assert result["passes"]["20ms"]["device_wait_share"] > 0.5
     assert result["passes"]["0ms"]["device_wait_share"] < 0.2
 
 
