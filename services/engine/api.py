@@ -212,7 +212,7 @@ def sglang_router(state: EngineState) -> APIRouter:
             streams = [
                 SampleStream(
                     seq,
-                    state.decode_text,
+                    state.text,
                     i if batched else None,
                     settings.incremental_streaming_output,
                     settings.stream_interval,

@@ -6,7 +6,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
 from services.engine.sampling import sampler_named
 from services.engine.scheduler import PauseMode, Scheduler
+from services.engine.streaming import TextDecoder
 from services.engine.tensor_updates import named_tensors
 from services.engine.weights import apply_tensors, read_safetensors_dir, read_safetensors_to_device
 from services.paramsync.channels.torch_dist import TorchDistReceiver
@@ -29,11 +30,12 @@ from services.paramsync.channels.torch_dist import TorchDistReceiver
 log = logging.getLogger(__name__)
 
 
-def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+def text_decoder(tokenizer: Any) -> TextDecoder:
     """``tokenizer.decode(ids, skip_special_tokens=True)``, through the Rust tokenizer itself where
     that is all transformers' decode would do (a fast tokenizer whose class keeps transformers'
     decode, with no clean-up of spaces): the wrapper converts every id in Python first, which with
-    hundreds of streams a step took a third of the thread that serves them."""
+    hundreds of streams a step took a third of the thread that serves them. The Rust tokenizer drops
+    ids it does not have, so its streams may leave them out (:class:`~services.engine.streaming.IncrementalText`)."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -44,8 +46,10 @@ def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
         and cls._decode is TokenizersBackend._decode
         and not tokenizer.clean_up_tokenization_spaces
     ):
-        return functools.partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=True)
-    return functools.partial(tokenizer.decode, skip_special_tokens=True)
+        rust = tokenizer.backend_tokenizer
+        known = max(rust.get_vocab(with_added_tokens=True).values()) + 1
+        return TextDecoder(functools.partial(rust.decode, skip_special_tokens=True), known)
+    return TextDecoder(functools.partial(tokenizer.decode, skip_special_tokens=True))
 
 
 class EngineMetrics:
@@ -100,7 +104,7 @@ class EngineState:
         sampler = sampler_named(settings.resolved_sampling_backend(), self.device)
         self.model = load_causal_lm(settings.model_path, dtype=settings.resolved_dtype(), device=settings.device)
         self.tokenizer = load_tokenizer(settings.model_path)
-        self._decode = text_decoder(self.tokenizer)
+        self.text = text_decoder(self.tokenizer)
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.context_length = settings.context_length or int(getattr(config, "max_position_embeddings", 4096))
@@ -167,7 +171,7 @@ class EngineState:
         return runner
 
     def decode_text(self, ids: list[int]) -> str:
-        return self._decode(ids)
+        return self.text.decode(ids)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from services.engine.device import cache_tokens
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence, version_spans
 from services.engine.state import text_decoder
-from services.engine.streaming import IncrementalText, SampleStream
+from services.engine.streaming import IncrementalText, SampleStream, TextDecoder
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,28 @@ def test_incremental_text_equals_the_whole_decode_and_never_shows_half_a_charact
     assert all("\ufffd" not in part for part in seen)
     # Each step's text extends the previous one: a client appending deltas gets the whole text.
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(seen))
+
+
+def test_ids_the_tokenizer_lacks_are_left_out_so_the_decoded_window_stays_a_few_tokens(tokenizer) -> None:
+    # The random base preset: 151,936 output rows over this 259-id tokenizer, so nearly every sampled id
+    # is one the tokenizer does not have, and decodes to nothing.
+    decoder = text_decoder(tokenizer)
+    assert decoder.known == len(tokenizer)
+    rng = random.Random(0)
+    ids = [rng.randrange(151936) for _ in range(2000)] + tokenizer("héllo ✓")["input_ids"]
+    slices: list[int] = []
+
+    def decode(part: list[int]) -> str:
+        slices.append(len(part))
+        return decoder.decode(part)
+
+    stream = IncrementalText(decode, decoder.known)
+    shown = [stream.update(ids, count) for count in range(1, len(ids) + 1)]
+
+    assert shown[-1] == decoder.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(shown))
+    # Without leaving them out each chunk decoded every id since the last visible text: thousands.
+    assert max(slices) <= 8
 
 
 def _line(chunk: dict | str) -> bytes:
@@ -98,7 +121,8 @@ async def test_a_streams_chunks_carry_their_tokens_weight_versions_while_later_t
         loop=loop,
         future=loop.create_future(),
     )
-    stream = SampleStream(seq, lambda ids: "".join(chr(97 + i) for i in ids), None, incremental=True, interval=1)
+    text = TextDecoder(lambda ids: "".join(chr(97 + i) for i in ids))
+    stream = SampleStream(seq, text, None, incremental=True, interval=1)
     chunks = stream.chunks()
     sent = []
     for token, version in enumerate(["1", "1", "2", "2", "3"]):
@@ -124,11 +148,13 @@ def test_the_engines_text_is_the_tokenizers_decode_without_special_tokens(tokeni
     ids = tokenizer("<|im_start|>assistant\nhéllo ✓<|im_end|>")["input_ids"]
     fast = text_decoder(tokenizer)
     # The fast path is the Rust tokenizer's own decode, not transformers' wrapper around it.
-    assert fast.func == tokenizer.backend_tokenizer.decode
-    assert fast(ids) == tokenizer.decode(ids, skip_special_tokens=True) == "assistant\nhéllo ✓"
+    assert fast.decode.func == tokenizer.backend_tokenizer.decode
+    assert fast.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True) == "assistant\nhéllo ✓"
 
     tokenizer.clean_up_tokenization_spaces = True  # a clean-up only transformers' decode does
     try:
-        assert text_decoder(tokenizer).func == tokenizer.decode
+        slow = text_decoder(tokenizer)
+        # transformers' own decode may not drop unknown ids as the Rust one does: nothing is left out.
+        assert slow.decode.func == tokenizer.decode and slow.known is None
     finally:
         tokenizer.clean_up_tokenization_spaces = False
