@@ -55,6 +55,13 @@ def check_bench_device(device: str) -> None:
         raise typer.BadParameter(f"cuda: {reason}", param_hint="--device")
 
 
+def bench_gpu_name(device: str) -> str | None:
+    """The GPU a bench ran on, for its JSON (``gpu``): CUDA's name for the device, None on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else None
+
+
 def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` (a host array or tensor) on ``device``, queued behind the work already launched there
     instead of waiting for it.

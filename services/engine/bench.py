@@ -48,6 +48,7 @@ from typing import Annotated, Any
 
 import typer
 
+from relayrl.devices import bench_gpu_name
 from services.engine.launch import ENGINE_MODULE
 
 SHM = Path("/dev/shm")
@@ -164,7 +165,7 @@ def run_bench(
         result: dict[str, Any] = {
             "bench": "engine",
             "device": device,
-            "gpu": _gpu_name(device),
+            "gpu": bench_gpu_name(device),
             "preset": preset,
             "requests": requests,
             "min_len": min_len,
@@ -211,12 +212,6 @@ MIN_WINDOW_S = 10.0
 
 def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() > deadline
-
-
-def _gpu_name(device: str) -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name() if device == "cuda" else None
 
 
 @contextmanager

@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
+from relayrl.devices import bench_gpu_name, check_bench_device
+
 BACKENDS = ("pytorch", "triton")
 
 
@@ -71,7 +73,7 @@ def run_sampling_bench(device: str, batches: list[int], vocab: int, dtype: str, 
     return {
         "bench": "sampling",
         "device": device,
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "gpu": bench_gpu_name(device),
         "vocab": vocab,
         "dtype": dtype,
         "calls": calls,
@@ -92,8 +94,6 @@ def bench(
 ) -> None:
     """The engine's sampling backends (pytorch, triton) on one step's logits, side by side: milliseconds per call."""
     import json
-
-    from relayrl.devices import check_bench_device
 
     check_bench_device(device)
     try:

@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from relayrl.devices import bench_gpu_name, check_bench_device
+
 
 def run_logprob_bench(device: str, tokens: int, width: int, vocab: int, dtype: str, rounds: int) -> dict[str, Any]:
     import torch
@@ -50,7 +52,7 @@ def run_logprob_bench(device: str, tokens: int, width: int, vocab: int, dtype: s
     return {
         "bench": "logprobs",
         "device": device,
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "gpu": bench_gpu_name(device),
         "tokens": tokens,
         "chunk_tokens": LOGPROB_CHUNK_TOKENS,
         "width": width,
@@ -74,8 +76,6 @@ def bench(
     """The trainer's log-probs and entropy from hidden states (forward and backward), eager and fused, side by
     side: seconds per pass."""
     import json
-
-    from relayrl.devices import check_bench_device
 
     check_bench_device(device)
     tokens = tokens or (16384 if device == "cuda" else 2048)
