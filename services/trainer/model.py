@@ -269,9 +269,9 @@ def logprobs_at(
 
 
 def scattered(values_N: torch.Tensor, flat_N: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A zero tensor of ``shape`` with ``values_N`` at the flat indices ``flat_N`` (a host tensor)."""
+    """A zero tensor of ``shape`` with ``values_N`` at the flat indices ``flat_N`` (on the values' device)."""
     zeros = torch.zeros(math.prod(shape), dtype=values_N.dtype, device=values_N.device)
-    return zeros.scatter(0, upload(flat_N, values_N.device), values_N).view(shape)
+    return zeros.scatter(0, flat_N, values_N).view(shape)
 
 
 def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool) -> PolicyOut:
@@ -291,7 +291,8 @@ def policy_forward(model: nn.Module, mb: MicroBatch, temperature: float, with_en
     pos_N = (mb.response_start_B[b_N] + t_N).clamp(1, mb.input_ids_BL.shape[1] - 1)
     targets_N = mb.input_ids_BL[row_N, pos_N]
     logp_N, entropy_N = logprobs_at(model, hidden_RLH, row_N, pos_N - 1, targets_N, temperature, with_entropy)
-    flat_N = b_N * T + t_N
+    # Uploaded once: the log-probs and the entropy fill the same positions.
+    flat_N = upload(b_N * T + t_N, logp_N.device)
     entropy_BT = scattered(entropy_N, flat_N, (B, T)) if entropy_N is not None else None
     return PolicyOut(scattered(logp_N, flat_N, (B, T)), entropy_BT)
 

@@ -73,7 +73,8 @@ def token_nll(model: nn.Module, mb: SftMicroBatch) -> tuple[torch.Tensor, torch.
         # head for FSDP's collectives.
         b_N, t_N = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
     logp_N, _ = logprobs_at(model, hidden_BLH, b_N, t_N, mb.input_ids_BL[b_N, t_N + 1], 1.0, with_entropy=False)
-    return scattered(-logp_N, b_N * (L - 1) + t_N, (B, L - 1)), upload(mask_BT, hidden_BLH.device)
+    device = hidden_BLH.device
+    return scattered(-logp_N, upload(b_N * (L - 1) + t_N, device), (B, L - 1)), upload(mask_BT, device)
 
 
 def micro_loss(model: nn.Module, mb: SftMicroBatch, batch_trained_tokens: int) -> torch.Tensor:
