@@ -17,8 +17,9 @@ from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Path
+from pydantic import AfterValidator
 
-from services.queue.keys import Keys
+from services.queue.keys import Keys, is_entry_id
 
 
 def _text(value: Any) -> str:
@@ -36,12 +37,20 @@ async def entry_status(redis: aioredis.Redis, keys: Keys, entry_id: str, scan: i
     return {"entry_id": entry_id, "status": "gone"}
 
 
+def _stream_id(text: str) -> str:
+    if not is_entry_id(text):
+        raise ValueError("not a stream entry id: want '<ms>-<seq>', each part a number below 2**64")
+    return text
+
+
 def entries_router(redis: aioredis.Redis, keys: Keys, scan: int) -> APIRouter:
     router = APIRouter()
 
-    # A Redis stream id (``ms-seq``), so anything else is a 422 rather than Redis's error as a 500.
+    # A Redis stream id, so anything else is a 422 rather than Redis's error as a 500.
     @router.get("/entries/{entry_id}")
-    async def entry(entry_id: Annotated[str, Path(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$")]) -> dict[str, Any]:
+    async def entry(
+        entry_id: Annotated[str, Path(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$"), AfterValidator(_stream_id)],
+    ) -> dict[str, Any]:
         """Whether the entry is queued, dropped by the queue (with the reason) or gone (acknowledged)."""
         return await entry_status(redis, keys, entry_id, scan)
 

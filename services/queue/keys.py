@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # The trainer's consumer group on the trajectory stream.
 TRAINER_GROUP = "trainers"
+
+# ASCII digits only: ``\d`` also takes other scripts' digits, which Redis refuses.
+_ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+
+
+def is_entry_id(text: str) -> bool:
+    """Whether Redis takes ``text`` as a stream entry id: ``<ms>-<seq>``, each part below 2**64
+    (a larger one is Redis's ``Invalid stream ID`` error, which a client must see as its own)."""
+    match = _ENTRY_ID.fullmatch(text)
+    return match is not None and all(int(part) < 1 << 64 for part in match.groups())
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,6 @@ An entry delivered more than ``max_deliveries`` times is dead-lettered, never de
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import Collection
@@ -78,13 +77,12 @@ from services.queue.bells import Bells, wait_for_ring
 from services.queue.config import QueueSettings
 from services.queue.errors import BadRequest, QueueFull
 from services.queue.groupcheck import GroupHeader, inspect_group
-from services.queue.keys import TRAINER_GROUP, Keys
+from services.queue.keys import TRAINER_GROUP, Keys, is_entry_id
 from services.queue.lengths import LengthSummary, LengthWindow
 from services.queue.prompts import COMPLETE_PROMPT_LUA, prompt_key, script_keys
 
 log = logging.getLogger(__name__)
 
-ENTRY_ID = re.compile(r"^\d+-\d+$")
 # The drops for age: past the bound, from a version no one recorded, or from weights a resume rolled back.
 AGE_DROP_REASONS = ("stale", "missing_version", "rolled_back")
 DROP_REASONS = (*AGE_DROP_REASONS, "malformed", "max_deliveries")
@@ -735,7 +733,7 @@ class TrajectoryQueue:
     async def ack(self, consumer: str, entry_ids: list[str]) -> int:
         if not consumer:
             raise BadRequest("consumer must be set")
-        bad = [i for i in entry_ids if not ENTRY_ID.match(i)]
+        bad = [i for i in entry_ids if not is_entry_id(i)]
         if bad:
             raise BadRequest(f"not stream entry ids (want '<ms>-<seq>'): {bad[:5]}")
         keys = [self._keys.trajectories, self._keys.stats, self._keys.consumers, self._keys.room_bell]

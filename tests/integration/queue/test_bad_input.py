@@ -76,6 +76,7 @@ async def test_malformed_push_is_refused_with_every_problem_and_nothing_is_queue
         (qpb.PullRequest(consumer="t", current_version=1, max_groups=1, block_timeout_s=-1), "block_timeout_s"),
         (qpb.PullRequest(consumer="t", max_groups=1, held=qpb.HeldEntries(entry_ids=["1-0"] * 4097)), "capacity"),
         (qpb.AckRequest(consumer="t", entry_ids=["not-an-id"]), "not stream entry ids"),
+        (qpb.AckRequest(consumer="t", entry_ids=["1-0", f"{2**64}-0"]), "not stream entry ids"),
         (qpb.PushRequest(), "no groups"),
         (qpb.PushRequest(groups=[make_group(0).to_proto()], timeout_s=-1), "timeout_s"),
     ],

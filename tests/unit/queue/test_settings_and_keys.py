@@ -7,7 +7,7 @@ from redis.asyncio.connection import SSLConnection
 
 from relayrl.config import SettingsError, load_settings
 from services.queue.config import QueueSettings
-from services.queue.keys import Keys
+from services.queue.keys import Keys, is_entry_id
 from services.queue.redis_conn import connect
 
 
@@ -40,6 +40,25 @@ def test_keys_are_namespaced_by_run():
     every = [getattr(a, name) for name in dir(Keys) if isinstance(getattr(Keys, name), property)]
     assert len(set(every)) == len(every)
     assert not set(every) & {getattr(b, name) for name in dir(Keys) if isinstance(getattr(Keys, name), property)}
+
+
+@pytest.mark.parametrize(
+    ("text", "taken"),
+    [
+        ("0-0", True),
+        ("1764500000000-3", True),
+        (f"{2**64 - 1}-{2**64 - 1}", True),
+        (f"{2**64}-0", False),
+        (f"1-{2**64}", False),
+        ("\u0661-\u0662", False),  # Arabic-Indic digits: Python's \d takes them, Redis does not
+        ("1-", False),
+        ("1-2-3", False),
+        (" 1-2", False),
+        ("1-2\n", False),
+    ],
+)
+def test_an_entry_id_is_what_redis_takes_as_a_stream_id(text, taken):
+    assert is_entry_id(text) is taken
 
 
 async def test_tls_and_acl_settings_reach_the_redis_client():
