@@ -62,6 +62,8 @@ class TrajectoryQueue(Protocol):
 
     async def prompt_stats(self) -> Any: ...
 
+    async def rollback(self, checkpoint_version: int, resumed_version: int) -> int: ...
+
 
 class WeightSink(Protocol):
     address: str
