@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import typer
 from typer.core import TyperOption
@@ -72,18 +75,25 @@ BENCHMARKS: dict[str, str] = {
 bench_app = typer.Typer(help="Benchmarks; each prints its figures, measured side by side in one run.")
 
 
-def _load(path: str) -> object:
+def _load(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     return getattr(importlib.import_module(module_name), attr or "app")
+
+
+def _add(group: typer.Typer, name: str, function: Callable[..., Any]) -> None:
+    # The command list shows the docstring's first paragraph, and rich keeps its line breaks, which
+    # there fall mid-row; joined, rich wraps it to the terminal.
+    summary = " ".join(inspect.cleandoc(function.__doc__ or "").split("\n\n")[0].split())
+    group.command(name, short_help=summary or None)(function)
 
 
 for _name, _module in COMMAND_GROUPS.items():
     _group = _load(_module)
     app.add_typer(_group, name=_name, help=_group.info.help)
 for _name, _function in COMMANDS.items():
-    app.command(_name)(_load(_function))
+    _add(app, _name, _load(_function))
 for _name, _function in BENCHMARKS.items():
-    bench_app.command(_name)(_load(_function))
+    _add(bench_app, _name, _load(_function))
 if BENCHMARKS:
     app.add_typer(bench_app, name="bench")
 
