@@ -85,9 +85,14 @@ def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     the log-probs read the output head after the forward (:func:`policy_forward`), and the backward
     needs it at once anyway (FSDP2 does so for every root).
     """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kwargs: dict[str, Any] = {}
+    # The mesh of the device the model was loaded on: FSDP2's default is torch's accelerator, so on a
+    # GPU host a CPU trainer's parameters would silently move to the GPU (and through gloo).
+    device = next(model.parameters()).device
+    kwargs: dict[str, Any] = {"mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # Every block reshards after its forward, the last one too: peft's adapter switch (the LoRA
