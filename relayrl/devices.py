@@ -70,6 +70,8 @@ def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tenso
     wait for every kernel in flight before it could queue the next (the engine's next pass, the
     trainer's next micro-batch), and the GPU would idle while it did. On CUDA the copy goes through
     pinned memory, asynchronously; torch's pinned allocator keeps that memory until the copy is done.
+    A strided view (a sliced mask) is made contiguous first: pinning keeps the strides, and torch would
+    copy a strided source through a pageable temporary, the wait above.
     """
     import numpy as np
     import torch
@@ -77,4 +79,4 @@ def upload(host: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tenso
     tensor = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
     if device.type != "cuda":
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.contiguous().pin_memory().to(device, non_blocking=True)
