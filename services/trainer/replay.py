@@ -334,7 +334,7 @@ def run_replay(
     from services.trainer import distributed as D
     from services.trainer.batching import samples_from_groups
     from services.trainer.config import TrainerSettings
-    from services.trainer.step import train_step
+    from services.trainer.step import train_step, warm_up
     from services.trainer.trainer import build_models
 
     settings = TrainerSettings.model_validate(plan.config["settings"])
@@ -351,6 +351,9 @@ def run_replay(
             ckpt.load(root, models, root / f"step_{plan.start_step:08d}")
         tokenizer = load_tokenizer(settings.model_dir)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # As the trainer does at start: compiled graphs take their kernels from their first shapes,
+        # so the replay compiles on the same made-up step as the run it repeats.
+        warm_up(models, settings, pad_id)
         compared = []
         train_s = 0.0
         with (out_dir / "metrics.jsonl").open("w") as metrics_file:
