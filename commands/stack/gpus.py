@@ -15,10 +15,13 @@ processes on one GPU are not additive). The engines on a GPU the trainer also us
 ``stack.gpu_memory_utilization`` of it together (verl's name for the rollout's share, default 0.5),
 engines on a GPU without the trainer the engine's own default; each of the n engines on a GPU gets
 an equal share s, so the k-th one to start (from 0) is given ``(k + 1) · s``, and engines sharing a
-GPU start one after another. The trainer keeps what is left: at least ``1 - gpu_memory_utilization``,
-less whatever the trainer itself already held when the engines measured (it starts first, so its
-CUDA context and weights come out of the engines' share, never the trainer's). An engine section's
-``mem_fraction_static`` or ``max_total_tokens`` replaces the rule for every engine.
+GPU start one after another. The trainer keeps what is left: at least ``1 - gpu_memory_utilization``
+(whatever it already holds when an engine measures, its CUDA context and weights if loaded by then,
+comes out of the engines' share, never the trainer's). An engine section's
+``mem_fraction_static`` or ``max_total_tokens`` replaces the rule for every engine. An engine sized
+by the rule restarts (after a crash) with the KV cache it sized at its first start, as
+``max_total_tokens``: by then the trainer and the engines beside it hold their memory, so the rule
+would find no room.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from commands.stack.cpus import plan_cpus
 from commands.stack.gpus import gpu_plan
 from commands.stack.process import ComponentError, ComponentSpec, ManagedProcess, http_ready
 from commands.stack.supervisor import Supervisor
+from relayrl import http_client
 from relayrl.forkserver import ENV_VARIABLE as FORKSERVER_VARIABLE
 from relayrl.forkserver import ForkServer
 from relayrl.forkserver import usable as forkserver_usable
@@ -184,6 +185,7 @@ class LocalStack:
                     self.supervisor.start(spec)
                 engines = []
             self.supervisor.start_all([*engines, *self._rollout_specs()])
+            self._keep_engine_caches()
         self.supervisor.record_restarts()
         self._write_ctl_env()
 
@@ -288,6 +290,21 @@ class LocalStack:
         if self.gpus is None:
             return {}
         return {DEVICE_KEY: str(self.config.engine.get("device", "cuda")), **self.gpus.engine_env(index)}
+
+    def _keep_engine_caches(self) -> None:
+        """Engines whose memory fraction the stack chose restart with the KV cache they sized at start
+        (``max_total_tokens``): by then the trainer and the engines beside them hold their memory, and
+        the fraction rule, which counts what others hold, would leave a restarted engine no room."""
+        if self.gpus is None:
+            return
+        for i, fraction in enumerate(self.gpus.engine_mem_fraction):
+            if fraction is None:
+                continue
+            url = f"{self.endpoints.engines[i]}/get_model_info"
+            info = http_client.get(url, timeout=30.0).raise_for_status().json()
+            tokens = str(info["kv_total_blocks"] * info["kv_block_size"])
+            engine = self.supervisor.get(f"engine-{i}")
+            engine.spec = replace(engine.spec, env={**engine.spec.env, "RELAYRL_ENGINE_MAX_TOTAL_TOKENS": tokens})
 
     def _weights_shm_dir(self) -> str:
         """The memory directory the rollout replicas receive versions into (their weights_shm_dir)."""
