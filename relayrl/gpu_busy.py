@@ -10,8 +10,11 @@ function as an argument, so its arithmetic does not care where readings come fro
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
 
 # NVML refreshes utilization at most every 1/6 s: reading faster repeats the same sample.
 DEFAULT_PERIOD_S = 0.2
@@ -27,26 +30,36 @@ class GpuBusyMeter:
         self._read = read
         self._period_s = period_s
         self._readings: list[float] = []
+        self._failed: Exception | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._readings.clear()
+        self._failed = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._sample, name="gpu-busy", daemon=True)
         self._thread.start()
 
     def stop(self) -> float | None:
-        """The window's busy fraction; None when no reading fell in it."""
+        """The window's busy fraction; None when no reading fell in it, or a reading failed (logged):
+        the readings before a failure cover only part of the window."""
         assert self._thread is not None, "stop() before start()"
         self._stop.set()
         self._thread.join()
+        if self._failed is not None:
+            log.warning("GPU busy fraction left out: a reading failed mid-window (%s)", self._failed)
+            return None
         return busy_fraction(self._readings)
 
     def _sample(self) -> None:
         # The first reading comes at once, then one per period until stopped.
         while True:
-            shares = self._read()
+            try:
+                shares = self._read()
+            except Exception as exc:  # an NVML error: nothing after it is read
+                self._failed = exc
+                return
             self._readings.append(sum(shares) / len(shares))
             if self._stop.wait(self._period_s):
                 return

@@ -37,6 +37,27 @@ def test_the_meter_averages_every_reading_of_its_window_over_the_gpus():
     assert busy == pytest.approx(sum(sum(r) / 2 for r in taken) / len(taken))
 
 
+def test_a_reading_that_fails_mid_window_leaves_the_window_without_a_figure(caplog):
+    lost = threading.Event()
+    taken: list[int] = []
+
+    def read() -> list[float]:
+        taken.append(1)
+        if len(taken) == 3:
+            lost.set()
+            raise RuntimeError("NVML: GPU is lost")
+        return [1.0]
+
+    meter = GpuBusyMeter(read, period_s=0.01)
+    meter.start()
+    assert lost.wait(10)
+    assert meter.stop() is None
+    assert "GPU is lost" in caplog.text
+    # The next window starts clean.
+    meter.start()
+    assert meter.stop() == 1.0
+
+
 def test_the_meter_can_measure_a_second_window_on_its_own():
     level = [1.0]
     meter = GpuBusyMeter(lambda: level, period_s=0.01)
