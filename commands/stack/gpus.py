@@ -58,6 +58,11 @@ class GpuPlan:
         """Whether an engine shares a GPU with the trainer (the stages then run in series on it)."""
         return bool(set(self.trainer) & set(self.engines))
 
+    def engine_beside_first_rank(self, index: int) -> bool:
+        """Whether engine ``index`` computes on trainer rank 0's GPU, where the trainer's handles to a
+        version point (rank 0 alone keeps the shared copies): only such an engine can open them."""
+        return self.engines[index] == self.trainer[0]
+
     @property
     def gpus(self) -> tuple[str, ...]:
         """Every GPU the stack computes on, in order."""

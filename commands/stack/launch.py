@@ -338,6 +338,9 @@ class LocalStack:
                 "RELAYRL_ROLLOUT_PARAMSYNC_ADDRESS": self.route("paramsync", self.endpoints.paramsync_grpc),
                 "RELAYRL_ROLLOUT_WEIGHTS_DIR": str(self.run_dir / "weights" / f"rollout-{i}"),
             }
+            if self.gpus is not None and not self.gpus.engine_beside_first_rank(i):
+                # Its engine is on another GPU than the trainer's shared copies: it could only fail to open them.
+                wiring["RELAYRL_ROLLOUT_LOAD_WEIGHTS_BY_HANDLE"] = "false"
             if self.endpoints.reward_http:
                 wiring |= {
                     "RELAYRL_ROLLOUT_REWARD_MODEL_URL": self._routed_url("reward", self.endpoints.reward_http),
@@ -376,8 +379,8 @@ class LocalStack:
         if self.settings.trainer_procs > 1:
             argv[2:2] = ["relayrl.torchrun", "--standalone", "--nproc-per-node", str(self.settings.trainer_procs), "-m"]
         device = {} if self.gpus is None else {"RELAYRL_TRAINER_DEVICE": "cuda", **self.gpus.trainer_env()}
-        if self.gpus is not None and self.gpus.engines_beside_trainer:
-            # Engines on the trainer's GPU take each version by CUDA IPC handle (the section may say no).
+        if self.gpus is not None and any(self.gpus.engine_beside_first_rank(i) for i in range(len(self.gpus.engines))):
+            # Engines on rank 0's GPU take each version by CUDA IPC handle (the section may say no).
             device["RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE"] = "true"
         return self._spec("trainer", argv, "trainer", wiring, None, self.cpus.trainer_cpus, device)
 

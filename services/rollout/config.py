@@ -129,6 +129,12 @@ class RolloutSettings(ServiceSettings):
         " engine must be able to open this replica's /proc/<pid>/fd files (same host, same process"
         " namespace). Elsewhere, or when false: every version is received.",
     )
+    load_weights_by_handle: bool = Field(
+        True,
+        description="Load a version through the handles the trainer shares on this host (its "
+        "share_weights_by_handle: CUDA IPC on a GPU) instead of its bytes. False where the engine cannot open "
+        "them: the handles point into trainer rank 0's GPU (the local stack sets it for engines on another GPU).",
+    )
     weights_dir: str = Field(
         "",
         description="Where pulled versions are received when weights_shm_dir is not available (a file per"

@@ -256,7 +256,7 @@ class WeightSync:
         """Loads a ``grpc`` or ``disk`` version: by handle where the trainer shares it on this host,
         else (or when the engine cannot open the handles) from its bytes. Returns the route that
         loaded it: ``handles`` or ``bytes``."""
-        handles = _handles_here(ann)
+        handles = _handles_here(ann) if self.settings.load_weights_by_handle else None
         if handles is not None:
             try:
                 return await self._switch_by_handle(ann, handles)

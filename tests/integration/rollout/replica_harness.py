@@ -114,13 +114,20 @@ def new_policy(model_dir: Path, scale: float) -> dict[str, torch.Tensor]:
 
 
 def bare_weight_sync(
-    source: WeightSource, engine: EngineClient, replica_id: str, mode: str, weights_dir: Path, held_version: int
+    source: WeightSource,
+    engine: EngineClient,
+    replica_id: str,
+    mode: str,
+    weights_dir: Path,
+    held_version: int,
+    **more: Any,
 ) -> tuple[WeightSync, ReplicaState]:
-    """A WeightSync with no replica around it, over a state that holds ``held_version``."""
+    """A WeightSync with no replica around it, over a state that holds ``held_version``; ``more``
+    sets other rollout settings."""
     metrics = RolloutMetrics()
     state = ReplicaState(replica_id, metrics)
     state.hold(held_version)
-    settings = RolloutSettings(replica_id=replica_id, engine_url=engine.base_url, partial_rollout_mode=mode)
+    settings = RolloutSettings(replica_id=replica_id, engine_url=engine.base_url, partial_rollout_mode=mode, **more)
     return WeightSync(state, source, engine, settings, weights_dir, metrics), state
 
 

@@ -172,6 +172,7 @@ async def load_through_replica(
     tensors: dict[str, torch.Tensor],
     handles: WeightHandles,
     mode: str = "abort_resume",
+    **settings: Any,
 ) -> Loaded:
     """Publishes ``tensors`` with ``handles`` and lets a replica in ``mode`` load the version; checks
     that the engine then holds it and answers exactly as after the same bytes loaded from a file."""
@@ -183,7 +184,7 @@ async def load_through_replica(
     ):
         new = int(await client.weight_version()) + 1
         before = await greedy_logprobs(client)
-        sync, state = bare_weight_sync(paramsync, client, "r-handles", mode, tmp_path / "weights", new - 1)
+        sync, state = bare_weight_sync(paramsync, client, "r-handles", mode, tmp_path / "weights", new - 1, **settings)
         await publish_and_load(sync, state, paramsync, new, tensors, handles)
         engine_version = await client.weight_version()
         after = await greedy_logprobs(client)
@@ -225,20 +226,23 @@ async def test_a_version_shared_by_handle_loads_with_nothing_fetched(
         assert not any(body["abort_all_requests"] for body in updates)
 
 
-@pytest.mark.parametrize("why", ["freed", "other_host"])
+@pytest.mark.parametrize("why", ["freed", "other_host", "declined"])
 async def test_handles_the_engine_cannot_use_fall_back_to_the_bytes(
     engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path, file_system_sharing: None, why: str
 ) -> None:
     """Freed: the trainer that shared them restarted and their memory is gone, so the engine
-    refuses the first bucket and nothing in it changed. Another host's handles are not tried."""
+    refuses the first bucket and nothing in it changed. Another host's handles are not tried, nor
+    any by a replica set not to (``load_weights_by_handle``: its engine is on another GPU)."""
     tensors = new_policy(tiny_model_dir, 1.1)
+    settings = {"load_weights_by_handle": False} if why == "declined" else {}
     if why == "freed":
         handles = handles_here(payloads_of_an_exited_trainer(tiny_model_dir))
     else:
         # Other weights than the bytes: opened by mistake, they would show in what the engine generates.
         _, payloads = shared_buckets(new_policy(tiny_model_dir, 1.3), 2)
-        handles = WeightHandles(f"{socket.gethostname()}-elsewhere", FLATTENED_BUCKET, tuple(payloads))
-    loaded = await load_through_replica(engine, tiny_model_dir, tmp_path, tensors, handles)
+        host = socket.gethostname() if why == "declined" else f"{socket.gethostname()}-elsewhere"
+        handles = WeightHandles(host, FLATTENED_BUCKET, tuple(payloads))
+    loaded = await load_through_replica(engine, tiny_model_dir, tmp_path, tensors, handles, **settings)
     tried = why == "freed"
     assert counts(loaded.sync) == {"handles": 0, "bytes": 1, "fallbacks": int(tried), "fetches": 1, "applies": 1}
     # A refused first bucket is given up under its pause; the bytes then switch as always.

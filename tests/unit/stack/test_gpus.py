@@ -165,3 +165,14 @@ def _reason() -> str:
     reason = cuda_unavailable_reason()
     assert reason is not None
     return reason
+
+
+def test_only_replicas_whose_engine_is_on_rank_0s_gpu_load_versions_by_handle(tmp_path):
+    # Two ranks on two GPUs and two engines beside them: only GPU 3 (rank 0's) holds the shared copies.
+    stack = _stack(tmp_path, stack={"gpus": [3, 4], "trainer_procs": 2, "rollout_replicas": 2})
+    assert stack.gpus is not None and stack.gpus.engines == ("3", "4")
+    stack._engine_specs(tmp_path / "model")
+    first, second = stack._rollout_specs()
+    assert "RELAYRL_ROLLOUT_LOAD_WEIGHTS_BY_HANDLE" not in first.env
+    assert second.env["RELAYRL_ROLLOUT_LOAD_WEIGHTS_BY_HANDLE"] == "false"
+    assert stack._trainer_spec(tmp_path / "model").env["RELAYRL_TRAINER_SHARE_WEIGHTS_BY_HANDLE"] == "true"
