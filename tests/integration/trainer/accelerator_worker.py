@@ -1,5 +1,5 @@
 """One CPU trainer rank in a torch that reports a GPU as its accelerator, as a GPU host's does
-(launched by test_cpu_trainer_on_gpu_host.py): it builds the trainer's models, takes a step and
+(started by test_cpu_trainer_on_gpu_host.py): it builds the trainer's models, takes a step and
 prints, as one JSON line, where the parameters live."""
 
 from __future__ import annotations

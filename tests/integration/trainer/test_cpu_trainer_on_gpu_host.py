@@ -5,12 +5,14 @@ torch's accelerator (there the GPU, where the parameters would silently move).""
 from __future__ import annotations
 
 import json
+import sys
 
-from tests.integration.trainer.harness import run_logged, torchrun
+from tests.integration.trainer.harness import run_logged
 
 
 def test_a_cpu_trainer_stays_on_the_cpu_where_torch_reports_a_gpu(tiny_model_dir, tmp_path):
-    cmd = torchrun(1, "tests.integration.trainer.accelerator_worker", str(tiny_model_dir))
+    # One rank forms its own group of one (services/trainer/distributed.py), as the stack's trainer does.
+    cmd = [sys.executable, "-m", "tests.integration.trainer.accelerator_worker", str(tiny_model_dir)]
     out = run_logged(cmd, tmp_path / "worker.log")
     report = json.loads(next(line for line in out.splitlines() if line.startswith('{"mesh"')))
     assert report == {"mesh": ["cpu"], "devices": ["cpu"]}
