@@ -119,7 +119,7 @@ class EngineState:
         sampler.warm_up(self.vocab_size, self.model.dtype, self.device)
         self.scheduler = Scheduler(
             runner=self.runner,
-            decode_text=self.decode_text,
+            decode_text=self.text.decode,
             eos_token_ids=eos_ids,
             max_running_requests=settings.max_running_requests,
             max_prefill_tokens=settings.max_prefill_tokens,
@@ -169,9 +169,6 @@ class EngineState:
         if isinstance(decoder, CudaGraphDecode):
             decoder.capture_all(runner)
         return runner
-
-    def decode_text(self, ids: list[int]) -> str:
-        return self.text.decode(ids)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
