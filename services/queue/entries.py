@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Path
 from pydantic import AfterValidator
 
-from services.queue.keys import Keys, is_entry_id
+from services.queue.keys import ENTRY_ID_PATTERN, Keys, is_entry_id
 
 
 def _text(value: Any) -> str:
@@ -49,7 +49,7 @@ def entries_router(redis: aioredis.Redis, keys: Keys, scan: int) -> APIRouter:
     # A Redis stream id, so anything else is a 422 rather than Redis's error as a 500.
     @router.get("/entries/{entry_id}")
     async def entry(
-        entry_id: Annotated[str, Path(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$"), AfterValidator(_stream_id)],
+        entry_id: Annotated[str, Path(pattern=f"^{ENTRY_ID_PATTERN}$"), AfterValidator(_stream_id)],
     ) -> dict[str, Any]:
         """Whether the entry is queued, dropped by the queue (with the reason) or gone (acknowledged)."""
         return await entry_status(redis, keys, entry_id, scan)

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 # The trainer's consumer group on the trajectory stream.
 TRAINER_GROUP = "trainers"
 
-# ASCII digits only: ``\d`` also takes other scripts' digits, which Redis refuses.
-_ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+# A stream entry id's shape, ``<ms>-<seq>`` (an HTTP route's pattern too). ASCII digits only: ``\d``
+# also takes other scripts' digits, which Redis refuses.
+ENTRY_ID_PATTERN = r"([0-9]{1,20})-([0-9]{1,20})"
+_ENTRY_ID = re.compile(ENTRY_ID_PATTERN)
 
 
 def is_entry_id(text: str) -> bool:
