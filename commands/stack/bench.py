@@ -5,15 +5,20 @@ One invocation runs, one after another on the same workload, preset and CPU spli
 1. **engine alone**: engines and rollouts generate a backlog of released prompts with no trainer;
 2. **trainer alone**: the rollouts are paused and the trainer trains on that backlog, never
    waiting for generation (η is lifted so the backlog stays fresh);
-3. **sync**: the full pipeline at η = 0;
-4. **async**: the full pipeline at η = ``--async-staleness``.
+3. **async**: the full pipeline at η = ``--async-staleness``;
+4. **sync**: the full pipeline at η = 0.
+
+A run cut short (``--budget-s`` spent, a phase past ``--timeout-s``, SIGINT) still prints its JSON,
+with ``complete: false``, ``stopped`` naming the phase, and None for each figure of a phase that did
+not finish; it exits 1.
 
 ``pipeline_efficiency`` is async samples/s over the pipeline's limit, named in the JSON
 (``limit``): ``bottleneck``, the slower of the two stages alone, where they compute on separate
 resources (their own CPU sets, or GPUs); ``serial``, ``1 / (1/T + 1/E)`` for trainer T and engine
 E alone, where they share one GPU and so cannot both run at full speed: the two in series. 1.0
-means the pipeline reaches its limit. Throughput is measured between the first and the last
-training step (start-up excluded); the engine's between its first and last pushed group.
+means the pipeline reaches its limit. A pipeline run's figures share one window, from the trainer's
+first recorded step to its last: start-up, and the end's checkpoint and exit, are outside it. The
+engine alone is rated between its first and last pushed group.
 
 With ``--device cuda`` (``stack.device: cuda``, the GPU split of :mod:`commands.stack.gpus`), each
 mode also reports ``gpu_busy_fraction`` (NVML's utilization sampled over the window,
@@ -36,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,13 +125,19 @@ class GpuSplit:
     serial: bool
 
 
-@dataclass(frozen=True, slots=True)
-class AloneResult:
-    engine_samples_per_s: float
-    trainer_samples_per_s: float
-    generated_lengths: dict[str, float]
+@dataclass(slots=True)
+class Measured:
+    """The phases' figures, each set as its phase ends: every one after a whole run, those of the
+    phases that finished after a run cut short (its budget spent, a phase past its limit, SIGINT)."""
+
+    engine_samples_per_s: float | None = None
+    trainer_samples_per_s: float | None = None
+    # Of the backlog the engine generated alone.
+    generated_lengths: dict[str, float] = field(default_factory=dict)
     # Multi-turn workloads: episodes in the backlog and their model turns; empty otherwise.
-    episodes: dict[str, float]
+    episodes: dict[str, float] = field(default_factory=dict)
+    sync: ModeResult | None = None
+    asynchronous: ModeResult | None = None
 
 
 # Every workload switches weights in place unless --partial-rollout-mode says otherwise. On this
@@ -155,6 +167,13 @@ class BenchRun:
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
     # stack.device: where the trainer and the engines compute.
     device: DeviceName = "cpu"
+    # time.monotonic() past which no phase waits any longer (--budget-s); None: each phase's timeout_s only.
+    deadline: float | None = None
+
+    def phase_deadline(self) -> float:
+        """When a phase starting now must end: its timeout_s, or the run's deadline if that comes first."""
+        limit = time.monotonic() + self.timeout_s
+        return limit if self.deadline is None else min(limit, self.deadline)
 
     @property
     def rollout_mode(self) -> str:
@@ -246,21 +265,69 @@ class Counters:
         return out
 
 
+class Window:
+    """A pipeline run's measurement window: the machine's and the GPUs' busy shares and the services'
+    counters, read when it opens and when it closes."""
+
+    def __init__(self, gpu: GpuBusyMeter | None, counters: list[Counters]) -> None:
+        self.cpu, self.gpu, self.counters = CpuMeter(), gpu, counters
+        self.start: dict[str, float] = {}
+        self.end: dict[str, float] = {}
+        self.cpu_busy = 0.0
+        self.gpu_busy: float | None = None
+        self.opened_at = self.unix = self.elapsed = 0.0
+        self.closed = False
+
+    def open(self) -> None:
+        self.cpu.start()
+        if self.gpu is not None:
+            self.gpu.start()
+        self.start = self._read()
+        self.opened_at, self.unix = time.monotonic(), time.time()
+
+    def close(self) -> None:
+        """Reads the ends once; a second call keeps the first's."""
+        if self.closed:
+            return
+        self.closed = True
+        self.cpu_busy = self.cpu.stop()
+        self.gpu_busy = self.gpu.stop() if self.gpu is not None else None
+        self.end = self._read()
+        self.elapsed = time.monotonic() - self.opened_at
+
+    def _read(self) -> dict[str, float]:
+        return {key: value for counters in self.counters for key, value in counters.read().items()}
+
+    def delta(self, key: str) -> float:
+        return self.end[key] - self.start[key]
+
+
 PROGRESS_EVERY_S = 15.0
 
 
 def _wait_trainer(
-    stack: LocalStack, supervisor: Supervisor, deadline: float, what: str, on_first_row: Callable[[], None]
+    stack: LocalStack,
+    supervisor: Supervisor,
+    deadline: float,
+    what: str,
+    window: Window | None = None,
+    last_step: int | None = None,
 ) -> None:
-    """Waits for the trainer to finish, calling ``on_first_row`` once its first step is recorded."""
+    """Waits for the trainer to finish, opening ``window`` once its first step is recorded and closing
+    it once step ``last_step`` is: what follows (the last checkpoint becoming durable, the process
+    ending) is no part of the steps its samples/s counts."""
     metrics_path = stack.run_dir / "metrics.jsonl"
-    seen_first = False
+    size, seen_first = 0, False
     shown = time.monotonic()
     while stack.trainer_exit_code() is None:
         supervisor.check_alive(exited_ok=["trainer"])
-        if not seen_first and metrics_path.exists() and metrics_path.stat().st_size:
+        if metrics_path.exists() and metrics_path.stat().st_size > size:
+            size = metrics_path.stat().st_size
+            if not seen_first and window is not None:
+                window.open()
             seen_first = True
-            on_first_row()
+            if window is not None and last_step is not None and _last_step(stack) >= last_step:
+                window.close()
         if seen_first and time.monotonic() - shown > PROGRESS_EVERY_S:
             shown = time.monotonic()
             rows = _trainer_rows(stack)
@@ -270,6 +337,13 @@ def _wait_trainer(
         time.sleep(0.2)
     if stack.trainer_exit_code() != 0:
         raise RuntimeError(f"{what}: trainer exited with {stack.trainer_exit_code()}; see {stack.run_dir}/logs")
+    if window is not None and seen_first:
+        window.close()  # where the last step's row and the exit came within one poll
+
+
+def _last_step(stack: LocalStack) -> int:
+    rows = _trainer_rows(stack)
+    return int(rows[-1]["trainer/global_steps"]) if rows else 0
 
 
 def _trainer_rows(stack: LocalStack) -> list[dict[str, Any]]:
@@ -284,39 +358,27 @@ def _samples_per_s(rows: list[dict[str, Any]]) -> float:
 def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> ModeResult:
     """The full pipeline at η = ``eta`` for ``steps`` steps, as run ``name`` (default eta<η>)."""
     name = name or f"eta{eta}"
-    cpu = CpuMeter()
     with supervised(None) as supervisor:
         stack = LocalStack(run.config(name, eta, steps), supervisor)
         gpu = GpuBusyMeter(NvmlGpus(stack.gpus.gpus)) if stack.gpus is not None else None
         stack.start(run.model_dir)
         rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
-        engines = Counters(stack.endpoints.engines, ENGINE_FIGURES)
-        window: dict[str, Any] = {}
-
-        def open_window() -> None:
-            cpu.start()
-            if gpu is not None:
-                gpu.start()
-            window.update(rollouts.read(), **engines.read(), at=time.monotonic(), unix=time.time())
-
-        _wait_trainer(stack, supervisor, time.monotonic() + run.timeout_s, f"η = {eta}", open_window)
-        cpu_busy = cpu.stop()
-        gpu_busy = gpu.stop() if gpu is not None else None
-        end = rollouts.read() | engines.read()
-        elapsed = time.monotonic() - window["at"]
+        window = Window(gpu, [rollouts, Counters(stack.endpoints.engines, ENGINE_FIGURES)])
+        _wait_trainer(stack, supervisor, run.phase_deadline(), f"η = {eta}", window, last_step=steps)
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
-    env_calls = read_calls(run.env_dir(name) / "calls.log", window["unix"], window["unix"] + elapsed)
-    updates = max(end["update_count"] - window["update_count"], 1.0)
+    elapsed = window.elapsed
+    env_calls = read_calls(run.env_dir(name) / "calls.log", window.unix, window.unix + elapsed)
+    updates = max(window.delta("update_count"), 1.0)
     publish_s = statistics.fmean(r.get("timing/publish_s", 0.0) for r in rows)
     return ModeResult(
         samples_per_s=_samples_per_s(rows),
         trainer_idle_ratio=statistics.fmean(r["trainer/idle_ratio"] for r in rows[1:]),
-        rollout_idle_ratio=max(0.0, 1.0 - (end["busy"] - window["busy"]) / (elapsed * len(rollouts.urls))),
-        cpu_busy_ratio=cpu_busy,
-        weight_version_s=publish_s + (end["update_sum"] - window["update_sum"]) / updates,
-        paused_per_version_s=(end["paused_sum"] - window["paused_sum"]) / updates,
-        engine_paused_per_version_s=(end["engine_paused_sum"] - window["engine_paused_sum"]) / updates,
+        rollout_idle_ratio=max(0.0, 1.0 - window.delta("busy") / (elapsed * len(rollouts.urls))),
+        cpu_busy_ratio=window.cpu_busy,
+        weight_version_s=publish_s + window.delta("update_sum") / updates,
+        paused_per_version_s=window.delta("paused_sum") / updates,
+        engine_paused_per_version_s=window.delta("engine_paused_sum") / updates,
         queue_share_of_step=statistics.fmean(r.get("timing/queue_s", 0.0) / r["timing/step_s"] for r in rows[1:]),
         padding_ratio=statistics.fmean(r.get("perf/padding_ratio", 0.0) for r in rows),
         max_step_wait_s=max(r["timing/wait_s"] for r in rows[1:]),
@@ -326,11 +388,11 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         steps=len(rows),
         env_calls=env_calls,
         window_s=elapsed,
-        engine_tokens_per_s=(end["generated_tokens"] - window["generated_tokens"]) / elapsed,
+        engine_tokens_per_s=window.delta("generated_tokens") / elapsed,
         trainer_mfu=_mean_of(rows[1:], "perf/mfu/actor"),
-        gpu_busy_fraction=gpu_busy,
+        gpu_busy_fraction=window.gpu_busy,
         weights_by_handle=_mean_of(rows, "trainer/weights_shared_by_handle"),
-        handle_fallbacks=int(end["handle_fallbacks"] - window["handle_fallbacks"]),
+        handle_fallbacks=int(window.delta("handle_fallbacks")),
     )
 
 
@@ -397,11 +459,11 @@ def _pause_rollouts(stack: LocalStack) -> None:
         RolloutControl(url, SecretStr(stack.api_token), timeout_s=30).pause("abort")
 
 
-def measure_alone(run: BenchRun, steps: int) -> AloneResult:
+def measure_alone(run: BenchRun, steps: int, measured: Measured) -> None:
     """Each stage at full speed on its own: generation of a backlog, then training on it."""
     workload = run.workload
     needed = steps * workload.batch_size
-    deadline = time.monotonic() + run.timeout_s
+    deadline = run.phase_deadline()
     with supervised(None) as supervisor:
         stack = LocalStack(run.config("alone", UNBOUNDED_STALENESS, steps), supervisor)
         stack.start(run.model_dir, training=False)
@@ -422,17 +484,18 @@ def measure_alone(run: BenchRun, steps: int) -> AloneResult:
             if first is None and produced:
                 first = (time.monotonic(), produced)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"engine alone: {produced} of {needed} groups generated in {run.timeout_s:.0f}s")
+                raise TimeoutError(f"engine alone: {produced} of {needed} groups generated in time")
             time.sleep(0.1)
         assert first is not None
-        engine_sps = (produced - first[1]) * workload.n_samples / max(time.monotonic() - first[0], 1e-9)
+        seconds = max(time.monotonic() - first[0], 1e-9)
+        measured.engine_samples_per_s = (produced - first[1]) * workload.n_samples / seconds
         _pause_rollouts(stack)
         backlog = _backlog(stack.endpoints.redis_url, stack.run_id)
+        measured.generated_lengths = _generated_lengths(backlog)
+        measured.episodes = _episodes(backlog) if workload.environment else {}
         stack.start_training(run.model_dir)
-        _wait_trainer(stack, supervisor, deadline, "trainer alone", lambda: None)
-        rows = _trainer_rows(stack)
-    episodes = _episodes(backlog) if workload.environment else {}
-    return AloneResult(engine_sps, _samples_per_s(rows), _generated_lengths(backlog), episodes)
+        _wait_trainer(stack, supervisor, deadline, "trainer alone")
+        measured.trainer_samples_per_s = _samples_per_s(_trainer_rows(stack))
 
 
 def _episodes(samples: list[Any]) -> dict[str, float]:
@@ -453,11 +516,38 @@ def _init_model(work: Path, preset: str) -> Path:
     return model_dir
 
 
-def _by_mode(sync: ModeResult, asynchronous: ModeResult, name: str, digits: int = 3) -> dict[str, float | None]:
-    def rounded(value: float | None) -> float | None:
-        return None if value is None else round(value, digits)
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
-    return {"sync": rounded(getattr(sync, name)), "async": rounded(getattr(asynchronous, name))}
+
+def _by_mode(measured: Measured, figure: Callable[[ModeResult], float | None], digits: int = 3) -> dict[str, Any]:
+    """A figure of each pipeline mode; None for a mode the run did not finish."""
+    modes = {"sync": measured.sync, "async": measured.asynchronous}
+    return {name: None if mode is None else _rounded(figure(mode), digits) for name, mode in modes.items()}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else round(numerator / denominator, 3)
+
+
+# The figures each mode reports, by their name in ModeResult and in the JSON, and their digits.
+MODE_FIGURES = {
+    "trainer_idle_ratio": 3,
+    "rollout_idle_ratio": 3,
+    "cpu_busy_ratio": 3,
+    "weight_version_s": 3,
+    "paused_per_version_s": 3,
+    "engine_paused_per_version_s": 3,
+    "queue_share_of_step": 3,
+    "padding_ratio": 3,
+    "max_step_wait_s": 2,
+    "reward_at_end": 3,
+    "engine_tokens_per_s": 1,
+    "trainer_mfu": 4,
+    "gpu_busy_fraction": 3,
+    "weights_by_handle": 3,
+    "handle_fallbacks": 0,
+}
 
 
 def result_json(
@@ -465,19 +555,27 @@ def result_json(
     preset: str,
     steps: int,
     eta: int,
-    alone: AloneResult,
-    sync: ModeResult,
-    asynchronous: ModeResult,
+    measured: Measured,
     cpu_split: dict[str, object],
     tool_latency_ms: float = 0.0,
     dtype: str = "fp32",
     partial_rollout_mode: str = BENCH_PARTIAL_ROLLOUT_MODE,
     gpus: GpuSplit | None = None,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
-    serial = gpus is not None and gpus.serial
-    limit, limit_samples_per_s = pipeline_limit(alone.engine_samples_per_s, alone.trainer_samples_per_s, serial)
+    """The bench's JSON; a figure whose phases did not all finish (``stopped`` says why) is None."""
+    engine, trainer = measured.engine_samples_per_s, measured.trainer_samples_per_s
+    sync, asynchronous = measured.sync, measured.asynchronous
+    sync_sps = None if sync is None else sync.samples_per_s
+    async_sps = None if asynchronous is None else asynchronous.samples_per_s
+    limit, limit_samples_per_s = None, None
+    if engine is not None and trainer is not None:
+        limit, limit_samples_per_s = pipeline_limit(engine, trainer, gpus is not None and gpus.serial)
+    modes = [mode for mode in (sync, asynchronous) if mode is not None]
     result = {
         "benchmark": "e2e",
+        "complete": stopped is None,
+        "stopped": stopped,
         "workload": workload.name,
         "preset": preset,
         "device": "cpu" if gpus is None else "cuda",
@@ -487,54 +585,35 @@ def result_json(
         "steps": steps,
         "async_max_staleness": eta,
         "cpu_split": cpu_split,
-        "engine_alone_samples_per_s": round(alone.engine_samples_per_s, 2),
-        "trainer_alone_samples_per_s": round(alone.trainer_samples_per_s, 2),
-        "sync_samples_per_s": round(sync.samples_per_s, 2),
-        "async_samples_per_s": round(asynchronous.samples_per_s, 2),
+        "engine_alone_samples_per_s": _rounded(engine, 2),
+        "trainer_alone_samples_per_s": _rounded(trainer, 2),
+        "sync_samples_per_s": _rounded(sync_sps, 2),
+        "async_samples_per_s": _rounded(async_sps, 2),
         "limit": limit,
-        "limit_samples_per_s": round(limit_samples_per_s, 2),
-        "pipeline_efficiency": round(asynchronous.samples_per_s / limit_samples_per_s, 3),
-        "speedup": round(asynchronous.samples_per_s / sync.samples_per_s, 3),
-        "trainer_idle_ratio": _by_mode(sync, asynchronous, "trainer_idle_ratio"),
-        "rollout_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
-        "cpu_busy_ratio": _by_mode(sync, asynchronous, "cpu_busy_ratio"),
-        "weight_version_s": _by_mode(sync, asynchronous, "weight_version_s"),
-        "paused_per_version_s": _by_mode(sync, asynchronous, "paused_per_version_s"),
-        "engine_paused_per_version_s": _by_mode(sync, asynchronous, "engine_paused_per_version_s"),
-        "queue_share_of_step": _by_mode(sync, asynchronous, "queue_share_of_step"),
-        "padding_ratio": _by_mode(sync, asynchronous, "padding_ratio"),
-        "max_step_wait_s": _by_mode(sync, asynchronous, "max_step_wait_s", 2),
-        "reward_at_end": _by_mode(sync, asynchronous, "reward_at_end"),
-        "engine_tokens_per_s": _by_mode(sync, asynchronous, "engine_tokens_per_s", 1),
-        "trainer_mfu": _by_mode(sync, asynchronous, "trainer_mfu", 4),
-        "gpu_busy_fraction": _by_mode(sync, asynchronous, "gpu_busy_fraction"),
-        "weights_by_handle": _by_mode(sync, asynchronous, "weights_by_handle"),
-        "handle_fallbacks": _by_mode(sync, asynchronous, "handle_fallbacks", 0),
-        "generated_lengths": {k: round(v, 1) for k, v in alone.generated_lengths.items()},
-        "staleness_violations": sync.staleness_violations + asynchronous.staleness_violations,
-        "lost_groups": sync.lost_groups + asynchronous.lost_groups,
+        "limit_samples_per_s": _rounded(limit_samples_per_s, 2),
+        "pipeline_efficiency": _ratio(async_sps, limit_samples_per_s),
+        "speedup": _ratio(async_sps, sync_sps),
+        **{name: _by_mode(measured, attrgetter(name), digits) for name, digits in MODE_FIGURES.items()},
+        "generated_lengths": {k: round(v, 1) for k, v in measured.generated_lengths.items()},
+        "staleness_violations": sum(mode.staleness_violations for mode in modes),
+        "lost_groups": sum(mode.lost_groups for mode in modes),
     }
     if workload.environment is not None:
-        result |= _agentic_json(alone, sync, asynchronous, tool_latency_ms)
+        result |= _agentic_json(measured, tool_latency_ms)
     return result
 
 
-def _agentic_json(
-    alone: AloneResult, sync: ModeResult, asynchronous: ModeResult, tool_latency_ms: float
-) -> dict[str, Any]:
-    def per_mode(figure: Callable[[ModeResult], float], digits: int = 3) -> dict[str, float]:
-        return {"sync": round(figure(sync), digits), "async": round(figure(asynchronous), digits)}
-
+def _agentic_json(measured: Measured, tool_latency_ms: float) -> dict[str, Any]:
     return {
         "tool_latency_ms": tool_latency_ms,
         # One engine serves the one replica: no request in flight from it means an idle engine.
-        "engine_idle_ratio": _by_mode(sync, asynchronous, "rollout_idle_ratio"),
-        "env_calls": per_mode(lambda m: m.env_calls.count, 0),
-        "env_s": per_mode(lambda m: m.env_calls.seconds, 1),
-        "env_s_per_call": per_mode(lambda m: m.env_calls.seconds / max(m.env_calls.count, 1)),
+        "engine_idle_ratio": _by_mode(measured, attrgetter("rollout_idle_ratio")),
+        "env_calls": _by_mode(measured, lambda m: m.env_calls.count, 0),
+        "env_s": _by_mode(measured, lambda m: m.env_calls.seconds, 1),
+        "env_s_per_call": _by_mode(measured, lambda m: m.env_calls.seconds / max(m.env_calls.count, 1)),
         # Environment calls waiting at once, on average over the window.
-        "env_concurrency": per_mode(lambda m: m.env_calls.seconds / m.window_s, 1),
-        "episodes": {k: round(v, 3) for k, v in alone.episodes.items()},
+        "env_concurrency": _by_mode(measured, lambda m: m.env_calls.seconds / m.window_s, 1),
+        "episodes": {k: round(v, 3) for k, v in measured.episodes.items()},
     }
 
 
@@ -589,6 +668,8 @@ def render_table(result: dict[str, Any]) -> str:
     ):
         if key in result:
             console.print(f"{key}: {result[key]}")
+    if result["stopped"]:
+        console.print(f"cut short, figures of the phases that did not finish are None: {result['stopped']}")
     return out.getvalue()
 
 
@@ -635,6 +716,14 @@ def bench(
     async_staleness: Annotated[int, typer.Option(min=1, help="η of the asynchronous run.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the dataset and the trainer.")] = 0,
     timeout_s: Annotated[float, typer.Option(help="Longest run per phase, seconds.")] = 1800,
+    budget_s: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="Longest wait for all phases together, seconds: a phase still running then is stopped, and the"
+            " JSON holds the figures of those that finished (complete: false), as after a timeout or SIGINT.",
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option(help="Also write the JSON object to this file.")] = None,
     tool_latency_ms: Annotated[
         float | None,
@@ -664,7 +753,7 @@ def bench(
         ),
     ] = None,
 ) -> None:
-    """Engine alone, trainer alone, sync (η = 0) and async pipelines on one workload: efficiency, idle, losses."""
+    """Engine alone, trainer alone, async and sync (η = 0) pipelines on one workload: efficiency, idle, losses."""
     try:
         chosen = get_workload(workload)
     except ValueError as err:
@@ -693,6 +782,8 @@ def bench(
     steps = steps or chosen.bench_steps
     alone_steps = alone_steps or chosen.bench_alone_steps
     cpu_split = plan_cpus(StackSettings().cpus, replicas=1, trainer_procs=1).describe()
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    measured, phase, stopped = Measured(), "", None
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-e2e-") as tmp:
         work = Path(tmp)
         _phase(f"{chosen.name} workload, {preset} preset, {dtype}, CPUs {cpu_split}")
@@ -705,29 +796,43 @@ def bench(
         tool_latency = latency_ms if chosen.environment else 0.0
         run = BenchRun(
             work, model_dir, dataset, chosen, seed, timeout_s, tool_latency, dtype, partial_rollout_mode,
-            device="cpu" if gpus is None else "cuda",
+            device="cpu" if gpus is None else "cuda", deadline=deadline,
         )  # fmt: skip
-        _phase(f"engine alone, then trainer alone ({alone_steps} steps)")
-        alone = measure_alone(run, alone_steps)
-        _phase(f"engine {alone.engine_samples_per_s:.2f}, trainer {alone.trainer_samples_per_s:.2f} samples/s")
-        _phase(f"sync pipeline (η = 0, {steps} steps)")
-        sync = run_mode(run, 0, steps)
-        _phase(f"sync {sync.samples_per_s:.2f} samples/s; async pipeline (η = {async_staleness}, {steps} steps)")
-        asynchronous = run_mode(run, async_staleness, steps)
+        # The asynchronous pipeline before the synchronous one: with the phases alone it gives the targets'
+        # figures (pipeline_efficiency, gpu_busy_fraction), so a run cut short still has them.
+        try:
+            phase = f"engine alone, then trainer alone ({alone_steps} steps)"
+            _phase(phase)
+            measure_alone(run, alone_steps, measured)
+            engine, trainer = measured.engine_samples_per_s, measured.trainer_samples_per_s
+            _phase(f"engine {engine:.2f}, trainer {trainer:.2f} samples/s")
+            phase = f"async pipeline (η = {async_staleness}, {steps} steps)"
+            _phase(phase)
+            measured.asynchronous = run_mode(run, async_staleness, steps)
+            phase = f"sync pipeline (η = 0, {steps} steps)"
+            _phase(f"async {measured.asynchronous.samples_per_s:.2f} samples/s; {phase}")
+            measured.sync = run_mode(run, 0, steps)
+        except TimeoutError as exc:
+            stopped = f"{phase}: {exc}"
+        except KeyboardInterrupt:
+            stopped = f"{phase}: interrupted"
+        if stopped is not None:
+            _phase(f"cut short: {stopped}")
     result = result_json(
         chosen,
         preset,
         steps,
         async_staleness,
-        alone,
-        sync,
-        asynchronous,
+        measured,
         cpu_split,
         run.tool_latency_ms,
         run.dtype,
         run.rollout_mode,
         gpus,
+        stopped,
     )
     if json_out is not None:
         json_out.write_text(json.dumps(result) + "\n")
     typer.echo(json.dumps(result) if json_output else render_table(result))
+    if stopped is not None:
+        raise typer.Exit(1)

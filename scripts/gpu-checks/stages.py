@@ -99,11 +99,15 @@ STAGES: tuple[Stage, ...] = (
         "e2e-cuda",
         "#50",
         "the four phases on one GPU: gpu_busy_fraction, pipeline_efficiency",
+        # Three stacks one after another (alone, async, sync), each starting an engine and a trainer that
+        # compile: a call of its own. --budget-s leaves a minute of the budget to stop a stack and print
+        # the JSON of the phases that finished.
         Run(
             "realistic-base",
-            ("bench", "e2e", "--device", "cuda", "--workload", "realistic", "--preset", "base", "--json"),
-            # Three stacks one after another (alone, sync, async), each starting an engine and a trainer
-            # that compile: a call of its own.
+            (
+                *("bench", "e2e", "--device", "cuda", "--workload", "realistic", "--preset", "base"),
+                *("--budget-s", "420", "--json"),
+            ),
             480,
         ),
     ),
@@ -193,7 +197,7 @@ STAGES: tuple[Stage, ...] = (
         "e2e-cpu",
         "#50",
         "the CPU pipeline on 16 cores, stack.cpus auto",
-        Run("realistic-small", (*E2E, "--preset", "small"), 360),
+        Run("realistic-small", (*E2E, "--preset", "small", "--budget-s", "300"), 360),
     ),
 )
 

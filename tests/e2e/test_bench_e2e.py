@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
     printed = json.loads(done.stdout.strip().splitlines()[-1])
     assert printed == json.loads(out.read_text())
     assert printed.keys() >= KEYS
+    assert (printed["complete"], printed["stopped"]) == (True, None)
     assert (printed["workload"], printed["preset"], printed["dtype"]) == ("realistic", "tiny", "fp32")
     assert printed["partial_rollout_mode"] == "abort_resume"
     assert printed["staleness_violations"] == 0 and printed["lost_groups"] == 0
@@ -93,6 +95,37 @@ def test_a_short_agentic_bench_runs_multi_turn_episodes_against_a_slow_environme
         # The environment's own log: calls in the window, each waiting its latency for real.
         assert printed["env_calls"][mode] > 0
         assert printed["env_s_per_call"][mode] >= 0.1
+
+
+def _processes_with(text: str) -> list[int]:
+    """Live processes whose environment holds ``text``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue  # ended while we looked, or not ours to read
+    return found
+
+
+def test_a_bench_past_its_budget_stops_prints_what_it_has_and_leaves_nothing_running(tmp_path: Path) -> None:
+    # A budget spent before the stack is even up: the first phase stops at its first look at the clock.
+    # The work folder goes under tmp_path, so every process of the bench carries it in its environment.
+    argv = [sys.executable, "-m", "commands.cli", "bench", "e2e", "--workload", "toy", "--preset", "tiny"]
+    argv += ["--steps", "3", "--alone-steps", "3", "--budget-s", "1", "--json"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed["complete"] is False
+    assert printed["stopped"].startswith("engine alone, then trainer alone (3 steps): engine alone: 0 of 24 groups")
+    # No phase finished: every figure is None, and nothing was lost on the way out.
+    assert printed["engine_alone_samples_per_s"] is None and printed["async_samples_per_s"] is None
+    assert printed["limit"] is None and printed["trainer_idle_ratio"] == {"sync": None, "async": None}
+    assert (printed["staleness_violations"], printed["lost_groups"]) == (0, 0)
+    assert "Traceback" not in done.stderr and "cut short: engine alone" in done.stderr
+    assert _processes_with(f"TMPDIR={tmp_path}") == []
 
 
 def test_an_unknown_preset_workload_or_dtype_is_a_clear_error() -> None:

@@ -1,5 +1,6 @@
-"""``relayrl bench e2e``'s JSON: the per-mode figures each run adds and the limit its efficiency is
-measured against, serial where trainer and engine share one GPU, the bottleneck otherwise."""
+"""``relayrl bench e2e``'s JSON: the per-mode figures each run adds, the limit its efficiency is
+measured against (serial where trainer and engine share one GPU, the bottleneck otherwise), and what a
+run cut short reports."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from commands.stack.bench import AloneResult, GpuSplit, ModeResult, pipeline_limit, render_table, result_json
+from commands.stack.bench import GpuSplit, Measured, ModeResult, pipeline_limit, render_table, result_json
 from commands.stack.environment import Calls
 from commands.stack.workloads import get_workload
 
@@ -40,9 +41,10 @@ def _mode(
     )
 
 
-ALONE = AloneResult(
-    engine_samples_per_s=12.0, trainer_samples_per_s=6.0, generated_lengths={"median": 64.0}, episodes={}
-)
+def _measured(sync: ModeResult | None, asynchronous: ModeResult | None) -> Measured:
+    return Measured(12.0, 6.0, {"median": 64.0}, {}, sync, asynchronous)
+
+
 ONE_GPU = GpuSplit(("NVIDIA H200",), {"trainer": ["0"], "engines": ["0"], "shared": True}, serial=True)
 
 
@@ -55,7 +57,7 @@ def test_the_serial_limit_is_the_two_stages_in_series_and_the_bottleneck_the_slo
 
 def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_figures():
     result = result_json(
-        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.6, 0.21, 1.0), _mode(3.8, 0.93, 0.25, 0.75),
+        get_workload("realistic"), "base", 10, 2, _measured(_mode(3.0, 0.6, 0.21, 1.0), _mode(3.8, 0.93, 0.25, 0.75)),
         {"engines": [0], "trainer": [1]}, dtype="bf16", gpus=ONE_GPU,
     )  # fmt: skip
     assert result["device"] == "cuda"
@@ -76,7 +78,7 @@ def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_f
 
 def test_on_cpu_the_limit_is_the_bottleneck_and_gpu_figures_are_none():
     result = result_json(
-        get_workload("realistic"), "small", 10, 2, ALONE, _mode(3.0, None, None), _mode(5.4, None, None),
+        get_workload("realistic"), "small", 10, 2, _measured(_mode(3.0, None, None), _mode(5.4, None, None)),
         {"engines": [0], "trainer": [1]},
     )  # fmt: skip
     assert (result["device"], result["gpus"]) == ("cpu", None)
@@ -90,9 +92,41 @@ def test_on_cpu_the_limit_is_the_bottleneck_and_gpu_figures_are_none():
 def test_gpus_of_their_own_keep_the_bottleneck_limit():
     own = GpuSplit(("A", "B"), {"trainer": ["0"], "engines": ["1"], "shared": False}, serial=False)
     result = result_json(
-        get_workload("realistic"), "base", 10, 2, ALONE, _mode(3.0, 0.5, 0.2), _mode(5.4, 0.9, 0.2), {}, gpus=own
+        get_workload("realistic"), "base", 10, 2, _measured(_mode(3.0, 0.5, 0.2), _mode(5.4, 0.9, 0.2)), {}, gpus=own
     )
     assert (result["limit"], result["pipeline_efficiency"]) == ("bottleneck", 0.9)
+
+
+def test_a_whole_run_says_it_is_complete():
+    measured = _measured(_mode(3.0, None, None), _mode(5.4, None, None))
+    result = result_json(get_workload("toy"), "tiny", 10, 2, measured, {})
+    assert (result["complete"], result["stopped"]) == (True, None)
+    assert "cut short" not in render_table(result)
+
+
+def test_a_run_cut_in_the_sync_pipeline_keeps_the_targets_figures_and_names_what_it_lacks():
+    # The asynchronous pipeline runs before the synchronous one: its figures and the limit survive the cut.
+    result = result_json(
+        get_workload("realistic"), "base", 10, 2, _measured(None, _mode(3.8, 0.93, 0.25)), {}, gpus=ONE_GPU,
+        stopped="sync pipeline (η = 0, 10 steps): interrupted",
+    )  # fmt: skip
+    assert (result["complete"], result["stopped"]) == (False, "sync pipeline (η = 0, 10 steps): interrupted")
+    assert result["pipeline_efficiency"] == 0.95
+    assert (result["async_samples_per_s"], result["sync_samples_per_s"], result["speedup"]) == (3.8, None, None)
+    assert result["gpu_busy_fraction"] == {"sync": None, "async": 0.93}
+    assert (result["staleness_violations"], result["lost_groups"]) == (0, 0)
+    json.loads(json.dumps(result))
+    assert "cut short" in render_table(result)
+
+
+def test_a_run_cut_before_the_trainer_alone_finished_keeps_the_engines_figure_only():
+    measured = Measured(engine_samples_per_s=12.0, generated_lengths={"median": 64.0})
+    result = result_json(get_workload("agentic"), "tiny", 10, 2, measured, {}, stopped="engine alone: interrupted")
+    assert result["engine_alone_samples_per_s"] == 12.0
+    assert result["trainer_alone_samples_per_s"] is None
+    assert (result["limit"], result["limit_samples_per_s"], result["pipeline_efficiency"]) == (None, None, None)
+    assert result["env_calls"] == {"sync": None, "async": None}
+    assert "engine_alone_samples_per_s: 12.0" in render_table(result)
 
 
 @pytest.mark.parametrize(("dtype", "engine_dtype"), [("fp32", "float32"), ("bf16", "bfloat16")])

@@ -1,0 +1,91 @@
+"""``relayrl bench e2e``'s measurement window of a pipeline run: it opens at the trainer's first
+recorded step and closes at its last, so what the trainer does after it (waiting for its last
+checkpoint to be durable, ending its process) counts in neither its samples/s nor the busy shares
+and token rates read beside them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from commands.stack.bench import Window, _wait_trainer
+
+
+class Trainer:
+    """The trainer as ``_wait_trainer`` watches it: its metrics.jsonl and its exit code."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.exit_code: int | None = None
+
+    def trainer_exit_code(self) -> int | None:
+        return self.exit_code
+
+    def record(self, step: int) -> None:
+        row = {"trainer/global_steps": step, "critic/score/mean": 0.5, "time": time.time()}
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_window_closes_at_the_last_steps_row_not_at_the_trainers_exit(tmp_path: Path) -> None:
+    trainer = Trainer(tmp_path)
+    window = Window(None, [])
+    seen: dict[str, bool] = {}
+
+    def run() -> None:
+        trainer.record(1)
+        seen["opened"] = _until(lambda: window.opened_at > 0)
+        trainer.record(2)
+        trainer.record(3)
+        # The trainer has recorded its last step and is still running (its last checkpoint).
+        seen["closed_before_exit"] = _until(lambda: window.closed)
+        trainer.exit_code = 0
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
+    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 2", window, last_step=3)  # type: ignore[arg-type]
+    writer.join()
+    assert seen == {"opened": True, "closed_before_exit": True}
+    assert 0 < window.elapsed < 10
+
+
+def test_a_trainer_that_ends_with_its_last_row_still_closes_the_window(tmp_path: Path) -> None:
+    trainer = Trainer(tmp_path)
+    window = Window(None, [])
+    trainer.record(1)
+    supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
+
+    def exit_once_opened() -> None:
+        _until(lambda: window.opened_at > 0)
+        trainer.record(2)
+        trainer.exit_code = 0  # before the next poll sees row 2
+
+    writer = threading.Thread(target=exit_once_opened)
+    writer.start()
+    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", window, last_step=2)  # type: ignore[arg-type]
+    writer.join()
+    assert window.closed
+
+
+def test_a_trainer_that_fails_is_the_benchs_error(tmp_path: Path) -> None:
+    trainer = Trainer(tmp_path)
+    trainer.record(1)
+    trainer.exit_code = 1
+    supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
+    with pytest.raises(RuntimeError, match="trainer exited with 1"):
+        _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", Window(None, []), last_step=2)  # type: ignore[arg-type]
