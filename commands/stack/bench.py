@@ -171,9 +171,14 @@ class BenchRun:
     deadline: float | None = None
 
     def phase_deadline(self) -> float:
-        """When a phase starting now must end: its timeout_s, or the run's deadline if that comes first."""
-        limit = time.monotonic() + self.timeout_s
-        return limit if self.deadline is None else min(limit, self.deadline)
+        """When a phase starting now must end: its timeout_s, or the run's deadline if that comes first.
+        Past the run's deadline a phase does not start (its stack would start only to stop)."""
+        now = time.monotonic()
+        if self.deadline is None:
+            return now + self.timeout_s
+        if now >= self.deadline:
+            raise TimeoutError("the budget (--budget-s) was spent before it started")
+        return min(now + self.timeout_s, self.deadline)
 
     @property
     def rollout_mode(self) -> str:
@@ -358,13 +363,14 @@ def _samples_per_s(rows: list[dict[str, Any]]) -> float:
 def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> ModeResult:
     """The full pipeline at η = ``eta`` for ``steps`` steps, as run ``name`` (default eta<η>)."""
     name = name or f"eta{eta}"
+    deadline = run.phase_deadline()
     with supervised(None) as supervisor:
         stack = LocalStack(run.config(name, eta, steps), supervisor)
         gpu = GpuBusyMeter(NvmlGpus(stack.gpus.gpus)) if stack.gpus is not None else None
         stack.start(run.model_dir)
         rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
         window = Window(gpu, [rollouts, Counters(stack.endpoints.engines, ENGINE_FIGURES)])
-        _wait_trainer(stack, supervisor, run.phase_deadline(), f"η = {eta}", window, last_step=steps)
+        _wait_trainer(stack, supervisor, deadline, f"η = {eta}", window, last_step=steps)
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
     elapsed = window.elapsed

@@ -110,8 +110,8 @@ def _processes_with(text: str) -> list[int]:
 
 
 def test_a_bench_past_its_budget_stops_prints_what_it_has_and_leaves_nothing_running(tmp_path: Path) -> None:
-    # A budget spent before the stack is even up: the first phase stops at its first look at the clock.
-    # The work folder goes under tmp_path, so every process of the bench carries it in its environment.
+    # A budget spent while the model is written: the first phase does not start its stack. The work
+    # folder goes under tmp_path, so every process of the bench carries it in its environment.
     argv = [sys.executable, "-m", "commands.cli", "bench", "e2e", "--workload", "toy", "--preset", "tiny"]
     argv += ["--steps", "3", "--alone-steps", "3", "--budget-s", "1", "--json"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -119,7 +119,9 @@ def test_a_bench_past_its_budget_stops_prints_what_it_has_and_leaves_nothing_run
     assert done.returncode == 1, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
     assert printed["complete"] is False
-    assert printed["stopped"].startswith("engine alone, then trainer alone (3 steps): engine alone: 0 of 24 groups")
+    assert printed["stopped"] == (
+        "engine alone, then trainer alone (3 steps): the budget (--budget-s) was spent before it started"
+    )
     # No phase finished: every figure is None, and nothing was lost on the way out.
     assert printed["engine_alone_samples_per_s"] is None and printed["async_samples_per_s"] is None
     assert printed["limit"] is None and printed["trainer_idle_ratio"] == {"sync": None, "async": None}

@@ -89,3 +89,11 @@ def test_a_trainer_that_fails_is_the_benchs_error(tmp_path: Path) -> None:
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
     with pytest.raises(RuntimeError, match="trainer exited with 1"):
         _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", Window(None, []), last_step=2)  # type: ignore[arg-type]
+
+
+def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase(tmp_path: Path) -> None:
+    trainer = Trainer(tmp_path)
+    trainer.record(1)
+    supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
+    with pytest.raises(TimeoutError, match="η = 2: the trainer did not finish in time"):
+        _wait_trainer(trainer, supervisor, time.monotonic() + 0.5, "η = 2", Window(None, []), last_step=3)  # type: ignore[arg-type]
