@@ -61,6 +61,9 @@ class Manifest:
     install: list[str]  # what install-offline.sh asks pip for
     host_requirements: list[str]  # what the host must already have (the venv sees its site-packages)
     host_packages: list[str]  # left out on purpose, with what only they pull in
+    # The shipped project's own wheels (RelayRL's), pinned: install-offline.sh puts them into the venv
+    # itself, whatever the host's site already holds under their names.
+    project: list[str] = field(default_factory=list)
     wheels: list[Wheel] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # reached only through a host package
     redis: dict[str, object] = field(default_factory=dict)
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         wheels = args.wheel or [build_project_wheel(args.repo, work)]
         local = {canonicalize_name(w.name.split("-")[0]): w.resolve() for w in wheels}
+        project = sorted(f"{name}=={wheel.name.split('-')[1]}" for name, wheel in local.items())
         say(f"resolving {', '.join([*sorted(local), *args.also])} for Python {args.python} on {args.platform}")
         also = [canonicalize_name(Requirement(r).name) for r in args.also]
         roots = [str(w) for w in local.values()] + args.also
@@ -359,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             python=args.python,
             python_tag="cp" + args.python.replace(".", ""),
             platform=args.platform,
-            install=sorted([*local, *also]),
+            install=sorted([*project, *also]),
+            project=project,
             host_requirements=host_reqs,
             host_packages=sorted(canonicalize_name(n) for n in args.host_package),
             wheels=wheel_records(out / "wheels"),

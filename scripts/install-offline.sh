@@ -91,6 +91,14 @@ PY
 read -r -a WANT < <("$VENV/bin/python" -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))["install"]))' "$BUNDLE/manifest.json")
 PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-index --find-links "$BUNDLE/wheels" "${WANT[@]}"
+# RelayRL itself into the venv, whatever the host's site shows: a copy of the same version there (an
+# earlier install, an editable checkout) satisfies pip above, and the venv would then run that copy
+# and have no `relayrl` command of its own.
+read -r -a PROJECT < <("$VENV/bin/python" -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1])).get("project", [])))' "$BUNDLE/manifest.json")
+if [[ ${#PROJECT[@]} -gt 0 ]]; then
+  PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --no-index --find-links "$BUNDLE/wheels" --no-deps --force-reinstall "${PROJECT[@]}"
+fi
 
 # redis-server: the binary and its libraries under VENV/lib/relayrl-redis, a wrapper on VENV/bin.
 REDIS_HOME="$VENV/lib/relayrl-redis"

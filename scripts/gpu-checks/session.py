@@ -106,15 +106,19 @@ class Session:
         SIGKILL. Returns (exit code, seconds, timed out)."""
         start = time.monotonic()
         with stdout.open("wb") as out, stderr.open("wb") if stderr else open(os.devnull, "wb") as err:
-            proc = subprocess.Popen(
-                argv,
-                cwd=REPO,
-                env=self.env(checkout),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err if stderr else subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=REPO,
+                    env=self.env(checkout),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err if stderr else subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # a command that is not there fails its run, not the session
+                (err if stderr else out).write(f"gpu-checks: cannot start {argv[0]}: {exc}\n".encode())
+                return 127, 0.0, False
             timed_out = False
             try:
                 proc.wait(timeout=max(1.0, timeout_s - GRACE_S))
@@ -155,10 +159,13 @@ class Session:
             argv = ["bash", "scripts/install-offline.sh", str(bundle), str(self.venv)]
             rc, seconds, timed_out = self.call(argv, stage.budget_s, self.logs / "install.log", checkout=False)
             outcome.rc, outcome.seconds = rc, seconds
-            self.installed = rc == 0
+            # Without its own relayrl the venv serves nothing: the benches run from the checkout instead.
+            self.installed = rc == 0 and (self.venv / "bin/relayrl").exists()
             outcome.status = "ok" if rc == 0 else ("timed out" if timed_out else "failed")
             if rc != 0:
                 outcome.detail = _tail(self.logs / "install.log", 5)
+            elif not self.installed:
+                outcome.status, outcome.detail = "failed", f"{self.venv}/bin/relayrl is missing after the install"
         if self.installed:
             venv_python = str(self.venv / "bin/python")
             # install-offline.sh prints torch's version from the host's Python and then from the venv

@@ -38,10 +38,11 @@ def _why_not() -> str | None:
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
 
-def _probe_wheel(tmp: Path) -> Path:
+def _probe_wheel(tmp: Path, answer: str = "from the bundle") -> Path:
+    """A pure wheel standing in for RelayRL's: a module that says where it came from, and a command."""
     src = tmp / "probe"
     (src / PROBE).mkdir(parents=True)
-    (src / PROBE / "__init__.py").write_text('ANSWER = "from the bundle"\n')
+    (src / PROBE / "__init__.py").write_text(f"ANSWER = {answer!r}\n\ndef main():\n    print(ANSWER)\n")
     (src / "pyproject.toml").write_text(
         textwrap.dedent(f"""\
             [build-system]
@@ -51,6 +52,9 @@ def _probe_wheel(tmp: Path) -> Path:
             [project]
             name = "{PROBE}"
             version = "1.0"
+
+            [project.scripts]
+            {PROBE} = "{PROBE}:main"
             """)
     )
     out = tmp / "wheel"
@@ -134,6 +138,39 @@ def test_a_bundle_installs_with_no_network_and_keeps_the_hosts_torch(bundle: Pat
             server.stdin.write("\n")
             server.stdin.flush()
         assert server.wait(timeout=15) == 0
+
+
+def test_the_bundles_own_wheel_lands_in_the_venv_though_the_host_shows_the_same_version(
+    bundle: Path, tmp_path: Path
+) -> None:
+    # A host whose site already holds the project at the bundle's version (an earlier install, an
+    # editable checkout): pip would take it as installed, and the venv would run the host's copy and
+    # have no command of its own.
+    host = tmp_path / "host"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(host)], check=True)
+    site = subprocess.run(
+        [str(host / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    hosts_copy = _probe_wheel(tmp_path / "hosts-copy", answer="from the host")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, str(hosts_copy)],
+        check=True,
+        capture_output=True,
+    )
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["unshare", "-n", str(REPO / "scripts/install-offline.sh"), str(bundle), str(venv)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": str(host / "bin/python")},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    command = subprocess.run([str(venv / f"bin/{PROBE}")], capture_output=True, text=True)
+    assert (command.returncode, command.stdout.strip()) == (0, "from the bundle")
 
 
 def test_a_bundle_for_another_python_stops_at_once_naming_both(bundle: Path, tmp_path: Path) -> None:
