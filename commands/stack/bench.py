@@ -10,7 +10,8 @@ One invocation runs, one after another on the same workload, preset and CPU spli
 
 A run cut short (``--budget-s`` spent, a phase past ``--timeout-s``, SIGINT) still prints its JSON,
 with ``complete: false``, ``stopped`` naming the phase, and None for each figure of a phase that did
-not finish; it exits 1.
+not finish; it exits 1. A phase that fails or runs out of time prints the end of each component's log
+on stderr first, since the temporary folder holding the logs goes with the command.
 
 ``pipeline_efficiency`` is async samples/s over the pipeline's limit, named in the JSON
 (``limit``): ``bottleneck``, the slower of the two stages alone, where they compute on separate
@@ -705,6 +706,15 @@ def _phase(message: str) -> None:
     typer.echo(f"[bench e2e {time.strftime('%H:%M:%S')}] {message}", err=True)
 
 
+def log_tails(work: Path, lines: int = 20) -> None:
+    """The end of each component's log, on stderr, for a phase that failed or was cut short: the work
+    folder holding them goes with the command."""
+    for log in sorted((work / "runs").glob("*/logs/*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        _phase(f"the last {len(tail)} lines of {log.relative_to(work / 'runs')}:")
+        typer.echo("\n".join(tail), err=True)
+
+
 def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
     workload: Annotated[
@@ -820,8 +830,12 @@ def bench(
             measured.sync = run_mode(run, 0, steps)
         except TimeoutError as exc:
             stopped = f"{phase}: {exc}"
+            log_tails(work)
         except KeyboardInterrupt:
             stopped = f"{phase}: interrupted"
+        except Exception:
+            log_tails(work)
+            raise
         if stopped is not None:
             _phase(f"cut short: {stopped}")
     result = result_json(

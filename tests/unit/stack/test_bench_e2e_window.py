@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from commands.stack.bench import Window, _wait_trainer
+from commands.stack.bench import Window, _wait_trainer, log_tails
 
 
 class Trainer:
@@ -97,3 +97,15 @@ def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
     with pytest.raises(TimeoutError, match="η = 2: the trainer did not finish in time"):
         _wait_trainer(trainer, supervisor, time.monotonic() + 0.5, "η = 2", Window(None, []), last_step=3)  # type: ignore[arg-type]
+
+
+def test_a_failed_phase_prints_the_end_of_each_components_log(tmp_path: Path, capsys) -> None:
+    # The work folder, and the logs the error message points to, are deleted when the command ends.
+    logs = tmp_path / "runs" / "eta2" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "trainer.log").write_text("".join(f"line {i}\n" for i in range(50)))
+    (logs / "engine-0.log").write_text("CUDA out of memory\n")
+    log_tails(tmp_path, lines=3)
+    err = capsys.readouterr().err
+    assert "the last 1 lines of eta2/logs/engine-0.log:\nCUDA out of memory" in err
+    assert "the last 3 lines of eta2/logs/trainer.log:\nline 47\nline 48\nline 49" in err
