@@ -707,9 +707,10 @@ def _phase(message: str) -> None:
 
 
 def log_tails(work: Path, lines: int = 20) -> None:
-    """The end of each component's log, on stderr, for a phase that failed or was cut short: the work
-    folder holding them goes with the command."""
-    for log in sorted((work / "runs").glob("*/logs/*.log")):
+    """The end of each component's log of the last phase's stack, on stderr, for a phase that failed or
+    was cut short: the work folder holding them goes with the command."""
+    runs = sorted((work / "runs").glob("*/logs"), key=lambda logs: logs.stat().st_mtime)
+    for log in sorted(runs[-1].glob("*.log")) if runs else []:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         _phase(f"the last {len(tail)} lines of {log.relative_to(work / 'runs')}:")
         typer.echo("\n".join(tail), err=True)

@@ -6,6 +6,7 @@ and token rates read beside them."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -101,11 +102,16 @@ def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase
 
 def test_a_failed_phase_prints_the_end_of_each_components_log(tmp_path: Path, capsys) -> None:
     # The work folder, and the logs the error message points to, are deleted when the command ends.
+    earlier = tmp_path / "runs" / "alone" / "logs"
+    earlier.mkdir(parents=True)
+    (earlier / "trainer.log").write_text("an earlier phase's\n")
     logs = tmp_path / "runs" / "eta2" / "logs"
     logs.mkdir(parents=True)
+    os.utime(earlier, (1, 1))  # the phase that failed is the last one started
     (logs / "trainer.log").write_text("".join(f"line {i}\n" for i in range(50)))
     (logs / "engine-0.log").write_text("CUDA out of memory\n")
     log_tails(tmp_path, lines=3)
     err = capsys.readouterr().err
     assert "the last 1 lines of eta2/logs/engine-0.log:\nCUDA out of memory" in err
     assert "the last 3 lines of eta2/logs/trainer.log:\nline 47\nline 48\nline 49" in err
+    assert "an earlier phase's" not in err
