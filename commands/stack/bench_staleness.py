@@ -30,7 +30,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands.stack.bench import PRESETS, BenchRun, ModeResult, _init_model, run_mode
+from commands.stack.bench import PRESETS, BenchRun, ModeResult, _init_model, log_tails, run_mode
 from commands.stack.config import StackSettings
 from commands.stack.report import read_metrics
 from commands.stack.workloads import get_workload
@@ -190,7 +190,11 @@ def bench(
         for mode in wanted:
             eta, overrides = mode_settings(mode, limit, adjust_every)
             _phase(f"η = {mode}")
-            result = run_mode(dataclasses.replace(base, trainer_overrides=overrides), eta, steps, name=f"mode-{mode}")
+            try:
+                result = run_mode(dataclasses.replace(base, trainer_overrides=overrides), eta, steps, f"mode-{mode}")
+            except Exception:
+                log_tails(work)
+                raise
             figures = staleness_figures(read_metrics(work / "runs" / f"mode-{mode}" / "metrics.jsonl"))
             per_mode[mode] = mode_json(result, figures)
             _phase(f"η = {mode}: {result.samples_per_s:.2f} samples/s, mean age {figures['mean_sample_age']:.2f}")
