@@ -339,10 +339,11 @@ def _wait_trainer(
             rows = _trainer_rows(stack)
             _phase(f"{what}: step {rows[-1]['trainer/global_steps']}, reward {rows[-1]['critic/score/mean']:.3f}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: the trainer did not finish in time; see {stack.run_dir}/logs")
+            raise TimeoutError(f"{what}: the trainer did not finish in time (the end of its logs is printed above)")
         time.sleep(0.2)
     if stack.trainer_exit_code() != 0:
-        raise RuntimeError(f"{what}: trainer exited with {stack.trainer_exit_code()}; see {stack.run_dir}/logs")
+        code = stack.trainer_exit_code()
+        raise RuntimeError(f"{what}: trainer exited with {code} (the end of its logs is printed above)")
     if window is not None and seen_first:
         window.close()  # where the last step's row and the exit came within one poll
 
@@ -554,6 +555,8 @@ MODE_FIGURES = {
     "gpu_busy_fraction": 3,
     "weights_by_handle": 3,
     "handle_fallbacks": 0,
+    # How long the window each mode's figures are measured over lasted, first recorded step to last.
+    "window_s": 1,
 }
 
 
@@ -650,6 +653,7 @@ def render_table(result: dict[str, Any]) -> str:
         "padding_ratio",
         "max_step_wait_s",
         "reward_at_end",
+        "window_s",
     ):
         table.add_row(key, str(result[key]["sync"]), str(result[key]["async"]))
     for key in ("engine_idle_ratio", "env_calls", "env_s", "env_s_per_call", "env_concurrency"):

@@ -59,6 +59,8 @@ def test_a_short_realistic_bench_measures_every_phase_and_loses_nothing(tmp_path
         assert printed["weight_version_s"][mode] > 0
         # Read from the engine's own /metrics: every switch in the window held its scheduler a while.
         assert printed["engine_paused_per_version_s"][mode] > 0
+        # The window spans the steps after the first, as the samples/s beside it do.
+        assert printed["window_s"][mode] > 0
     # Lengths of the backlog generated alone (4 steps of 8 groups of 8), within the 512-token cap.
     lengths = printed["generated_lengths"]
     assert lengths["samples"] >= 4 * 8 * 8

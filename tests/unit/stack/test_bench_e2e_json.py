@@ -68,6 +68,7 @@ def test_on_one_gpu_the_json_names_the_gpu_the_serial_limit_and_each_modes_gpu_f
     assert result["trainer_mfu"] == {"sync": 0.21, "async": 0.25}
     assert result["engine_tokens_per_s"] == {"sync": 1234.6, "async": 1234.6}
     assert result["weight_version_s"] == {"sync": 0.4, "async": 0.4}
+    assert result["window_s"] == {"sync": 30.0, "async": 30.0}
     # On the trainer's GPU versions also go by CUDA IPC handle: the share that did, and the fall backs.
     assert result["weights_by_handle"] == {"sync": 1.0, "async": 0.75}
     assert result["handle_fallbacks"] == {"sync": 1, "async": 1}
