@@ -272,11 +272,12 @@ class Counters:
 
 
 class Window:
-    """A pipeline run's measurement window: the machine's and the GPUs' busy shares and the services'
-    counters, read when it opens and when it closes."""
+    """A pipeline run's measurement window, from the trainer's first recorded step to ``last_step``:
+    the machine's and the GPUs' busy shares and the services' counters, read when it opens and when it
+    closes."""
 
-    def __init__(self, gpu: GpuBusyMeter | None, counters: list[Counters]) -> None:
-        self.cpu, self.gpu, self.counters = CpuMeter(), gpu, counters
+    def __init__(self, gpu: GpuBusyMeter | None, counters: list[Counters], last_step: int) -> None:
+        self.cpu, self.gpu, self.counters, self.last_step = CpuMeter(), gpu, counters, last_step
         self.start: dict[str, float] = {}
         self.end: dict[str, float] = {}
         self.cpu_busy = 0.0
@@ -317,22 +318,21 @@ def _wait_trainer(
     deadline: float,
     what: str,
     window: Window | None = None,
-    last_step: int | None = None,
 ) -> None:
     """Waits for the trainer to finish, opening ``window`` once its first step is recorded and closing
-    it once step ``last_step`` is: what follows (the last checkpoint becoming durable, the process
-    ending) is no part of the steps its samples/s counts."""
+    it once its last step is: what follows (the last checkpoint becoming durable, the process ending)
+    is no part of the steps its samples/s counts."""
     metrics_path = stack.run_dir / "metrics.jsonl"
     size, seen_first = 0, False
     shown = time.monotonic()
     while stack.trainer_exit_code() is None:
         supervisor.check_alive(exited_ok=["trainer"])
-        if metrics_path.exists() and metrics_path.stat().st_size > size:
-            size = metrics_path.stat().st_size
+        if metrics_path.exists() and (grown := metrics_path.stat().st_size) > size:
+            size = grown
             if not seen_first and window is not None:
                 window.open()
             seen_first = True
-            if window is not None and last_step is not None and _last_step(stack) >= last_step:
+            if window is not None and not window.closed and _last_step(stack) >= window.last_step:
                 window.close()
         if seen_first and time.monotonic() - shown > PROGRESS_EVERY_S:
             shown = time.monotonic()
@@ -371,8 +371,8 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         gpu = GpuBusyMeter(NvmlGpus(stack.gpus.gpus)) if stack.gpus is not None else None
         stack.start(run.model_dir)
         rollouts = Counters(stack.endpoints.rollouts_http, ROLLOUT_FIGURES)
-        window = Window(gpu, [rollouts, Counters(stack.endpoints.engines, ENGINE_FIGURES)])
-        _wait_trainer(stack, supervisor, deadline, f"η = {eta}", window, last_step=steps)
+        window = Window(gpu, [rollouts, Counters(stack.endpoints.engines, ENGINE_FIGURES)], last_step=steps)
+        _wait_trainer(stack, supervisor, deadline, f"η = {eta}", window)
         lost = _lost_groups(stack.endpoints.queue_grpc)
         rows = _trainer_rows(stack)
     elapsed = window.elapsed

@@ -44,7 +44,7 @@ def _until(condition, timeout_s: float = 10.0) -> bool:
 
 def test_the_window_closes_at_the_last_steps_row_not_at_the_trainers_exit(tmp_path: Path) -> None:
     trainer = Trainer(tmp_path)
-    window = Window(None, [])
+    window = Window(None, [], last_step=3)
     seen: dict[str, bool] = {}
 
     def run() -> None:
@@ -59,7 +59,7 @@ def test_the_window_closes_at_the_last_steps_row_not_at_the_trainers_exit(tmp_pa
     writer = threading.Thread(target=run)
     writer.start()
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
-    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 2", window, last_step=3)  # type: ignore[arg-type]
+    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 2", window)  # type: ignore[arg-type]
     writer.join()
     assert seen == {"opened": True, "closed_before_exit": True}
     assert 0 < window.elapsed < 10
@@ -67,7 +67,7 @@ def test_the_window_closes_at_the_last_steps_row_not_at_the_trainers_exit(tmp_pa
 
 def test_a_trainer_that_ends_with_its_last_row_still_closes_the_window(tmp_path: Path) -> None:
     trainer = Trainer(tmp_path)
-    window = Window(None, [])
+    window = Window(None, [], last_step=2)
     trainer.record(1)
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
 
@@ -78,7 +78,7 @@ def test_a_trainer_that_ends_with_its_last_row_still_closes_the_window(tmp_path:
 
     writer = threading.Thread(target=exit_once_opened)
     writer.start()
-    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", window, last_step=2)  # type: ignore[arg-type]
+    _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", window)  # type: ignore[arg-type]
     writer.join()
     assert window.closed
 
@@ -89,7 +89,7 @@ def test_a_trainer_that_fails_is_the_benchs_error(tmp_path: Path) -> None:
     trainer.exit_code = 1
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
     with pytest.raises(RuntimeError, match="trainer exited with 1"):
-        _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", Window(None, []), last_step=2)  # type: ignore[arg-type]
+        _wait_trainer(trainer, supervisor, time.monotonic() + 60, "η = 0", Window(None, [], last_step=2))  # type: ignore[arg-type]
 
 
 def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase
     trainer.record(1)
     supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
     with pytest.raises(TimeoutError, match="η = 2: the trainer did not finish in time"):
-        _wait_trainer(trainer, supervisor, time.monotonic() + 0.5, "η = 2", Window(None, []), last_step=3)  # type: ignore[arg-type]
+        _wait_trainer(trainer, supervisor, time.monotonic() + 0.5, "η = 2", Window(None, [], last_step=3))  # type: ignore[arg-type]
 
 
 def test_a_failed_phase_prints_the_end_of_each_components_log(tmp_path: Path, capsys) -> None:
