@@ -46,7 +46,9 @@ class EngineSettings(ServiceSettings):
         0,
         ge=0,
         description="Tokens the KV cache holds (SGLang's name). 0: on cpu, max_running_requests x context_length"
-        " plus the prefix cache's budget, claimed as it is needed; on cuda, what mem_fraction_static leaves.",
+        " plus the prefix cache's budget, claimed as it is needed; on cuda, what mem_fraction_static leaves, up to"
+        " what 32-bit offsets address in one layer's [kv_heads, tokens, head_dim] tensor (a larger value stops the"
+        " engine at start).",
     )
     attention_backend: AttentionBackend = Field(
         "auto",

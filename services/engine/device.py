@@ -214,20 +214,57 @@ def kv_pool_for(
     """The KV block pool for ``model`` on its device.
 
     CPU: ``max_total_tokens`` (or ``cpu_tokens``, today's limits) claimed as needed. CUDA: allocated
-    now, ``max_total_tokens`` or what ``mem_fraction_static`` of the GPU leaves after the weights
-    (SGLang's rule: the free memory less the fraction kept for others); raises
-    :class:`~relayrl.config.SettingsError` naming the setting when that is not one context.
+    now, as many tokens as :func:`cuda_cache_tokens` gives.
     """
     layout = KVLayout.of(model)
     if layout.device.type != "cuda":
         tokens = max_total_tokens or cpu_tokens
         return BlockPool(layout, block_size, -(-tokens // block_size) + 1, initial_blocks=64)
-    if max_total_tokens:
-        tokens = max_total_tokens
-    else:
-        free, total = torch.cuda.mem_get_info(layout.device)
-        tokens = cache_tokens(free, total, mem_fraction_static, layout.bytes_per_token, context_length)
+    free, total = (0, 0) if max_total_tokens else torch.cuda.mem_get_info(layout.device)
+    tokens = cuda_cache_tokens(layout, block_size, context_length, max_total_tokens, mem_fraction_static, free, total)
     return BlockPool(layout, block_size, -(-tokens // block_size) + 1)
+
+
+def cuda_cache_tokens(
+    layout: KVLayout,
+    block_size: int,
+    context_length: int,
+    max_total_tokens: int,
+    mem_fraction_static: float,
+    free: int,
+    total: int,
+) -> int:
+    """Tokens of a CUDA pool: ``max_total_tokens``, or what ``mem_fraction_static`` leaves
+    (:func:`cache_tokens`), never past what 32-bit offsets reach in one layer's tensor.
+
+    A layer's keys are one ``[kv_heads, tokens, head_dim]`` tensor read by the attention kernels
+    with 32-bit offsets. Past 2**31 elements Triton passes a size as int64, and flex_attention's
+    decode template then fails to compile (on the H200, a ``tiny`` engine at 0.88 of the card:
+    "Ternary expression with dynamic condition has inconsistent types int64 and int32"). A real
+    model's cache stays well below (Qwen2.5-0.5B: 16.7 M tokens); a small test model's would not.
+    """
+    limit = addressable_tokens(layout, block_size)
+    if max_total_tokens > limit:
+        raise SettingsError(
+            "EngineSettings",
+            [
+                f"RELAYRL_ENGINE_MAX_TOTAL_TOKENS={max_total_tokens} is more than one layer's KV tensor can address"
+                f" with 32-bit offsets ({limit} tokens at {layout.kv_heads} KV heads of {layout.head_dim}); lower it"
+            ],
+        )
+    if max_total_tokens:
+        return max_total_tokens
+    tokens = cache_tokens(free, total, mem_fraction_static, layout.bytes_per_token, context_length)
+    if tokens > limit:
+        log.info("KV cache: %d tokens, the most 32-bit offsets address (the memory fraction leaves %d)", limit, tokens)
+    return min(tokens, limit)
+
+
+def addressable_tokens(layout: KVLayout, block_size: int) -> int:
+    """The most tokens a pool holds with every layer's ``[kv_heads, tokens, head_dim]`` below 2**31
+    elements (block 0, the scratch block, counted in the tensor but not in the tokens)."""
+    blocks = (2**31 - 1) // (layout.kv_heads * layout.head_dim * block_size)
+    return (blocks - 1) * block_size
 
 
 def cache_tokens(free: int, total: int, mem_fraction_static: float, bytes_per_token: int, context_length: int) -> int:

@@ -11,10 +11,12 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from relayrl.config import SettingsError
 from services.engine.bench import read_stream
-from services.engine.device import cache_tokens
+from services.engine.device import addressable_tokens, cache_tokens, cuda_cache_tokens
+from services.engine.kv_pool import KVLayout
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence, version_spans
 from services.engine.state import text_decoder
@@ -108,6 +110,37 @@ def test_a_fraction_that_leaves_less_than_one_context_names_the_setting_on_one_l
     line = err.value.one_line()
     assert "\n" not in line
     assert f"RELAYRL_ENGINE_MEM_FRACTION_STATIC={fraction}" in line and "no room for the KV cache" in line
+
+
+# The tiny preset's layout in float32: 1 KiB a token, 32 elements a token in one layer's keys.
+TINY = KVLayout(layers=4, kv_heads=2, head_dim=16, dtype=torch.float32)
+
+
+def test_a_cuda_cache_stops_where_32_bit_offsets_end_though_the_memory_fraction_leaves_more() -> None:
+    # An H200's 0.88 leaves about 131 GB after the tiny model: 128 M tokens, 4.1 G elements a layer.
+    tokens = cuda_cache_tokens(TINY, 128, 2048, 0, 0.88, free=149 * 10**9, total=150_754_820_096)
+
+    assert tokens == addressable_tokens(TINY, 128) < 149 * 10**9 // TINY.bytes_per_token
+    blocks = tokens // 128 + 1  # and the scratch block
+    assert blocks * 128 * TINY.kv_heads * TINY.head_dim < 2**31
+    assert (blocks + 1) * 128 * TINY.kv_heads * TINY.head_dim >= 2**31
+
+
+def test_a_real_models_cuda_cache_is_what_the_memory_fraction_leaves() -> None:
+    qwen_05b = KVLayout(layers=24, kv_heads=2, head_dim=64, dtype=torch.bfloat16)
+
+    tokens = cuda_cache_tokens(qwen_05b, 128, 32768, 0, 0.88, free=148 * 10**9, total=150_754_820_096)
+
+    assert tokens == cache_tokens(148 * 10**9, 150_754_820_096, 0.88, qwen_05b.bytes_per_token, 32768)
+
+
+def test_a_max_total_tokens_past_32_bit_offsets_names_the_setting_on_one_line() -> None:
+    with pytest.raises(SettingsError) as err:
+        cuda_cache_tokens(TINY, 128, 2048, 100_000_000, 0.88, free=0, total=0)
+
+    line = err.value.one_line()
+    assert "\n" not in line and "RELAYRL_ENGINE_MAX_TOTAL_TOKENS=100000000" in line
+    assert cuda_cache_tokens(TINY, 128, 2048, 1_000_000, 0.88, free=0, total=0) == 1_000_000
 
 
 async def test_a_streams_chunks_carry_their_tokens_weight_versions_while_later_tokens_extend_them() -> None:
