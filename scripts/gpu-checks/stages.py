@@ -7,7 +7,8 @@ about 35 s (its decode graphs at 20 batch sizes). A trainer run of another confi
 again in its own process (inductor's cache on /tmp shortens it).
 
 Ordered by value per second of device time: the install first (everything else runs from it), then
-the two headline figures (#46's trainer, #47's engine), whose cost is bounded, then the GPU tests,
+the two headline figures (#47's engine, whose attention backends the 2026-11-30 run left undecided,
+then #46's trainer), whose cost is bounded, then the GPU tests,
 whose length no GPU run has measured yet (their log keeps what finished if they are cut), then the
 figures the issues ask for beyond the headline ones. A session of 540 s rarely reaches the end;
 what does not fit is listed as skipped with its budget, for the next session to pick by name.
@@ -66,19 +67,29 @@ WORK = os.environ.get("GPU_CHECKS_WORK", "/tmp/relayrl-gpu-checks")
 
 STAGES: tuple[Stage, ...] = (
     Stage("install", "#50", "install", 150, "scripts/install-offline.sh from the bundle, torch unchanged"),
+    # The triton and flex_attention backends side by side, then the floors (HF generate, generate_batch)
+    # on the first 32 requests: on all 256 they take minutes. On 2026-11-30 (H200) flex_attention, the
+    # auto choice, decoded at 29 ms a step with 256 rows, GPU-bound: torch.compile(dynamic=True) leaves
+    # the batch symbolic, and flex_attention then takes its general kernel, one 128-row query tile per
+    # query head, not its decoding kernel (torch/_inductor/kernel/flex/flex_decoding.py,
+    # _use_flex_decoding). Triton's kernel reads each KV head once per query group; it runs first so a
+    # cut run still brings its figure. Each engine starts in about 30 s; the floors took 94 s.
+    _bench(
+        "engine",
+        "#47",
+        "tokens/s of triton and flex_attention against the floors, TTFT, ITL, update pauses",
+        Run(
+            "base",
+            (*ENGINE, "--attention", "triton,flex_attention", "--floor-requests", "32", "--timeout-s", "200"),
+            260,
+        ),
+    ),
     # The plain-model run starts only inside --timeout-s; its compile and warm-up fit in what is left.
     _bench(
         "trainer",
         "#46",
         "MFU, FSDP over the plain model, memory by step",
         Run("default", (*TRAINER, "--timeout-s", "140"), 210),
-    ),
-    # The floors (HF generate, generate_batch) on the first 32 requests: on all 256 they take minutes.
-    _bench(
-        "engine",
-        "#47",
-        "tokens/s against the floors, TTFT, ITL, update pauses",
-        Run("base", (*ENGINE, "--floor-requests", "32", "--timeout-s", "150"), 210),
     ),
     # The sampling backends on one step's logits (the engine run above sampled with auto: triton).
     _bench(
@@ -130,17 +141,13 @@ STAGES: tuple[Stage, ...] = (
         "the OpenAI endpoint against the native path on the CUDA engine",
         Run("default", ("bench", "openai", "--device", "cuda", "--json"), 90),
     ),
-    # The other attention candidates, each in an engine of its own, on the same workload (the base
-    # run measured auto, flex_attention on CUDA, and the floors).
+    # The third attention candidate on the same workload (the base run measured triton, flex_attention
+    # and the floors).
     _bench(
         "engine-backends",
         "#47",
-        "the torch_native and triton attention backends",
-        Run(
-            "torch-native-triton",
-            (*ENGINE, "--attention", "torch_native,triton", "--no-floors", "--timeout-s", "130"),
-            180,
-        ),
+        "the torch_native attention backend",
+        Run("torch-native", (*ENGINE, "--attention", "torch_native", "--no-floors", "--timeout-s", "130"), 180),
     ),
     # The engine of the base run without its overlap schedule (SGLang's disable_overlap_schedule): what
     # queuing each step's next pass before the read-back is worth on the GPU.
