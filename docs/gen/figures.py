@@ -144,6 +144,9 @@ def show(value: Any) -> str:
         return f"{int(value):,}"
     if isinstance(value, int):
         return f"{value:,}"
+    # A rate in the thousands reads with its separators too (48,747.48 tokens/s), its decimals kept.
+    if isinstance(value, float) and math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:,}"
     return str(value)
 
 

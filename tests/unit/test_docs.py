@@ -133,7 +133,17 @@ def test_the_configuration_reference_lists_every_variable_with_the_names_users_k
 
 @pytest.mark.parametrize(
     ("value", "shown"),
-    [(900.0, "900"), (28876.0, "28,876"), (1.0, "1.0"), (0.25, "0.25"), (1500, "1,500"), (None, "–"), (True, "yes")],
+    [
+        (900.0, "900"),
+        (28876.0, "28,876"),
+        (1.0, "1.0"),
+        (0.25, "0.25"),
+        (1500, "1,500"),
+        (48747.48, "48,747.48"),
+        (999.5, "999.5"),
+        (None, "–"),
+        (True, "yes"),
+    ],
 )
 def test_figures_are_shown_as_a_reader_expects(value: object, shown: str) -> None:
     # A whole duration or count reads as one ("42 faults in 900 s"); a ratio keeps its decimal.
