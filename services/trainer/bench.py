@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,9 @@ from services.trainer.batching import TrainSample
 from services.trainer.config import TrainerSettings
 from services.trainer.perf import mfu
 from services.trainer.step import train_step
+
+if TYPE_CHECKING:
+    from services.trainer.trainer import Models
 
 WORKLOADS = ("uniform", "realistic")
 
@@ -68,6 +71,8 @@ class BenchConfig:
     use_torch_compile: bool = False
     attn_implementation: str = "auto"
     single_process: bool = True  # also measure the plain model in one process
+    # One more step after the measured ones under torch.profiler (rank 0's summary in the JSON).
+    profile: bool = False
     # Unix time after which no further step is measured (each run still measures one after its
     # warm-up) and the plain-model run is not started; None: no limit.
     deadline_unix: float | None = None
@@ -176,13 +181,42 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         totals["tokens"] += sum(x.length for x in batch)
         totals["padding_ratio"] += metrics["perf/padding_ratio"]
         totals["update_actor_s"] += metrics["timing_s/update_actor"]
+    profiled = _profile_step(cfg, ctx, models, settings, vocab, autocast) if cfg.profile and fsdp else None
     result: dict[str, Any] = {k: v / measured for k, v in totals.items()}
+    result["profile"] = profiled
     result["steps"] = measured
     result["params"] = float(perf.params)
     result["peak"] = perf.peak
     result["max_memory_allocated_gb"] = peak_memory
     result["memory_allocated_gb_by_step"] = memory_by_step
     return result
+
+
+def _profile_step(
+    cfg: BenchConfig, ctx: D.DistContext, models: Models, settings: TrainerSettings, vocab: int, autocast: Any
+) -> dict[str, Any]:
+    """One step past the measured ones under torch.profiler: where its time went, by kind of kernel
+    (:mod:`relayrl.profiling`; rank 0's is the one reported). Not counted in the figures: the
+    profiler slows the host. Past the deadline, decided by rank 0 for every rank as for the measured
+    steps, ``{"skipped": "timeout"}``."""
+    from relayrl.profiling import profile
+
+    stop = cfg.past_deadline()
+    stop, batch = D.broadcast_object(
+        (stop, None if stop else make_batch(cfg, cfg.steps + 1, vocab)) if ctx.is_main else None
+    )
+    if stop:
+        return {"skipped": "timeout"}
+    _sync(cfg)
+
+    def step() -> None:
+        with autocast:
+            train_step(models, batch, settings, pad_id=0)
+
+    _, summary = profile(step, ctx.device)
+    if ctx.is_main:
+        print(f"bench trainer: profiled step: {summary.get('by_kind', summary)}", file=sys.stderr, flush=True)
+    return summary
 
 
 def _progress(fsdp: bool, step: int, steps: int, tokens: int, trained: float, gathered: float, memory: list) -> None:
@@ -278,6 +312,8 @@ def run_bench(cfg: BenchConfig, timeout_s: float | None = None) -> dict[str, Any
         "memory_allocated_gb_by_step": [round(m, 4) for m in fsdp["memory_allocated_gb_by_step"]],
         "steps": fsdp["steps"],
     }
+    if cfg.profile:
+        result["profile"] = fsdp["profile"]
     if cfg.single_process and single is None:
         result["single_process_skipped"] = "timeout"
     if cfg.device == "cuda":

@@ -101,6 +101,13 @@ def bench(
         str, typer.Option(help="verl's override_config.attn_implementation: auto, sdpa, flex_attention or eager.")
     ] = "auto",
     single_process: Annotated[bool, typer.Option(help="Also measure the plain model in one process.")] = True,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Run one more step under torch.profiler and add where its time went to the JSON (profile: seconds"
+            " by kind of kernel, the busiest kernels, on cuda the share of the step the GPU was busy)."
+        ),
+    ] = False,
     timeout_s: Annotated[
         float | None,
         typer.Option(
@@ -159,6 +166,7 @@ def bench(
             use_torch_compile=use_torch_compile,
             attn_implementation=attn_implementation,
             single_process=single_process,
+            profile=profile,
             **shape,
         ),
         timeout_s,

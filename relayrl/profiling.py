@@ -1,0 +1,117 @@
+"""Where one stretch of work spends its time, from ``torch.profiler``: summed by kind and by name,
+with how busy the device was.
+
+A bench that misses a speed target says why with it: on a GPU, ``busy_share`` is the share of
+the stretch's wall time in which some kernel ran (the union of kernel intervals, so streams that
+overlap count once); well below 1 the host or a synchronisation kept the GPU waiting, near 1 the
+kernels themselves bound it, and ``by_kind`` and ``top`` say which. On a CPU the same summary
+counts each operator's own CPU time (no busy share: the threads are the device).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# Substrings of a kernel's (or a CPU operator's) lowercased name, first match wins. Inductor's
+# template kernels (triton_tem_*) are flex_attention's here (matmul templates need max-autotune,
+# which nothing of RelayRL turns on), so attention comes before compiled code in general.
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("collective", ("nccl", "c10d::", "all_gather", "reduce_scatter", "allreduce")),
+    ("attention", ("flex_attention", "flash", "fmha", "attention", "triton_tem", "_paged_decode")),
+    ("matmul", ("gemm", "cutlass", "cublas", "nvjet", "xmma", "aten::mm", "aten::addmm", "aten::bmm", "matmul")),
+    ("copy", ("memcpy", "memset", "aten::copy_", "aten::_to_copy", "copy_kernel")),
+    ("compiled", ("triton_",)),
+)
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    for kind, needles in KINDS:
+        if any(needle in lowered for needle in needles):
+            return kind
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One kernel on the device (or one operator's own CPU time): its name, start and length in µs."""
+
+    name: str
+    start_us: float
+    length_us: float
+
+
+def busy_seconds(spans: Iterable[Span]) -> float:
+    """Seconds in which at least one span ran: overlapping spans count once."""
+    busy, end = 0.0, float("-inf")
+    for span in sorted(spans, key=lambda s: s.start_us):
+        stop = span.start_us + span.length_us
+        if stop > end:
+            busy += stop - max(span.start_us, end)
+            end = stop
+    return busy / 1e6
+
+
+def summarize(spans: list[Span], wall_s: float, device: str, top: int = 12) -> dict[str, Any]:
+    """The JSON a bench prints: total and busy seconds, seconds by kind, the ``top`` names by time."""
+    by_name: dict[str, list[float]] = {}
+    for span in spans:
+        entry = by_name.setdefault(span.name, [0.0, 0])
+        entry[0] += span.length_us / 1e6
+        entry[1] += 1
+    by_kind: dict[str, float] = {}
+    for name, (seconds, _) in by_name.items():
+        kind = kind_of(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    total = sum(seconds for seconds, _ in by_name.values())
+    ranked = sorted(by_name.items(), key=lambda item: item[1][0], reverse=True)[:top]
+    busy = busy_seconds(spans) if device == "cuda" else None
+    return {
+        "device": device,
+        "wall_s": round(wall_s, 4),
+        "total_s": round(total, 4),
+        "busy_s": None if busy is None else round(busy, 4),
+        "busy_share": None if busy is None or wall_s <= 0 else round(min(busy / wall_s, 1.0), 4),
+        "by_kind": {kind: round(s, 4) for kind, s in sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)},
+        "top": [
+            {"name": name[:120], "kind": kind_of(name), "s": round(seconds, 4), "calls": int(calls)}
+            for name, (seconds, calls) in ranked
+        ],
+    }
+
+
+def profile(work: Callable[[], T], device: torch.device, top: int = 12) -> tuple[T, dict[str, Any]]:
+    """Runs ``work`` under ``torch.profiler`` and returns its value with :func:`summarize`'s JSON:
+    on CUDA over the device's kernels and copies, on CPU over each operator's own time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    with torch.profiler.profile(activities=activities) as prof:
+        started = time.perf_counter()
+        value = work()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+        wall_s = time.perf_counter() - started
+    events = prof.events()
+    if on_cuda:
+        spans = [
+            Span(e.name, e.time_range.start, e.time_range.elapsed_us())
+            for e in events
+            if e.device_type == DeviceType.CUDA
+        ]
+        if not spans:
+            # CUPTI could not trace (another profiler holds it, or the host lacks it): no kernel
+            # time is not an idle GPU, so no figure rather than a zero.
+            return value, {"device": "cuda", "wall_s": round(wall_s, 4), "error": "the profiler saw no kernel"}
+    else:
+        spans = [Span(e.name, e.time_range.start, e.self_cpu_time_total) for e in events if e.self_cpu_time_total > 0]
+    return value, summarize(spans, wall_s, device.type, top)
