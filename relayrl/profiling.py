@@ -10,9 +10,12 @@ counts each operator's own CPU time (no busy share: the threads are the device).
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -87,31 +90,69 @@ def summarize(spans: list[Span], wall_s: float, device: str, top: int = 12) -> d
     }
 
 
-def profile(work: Callable[[], T], device: torch.device, top: int = 12) -> tuple[T, dict[str, Any]]:
-    """Runs ``work`` under ``torch.profiler`` and returns its value with :func:`summarize`'s JSON:
-    on CUDA over the device's kernels and copies, on CPU over each operator's own time."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
+class Capture:
+    """``torch.profiler`` started now and stopped by :meth:`stop`, on the thread that runs the work
+    (a scheduler's loop profiles its own steps between two calls)."""
 
-    on_cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
-    with torch.profiler.profile(activities=activities) as prof:
-        started = time.perf_counter()
-        value = work()
-        if on_cuda:
-            torch.cuda.synchronize(device)
-        wall_s = time.perf_counter() - started
-    events = prof.events()
-    if on_cuda:
-        spans = [
-            Span(e.name, e.time_range.start, e.time_range.elapsed_us())
-            for e in events
-            if e.device_type == DeviceType.CUDA
-        ]
-        if not spans:
-            # CUPTI could not trace (another profiler holds it, or the host lacks it): no kernel
-            # time is not an idle GPU, so no figure rather than a zero.
-            return value, {"device": "cuda", "wall_s": round(wall_s, 4), "error": "the profiler saw no kernel"}
-    else:
+    def __init__(self, device: torch.device, activities: Iterable[str] = ("CPU", "GPU")) -> None:
+        from torch.profiler import ProfilerActivity
+
+        self.device = device
+        self.on_cuda = device.type == "cuda" and "GPU" in activities
+        wanted = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.on_cuda else [])]
+        self._prof = torch.profiler.profile(activities=wanted)
+        self._prof.start()
+        self._started = time.perf_counter()
+
+    def stop(self, top: int = 12, trace: Path | None = None) -> dict[str, Any]:
+        """Stops and returns :func:`summarize`'s JSON: on CUDA over the device's kernels and copies,
+        on CPU over each operator's own time; ``trace`` also gets the Chrome trace (gzipped where
+        its name ends in ``.gz``)."""
+        from torch.autograd import DeviceType
+
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+        wall_s = time.perf_counter() - self._started
+        self._prof.stop()
+        if trace is not None:
+            _export(self._prof, trace)
+        events = self._prof.events()
+        if self.on_cuda:
+            spans = [
+                Span(e.name, e.time_range.start, e.time_range.elapsed_us())
+                for e in events
+                if e.device_type == DeviceType.CUDA
+            ]
+            if not spans:
+                # CUPTI could not trace (another profiler holds it, or the host lacks it): no kernel
+                # time is not an idle GPU, so no figure rather than a zero.
+                return {"device": "cuda", "wall_s": round(wall_s, 4), "error": "the profiler saw no kernel"}
+            return summarize(spans, wall_s, "cuda", top)
         spans = [Span(e.name, e.time_range.start, e.self_cpu_time_total) for e in events if e.self_cpu_time_total > 0]
-    return value, summarize(spans, wall_s, device.type, top)
+        return summarize(spans, wall_s, "cpu", top)
+
+    def cancel(self) -> None:
+        """Stops without a summary (the work failed)."""
+        self._prof.stop()
+
+
+def _export(prof: Any, trace: Path) -> None:
+    if trace.suffix != ".gz":
+        prof.export_chrome_trace(str(trace))
+        return
+    plain = trace.with_suffix("")
+    prof.export_chrome_trace(str(plain))
+    with plain.open("rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    plain.unlink()
+
+
+def profile(work: Callable[[], T], device: torch.device, top: int = 12) -> tuple[T, dict[str, Any]]:
+    """Runs ``work`` under ``torch.profiler`` and returns its value with :meth:`Capture.stop`'s JSON."""
+    capture = Capture(device)
+    try:
+        value = work()
+    except BaseException:
+        capture.cancel()
+        raise
+    return value, capture.stop(top)

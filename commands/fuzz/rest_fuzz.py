@@ -18,8 +18,15 @@ from commands.fuzz.report import Tally
 TIMEOUT_S = 30.0
 # (path, status): 5xx answers that are the route's contract, not a fault.
 EXPLAINED_5XX = frozenset({("/readyz", 503)})
-# Routes that stop or reshape the service under test; fuzzing them would end the run, not test it.
-SKIPPED = frozenset({("POST", "/destroy_weights_update_group")})
+# Routes that stop or reshape the service under test, or act outside it (the engine's profiler writes
+# its files wherever a request's output_dir says, as SGLang's does); fuzzing them would end the run or
+# litter the machine, not test the service.
+SKIPPED = frozenset(
+    {
+        ("POST", "/destroy_weights_update_group"),
+        *((method, path) for method in ("GET", "POST") for path in ("/start_profile", "/stop_profile")),
+    }
+)
 
 
 def fuzz_rest(base_url: str, api_token: str, examples: int, seed: int, tally: Tally) -> None:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.engine.lora import read_adapter
+from services.engine.profiler import ProfileError, ProfileRequest
 from services.engine.sampling import SamplingConfig
 from services.engine.scheduler import Sequence
 from services.engine.state import EngineState
@@ -90,6 +91,14 @@ class DestroyWeightsUpdateGroupReqInput(_SGLangBody):
 
 class PauseGenerationReqInput(_SGLangBody):
     mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ProfileReqInput(_SGLangBody):
+    # SGLang's other fields (with_stack, record_shapes, profile_by_stage, ...) are accepted and ignored.
+    output_dir: str | None = None
+    start_step: int | None = Field(None, ge=0)
+    num_steps: int | None = Field(None, ge=1)
+    activities: list[str] | None = None
 
 
 class AbortReq(_SGLangBody):
@@ -365,6 +374,26 @@ def sglang_router(state: EngineState) -> APIRouter:
             "(When there are running or waiting requests, the operation will not be performed.)\n",
             status_code=status.HTTP_200_OK if idle else status.HTTP_400_BAD_REQUEST,
         )
+
+    @router.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(obj: ProfileReqInput | None = None) -> Response:
+        obj = obj or ProfileReqInput()
+        request = ProfileRequest(
+            obj.output_dir, obj.start_step, obj.num_steps, tuple(obj.activities) if obj.activities else None
+        )
+        try:
+            await scheduler.call(lambda: state.profiler.start(request, scheduler.runner.counts.total))
+        except ProfileError as exc:
+            return Response(f"{exc}\n", status_code=status.HTTP_400_BAD_REQUEST)
+        return Response("Start profiling.\n", status_code=status.HTTP_200_OK)
+
+    @router.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile() -> Response:
+        try:
+            await scheduler.call(state.profiler.stop)
+        except ProfileError as exc:
+            return Response(f"{exc}\n", status_code=status.HTTP_400_BAD_REQUEST)
+        return Response("Stop profiling. This will take some time.\n", status_code=status.HTTP_200_OK)
 
     @router.post("/abort_request")
     async def abort_request(obj: AbortReq) -> Response:

@@ -92,6 +92,11 @@ class EngineSettings(ServiceSettings):
             " tokens and admits requests; a row that sampled its stop token is computed once more and dropped."
         ),
     )
+    torch_profiler_dir: str = Field(
+        "/tmp",
+        description="Where /start_profile writes its trace and summary when the request names no output_dir"
+        " (SGLang's SGLANG_TORCH_PROFILER_DIR).",
+    )
     prefix_cache_mb: int = Field(
         256,
         ge=0,

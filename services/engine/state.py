@@ -20,6 +20,7 @@ from services.engine.device import CudaGraphDecode, compiled_graphs, decode_runn
 from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
+from services.engine.profiler import EngineProfiler
 from services.engine.sampling import sampler_named
 from services.engine.scheduler import PauseMode, Scheduler
 from services.engine.streaming import TextDecoder
@@ -130,6 +131,7 @@ class EngineState:
             sample=sampler.sample,
             on_step=self._observe,
         )
+        self.profiler = EngineProfiler(self.device, settings.torch_profiler_dir)
         self._set_version_gauge(settings.weight_version)
         # When the scheduler was paused by pause_generation (None while it runs).
         self._paused_at: float | None = None
@@ -271,6 +273,7 @@ class EngineState:
         )
         self.metrics.running.set(len(scheduler.running))
         self.metrics.waiting.set(len(scheduler.waiting))
+        self.profiler.observe(counts.total)
 
     def record_finished(self, results: list[dict[str, Any]]) -> None:
         for body in results:

@@ -373,3 +373,44 @@ async def test_bad_generate_requests_get_4xx(engine: EngineProcess, body: dict) 
         assert (await http.get("/health")).status_code == 200
         bad_mode = await http.post("/pause_generation", json={"mode": "sideways"})
         assert 400 <= bad_mode.status_code < 500
+
+
+async def test_a_profile_of_n_forward_passes_writes_sglangs_trace_and_where_the_time_went(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    import gzip
+    import json
+
+    async with http_client.async_client(base_url=engine.url) as http:
+        started = await http.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 3})
+        assert started.status_code == 200 and started.text == "Start profiling.\n"
+        again = await http.post("/start_profile", json={"output_dir": str(tmp_path)})
+        assert again.status_code == 400 and "already in progress" in again.text
+        params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+        assert (await http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": params})).is_success
+
+        # Three forward passes in, the profile stops by itself and writes its files.
+        summary_path = await wait_until_async(
+            lambda: next(tmp_path.glob("*-TP-0.summary.json"), None), what="the profile's summary"
+        )
+        summary = json.loads(summary_path.read_text())
+        info = await _info(engine)
+        assert summary["device"] == info["device"].split(":")[0]
+        assert summary["by_kind"]["matmul"] > 0 and summary["top"][0]["s"] > 0
+        trace = summary_path.with_name(summary_path.name.replace(".summary.json", ".trace.json.gz"))
+        assert json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+
+        stopped = await http.post("/stop_profile")
+        assert stopped.status_code == 400 and "not in progress" in stopped.text
+        unknown = await http.post("/start_profile", json={"activities": ["CPU", "RPD"]})
+        assert unknown.status_code == 400 and "RPD" in unknown.text
+
+
+async def test_stop_profile_ends_a_profile_started_without_a_step_count(engine: EngineProcess, tmp_path: Path) -> None:
+    async with http_client.async_client(base_url=engine.url) as http:
+        assert (await http.post("/start_profile", json={"output_dir": str(tmp_path), "activities": ["CPU"]})).is_success
+        params = {"max_new_tokens": 2, "temperature": 0.0}
+        assert (await http.post("/generate", json={"input_ids": [5], "sampling_params": params})).is_success
+        stopped = await http.post("/stop_profile")
+        assert stopped.status_code == 200 and stopped.text == "Stop profiling. This will take some time.\n"
+    assert len(list(tmp_path.glob("*-TP-0.summary.json"))) == 1
