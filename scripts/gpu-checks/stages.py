@@ -73,14 +73,25 @@ STAGES: tuple[Stage, ...] = (
     # the batch symbolic, and flex_attention then takes its general kernel, one 128-row query tile per
     # query head, not its decoding kernel (torch/_inductor/kernel/flex/flex_decoding.py,
     # _use_flex_decoding). Triton's kernel reads each KV head once per query group; it runs first so a
-    # cut run still brings its figure. Each engine starts in about 30 s; the floors took 94 s.
+    # cut run still brings its figure. Each engine starts in about 30 s; the floors took 94 s. Each
+    # engine then profiles 20 decode steps of 256 rows: where a step's time goes, by kind of kernel.
     _bench(
         "engine",
         "#47",
         "tokens/s of triton and flex_attention against the floors, TTFT, ITL, update pauses",
         Run(
             "base",
-            (*ENGINE, "--attention", "triton,flex_attention", "--floor-requests", "32", "--timeout-s", "200"),
+            (
+                *ENGINE,
+                "--attention",
+                "triton,flex_attention",
+                "--profile-steps",
+                "20",
+                "--floor-requests",
+                "32",
+                "--timeout-s",
+                "200",
+            ),
             260,
         ),
     ),

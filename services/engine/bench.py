@@ -149,10 +149,13 @@ def run_bench(
     floor_requests: int = 0,
     attention: Sequence[str] = ("auto",),
     timeout_s: float | None = None,
+    profile_steps: int = 0,
 ) -> dict[str, Any]:
     """With ``timeout_s``, a workload still running then (or ``MIN_WINDOW_S`` after it began, if
     later) is aborted and its rate taken over the tokens streamed so far (``cut_short``), and no
-    later engine or floor starts past it: a budgeted run still reports what it measured."""
+    later engine or floor starts past it: a budgeted run still reports what it measured. With
+    ``profile_steps``, each engine then profiles that many decode steps (:func:`_profile_decode`),
+    apart from the measured workload, whose figures the profiler would slow."""
     from relayrl.models.tiny import init_tiny, preset_spec
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -183,6 +186,10 @@ def run_bench(
                 _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
                 figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
                 _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
+                if profile_steps and not _past(deadline):
+                    directory = Path(tmp) / f"profile-{backend}"
+                    figures["profile"] = asyncio.run(_profile_decode(url, work, profile_steps, directory))
+                    _progress(f"{figures['attention_backend']}: profile {figures['profile'].get('by_kind')}")
             engines[figures["attention_backend"]] = figures
         best = max(engines.values(), key=lambda figures: figures["output_tokens_per_s"])
         result["engine"] = best
@@ -328,6 +335,48 @@ async def stream_workload(
         "sampling_backend": info["sampling_backend"],
         "peak_gpu_memory_gib": round(peak / 2**30, 2) if peak else None,
     }
+
+
+async def _profile_decode(url: str, work: Workload, steps: int, directory: Path) -> dict[str, Any]:
+    """``steps`` decode steps of a full batch under the engine's ``/start_profile``: the workload's
+    first requests (up to the engine's 256 running), each streamed until its first token, so every
+    prefill is over when the profile starts; then the summary the engine writes (its trace stays
+    in ``directory``), and the batch aborted."""
+    import aiohttp
+
+    rows = min(len(work.prompts), 256)
+    prefilled = asyncio.Semaphore(0)
+    connector = aiohttp.TCPConnector(limit=rows + 8)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+
+        async def one(prompt: list[int]) -> None:
+            params = {"temperature": 0.0, "max_new_tokens": 4 * steps + 64, "ignore_eos": True}
+            first = True
+            try:
+                body = {"input_ids": prompt, "sampling_params": params, "stream": True}
+                async with http.post("/generate", json=body) as r:
+                    r.raise_for_status()
+                    async for _ in r.content:
+                        if first:
+                            prefilled.release()
+                            first = False
+            finally:
+                if first:  # failed before its first token: the wait below must not hang on it
+                    prefilled.release()
+
+        batch = [asyncio.ensure_future(one(prompt)) for prompt in work.prompts[:rows]]
+        for _ in range(rows):
+            await prefilled.acquire()
+        async with http.post("/start_profile", json={"output_dir": str(directory), "num_steps": steps}) as r:
+            r.raise_for_status()
+        while not (summary := next(directory.glob("*.summary.json"), None)):
+            if all(task.done() for task in batch):
+                raise RuntimeError("the batch ended before the profile wrote its summary")
+            await asyncio.sleep(0.05)
+        async with http.post("/abort_request", json={"abort_all": True}) as r:
+            r.raise_for_status()
+        await asyncio.gather(*batch)
+    return {"rows": rows, "steps": steps, **json.loads(summary.read_text())}
 
 
 def _device_wait_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:

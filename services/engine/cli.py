@@ -70,8 +70,8 @@ def bench(
         typer.Option(
             "--attention",
             "--attention-backend",
-            help="The engine's attention backends, comma-separated (auto, torch_native, flex_attention): each runs"
-            " the workload in one engine process of its own, in this run; the fastest is reported as engine.",
+            help="The engine's attention backends, comma-separated (auto, torch_native, flex_attention, triton): each"
+            " runs the workload in one engine process of its own, in this run; the fastest is reported as engine.",
         ),
     ] = "auto",
     cuda_graph: Annotated[bool, typer.Option(help="Decode from CUDA graphs on cuda.")] = True,
@@ -80,6 +80,15 @@ def bench(
     ] = 256,
     stream_interval: StreamInterval = 1,
     overlap_schedule: OverlapSchedule = True,
+    profile_steps: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="After each engine's workload, profile this many decode steps of a full batch through /start_profile"
+            " (engines.<name>.profile: seconds by kind of kernel, the busiest kernels, on cuda the GPU's busy share);"
+            " 0: none.",
+        ),
+    ] = 0,
     timeout_s: Annotated[
         float | None,
         typer.Option(
@@ -127,6 +136,7 @@ def bench(
         floor_requests,
         attention=backends,
         timeout_s=timeout_s,
+        profile_steps=profile_steps,
     )
     typer.echo(json.dumps(result))
 

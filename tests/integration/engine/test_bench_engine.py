@@ -1,7 +1,8 @@
 """``relayrl bench engine`` on CPU, briefly: the command a GPU session runs with ``--device cuda
 --preset base`` works end to end and prints the figures it promises, for each attention backend
-it is given, in one run; and with ``--timeout-s`` a workload still running at its deadline is cut,
-rated over what streamed until then, and leaves the engine idle."""
+it is given, in one run, with a profile of decode steps when asked; and with ``--timeout-s`` a
+workload still running at its deadline is cut, rated over what streamed until then, and leaves the
+engine idle."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
     args = ["bench", "engine", "--preset", "tiny", "--requests", "6", "--min-len", "8", "--max-len", "24"]
     backends = ["torch_native", "flex_attention"]
     result = CliRunner().invoke(
-        app, [*args, "--hf-batch", "2", "--floor-requests", "2", "--attention", ",".join(backends)]
+        app,
+        [*args, "--hf-batch", "2", "--floor-requests", "2", "--attention", ",".join(backends), "--profile-steps", "3"],
     )
 
     assert result.exit_code == 0, result.output
@@ -63,6 +65,10 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
         assert 0 <= engine["device_wait_share"] < 0.5
         assert set(engine["weight_update_pause_s"]) == {"from_disk", "from_tensor"}
         assert all(pause > 0 for pause in engine["weight_update_pause_s"].values())
+        # --profile-steps: the decode steps of a full batch, profiled apart from the workload.
+        profile = engine["profile"]
+        assert profile["rows"] == 6 and profile["steps"] == 3 and profile["device"] == "cpu"
+        assert profile["by_kind"]["matmul"] > 0 and profile["top"][0]["s"] > 0
         assert engine["ratio_vs_hf_generate"] == round(
             engine["output_tokens_per_s"] / figures["hf_generate"]["output_tokens_per_s"], 2
         )
