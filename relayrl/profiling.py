@@ -78,13 +78,13 @@ def summarize(spans: list[Span], wall_s: float, device: str, top: int = 12) -> d
     busy = busy_seconds(spans) if device == "cuda" else None
     return {
         "device": device,
-        "wall_s": round(wall_s, 4),
-        "total_s": round(total, 4),
-        "busy_s": None if busy is None else round(busy, 4),
+        "wall_s": round(wall_s, 6),
+        "total_s": round(total, 6),
+        "busy_s": None if busy is None else round(busy, 6),
         "busy_share": None if busy is None or wall_s <= 0 else round(min(busy / wall_s, 1.0), 4),
-        "by_kind": {kind: round(s, 4) for kind, s in sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)},
+        "by_kind": {kind: round(s, 6) for kind, s in sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)},
         "top": [
-            {"name": name[:120], "kind": kind_of(name), "s": round(seconds, 4), "calls": int(calls)}
+            {"name": name[:120], "kind": kind_of(name), "s": round(seconds, 6), "calls": int(calls)}
             for name, (seconds, calls) in ranked
         ],
     }
@@ -126,7 +126,7 @@ class Capture:
             if not spans:
                 # CUPTI could not trace (another profiler holds it, or the host lacks it): no kernel
                 # time is not an idle GPU, so no figure rather than a zero.
-                return {"device": "cuda", "wall_s": round(wall_s, 4), "error": "the profiler saw no kernel"}
+                return {"device": "cuda", "wall_s": round(wall_s, 6), "error": "the profiler saw no kernel"}
             return summarize(spans, wall_s, "cuda", top)
         spans = [Span(e.name, e.time_range.start, e.self_cpu_time_total) for e in events if e.self_cpu_time_total > 0]
         return summarize(spans, wall_s, "cpu", top)

@@ -188,7 +188,10 @@ def run_bench(
                 _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
                 if profile_steps and not _past(deadline):
                     directory = Path(tmp) / f"profile-{backend}"
-                    figures["profile"] = asyncio.run(_profile_decode(url, work, profile_steps, directory))
+                    try:
+                        figures["profile"] = asyncio.run(_profile_decode(url, work, profile_steps, directory))
+                    except Exception as exc:  # the profile explains the figures; it never costs them
+                        figures["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
                     _progress(f"{figures['attention_backend']}: profile {figures['profile'].get('by_kind')}")
             engines[figures["attention_backend"]] = figures
         best = max(engines.values(), key=lambda figures: figures["output_tokens_per_s"])

@@ -51,12 +51,6 @@ class EngineProfiler:
         self._name = ""
         self._capture: Capture | None = None
         self._end_at: int | None = None
-        # The summary file of the last profile written (None before the first).
-        self.last_summary: Path | None = None
-
-    @property
-    def active(self) -> bool:
-        return self._request is not None
 
     def start(self, request: ProfileRequest, passes: int) -> None:
         """Begins now, or at forward pass ``start_step`` if that is still ahead."""
@@ -80,14 +74,19 @@ class EngineProfiler:
             self._begin(passes)
 
     def observe(self, passes: int) -> None:
-        """After a scheduler iteration that ran ``passes`` forward passes since start."""
+        """After a scheduler iteration that ran ``passes`` forward passes since start. Never raises:
+        it runs in the scheduler's loop, which a failed profile must not end."""
         request = self._request
         if request is None:
             return
-        if self._capture is None and request.start_step is not None and passes >= request.start_step:
-            self._begin(passes)
-        if self._capture is not None and self._end_at is not None and passes >= self._end_at:
-            self.stop()
+        try:
+            if self._capture is None and request.start_step is not None and passes >= request.start_step:
+                self._begin(passes)
+            if self._capture is not None and self._end_at is not None and passes >= self._end_at:
+                self.stop()
+        except Exception:
+            log.exception("profiling failed; the profile is dropped")
+            self._request, self._capture, self._end_at = None, None, None
 
     def stop(self) -> Path:
         """Ends the profile and writes its files; returns the summary's path."""
@@ -104,12 +103,15 @@ class EngineProfiler:
         partial = summary_path.with_suffix(".partial")
         partial.write_text(json.dumps(summary))
         partial.replace(summary_path)
-        self.last_summary = summary_path
         log.info("profile written to %s", summary_path)
         return summary_path
 
     def _begin(self, passes: int) -> None:
         assert self._request is not None
-        self._capture = Capture(self.device, self._request.activities or ACTIVITIES)
+        try:
+            self._capture = Capture(self.device, self._request.activities or ACTIVITIES)
+        except RuntimeError as exc:  # the profiler itself (CUPTI held by another profiler, say)
+            self._request = None
+            raise ProfileError(f"torch.profiler did not start: {exc}") from None
         steps = self._request.num_steps
         self._end_at = passes + steps if steps else None

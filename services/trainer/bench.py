@@ -213,7 +213,10 @@ def _profile_step(
         with autocast:
             train_step(models, batch, settings, pad_id=0)
 
-    _, summary = profile(step, ctx.device)
+    try:
+        _, summary = profile(step, ctx.device)
+    except RuntimeError as exc:  # the profiler itself; the profile explains the figures, never costs them
+        summary = {"error": f"{type(exc).__name__}: {exc}"}
     if ctx.is_main:
         print(f"bench trainer: profiled step: {summary.get('by_kind', summary)}", file=sys.stderr, flush=True)
     return summary
