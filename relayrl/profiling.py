@@ -1,5 +1,5 @@
 """Where one stretch of work spends its time, from ``torch.profiler``: summed by kind and by name,
-with how busy the device was.
+with how busy the device was; and what ``torch.compile`` has cost the process.
 
 A bench that misses a speed target says why with it: on a GPU, ``busy_share`` is the share of
 the stretch's wall time in which some kernel ran (the union of kernel intervals, so streams that
@@ -156,3 +156,20 @@ def profile(work: Callable[[], T], device: torch.device, top: int = 12) -> tuple
         capture.cancel()
         raise
     return value, capture.stop(top)
+
+
+def compile_summary() -> dict[str, Any]:
+    """What ``torch.compile`` has done in this process, from torch's own counters: graphs built,
+    seconds compiling them (``seconds``), and of those the seconds waiting for their kernels to
+    build (``kernels_s``). How much of a slow start is compilation, and whether serving or training
+    compiles again after it (the graph count grows)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    def total(phase: str) -> float:
+        return round(sum(compilation_time_metrics.get(phase, [])), 3)
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "seconds": total("_compile.compile_inner"),
+        "kernels_s": total("async_compile.wait"),
+    }

@@ -337,6 +337,9 @@ async def stream_workload(
         "overlap_schedule": info["overlap_schedule"],
         "sampling_backend": info["sampling_backend"],
         "peak_gpu_memory_gib": round(peak / 2**30, 2) if peak else None,
+        # What the engine compiled (at start: the workload must compile nothing) and how long it took.
+        "compiled_graphs": info["compiled_graphs"],
+        "compile_s": info["compile_seconds"],
     }
 
 

@@ -284,11 +284,3 @@ def cache_tokens(free: int, total: int, mem_fraction_static: float, bytes_per_to
             ],
         )
     return tokens
-
-
-def compiled_graphs() -> int:
-    """Graphs ``torch.compile`` has built in this process (torch's own count). A count that grows
-    while serving means requests waited on a compilation that the start-up warm-up did not do."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

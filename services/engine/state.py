@@ -15,8 +15,9 @@ import torch
 
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
+from relayrl.profiling import compile_summary
 from services.engine.config import EngineSettings
-from services.engine.device import CudaGraphDecode, compiled_graphs, decode_runner, kv_pool_for
+from services.engine.device import CudaGraphDecode, decode_runner, kv_pool_for
 from services.engine.kv_pool import KVLayout
 from services.engine.lora import LoraSet
 from services.engine.model_runner import ModelRunner
@@ -283,6 +284,7 @@ class EngineState:
         """SGLang's ``/get_model_info`` fields plus the CPU engine's batching counters."""
         counts = self.scheduler.runner.counts
         decoder = self.runner.decoder
+        compiled = compile_summary()
         return {
             "model_path": self.settings.model_path,
             "tokenizer_path": self.settings.model_path,
@@ -309,7 +311,10 @@ class EngineState:
             "kv_peak_used_blocks": self.runner.pool.peak_used,
             "cuda_graph_batch_sizes": sorted(decoder.graphs) if isinstance(decoder, CudaGraphDecode) else [],
             "cuda_graph_replays": decoder.replays if isinstance(decoder, CudaGraphDecode) else 0,
-            "compiled_graphs": compiled_graphs(),
+            # torch.compile's graphs and seconds in this process: a count that grows while serving means
+            # requests waited on a compilation that the start-up warm-up did not do.
+            "compiled_graphs": compiled["graphs"],
+            "compile_seconds": compiled["seconds"],
             "peak_device_memory_bytes": (
                 torch.cuda.max_memory_reserved(self.device) if self.device.type == "cuda" else None
             ),

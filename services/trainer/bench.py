@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relayrl.profiling import compile_summary
 from relayrl.workloads import realistic_length
 from services.trainer import distributed as D
 from services.trainer.batching import TrainSample
@@ -172,6 +173,8 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
         if ctx.is_main:
             _progress(fsdp, step, cfg.steps, sum(x.length for x in batch), trained, gathered, memory_by_step)
         if step == 0:
+            if ctx.is_main:
+                print(f"bench trainer: compiled so far: {compile_summary()}", file=sys.stderr, flush=True)
             continue  # warm-up: allocator, kernels, first all-gathers (and compilation)
         measured += 1
         totals["wait_s"] += waited
@@ -184,6 +187,7 @@ def _measure(cfg: BenchConfig, model_dir: Path, fsdp: bool) -> dict[str, Any]:
     profiled = _profile_step(cfg, ctx, models, settings, vocab, autocast) if cfg.profile and fsdp else None
     result: dict[str, Any] = {k: v / measured for k, v in totals.items()}
     result["profile"] = profiled
+    result["compile"] = compile_summary()
     result["steps"] = measured
     result["params"] = float(perf.params)
     result["peak"] = perf.peak
@@ -315,6 +319,8 @@ def run_bench(cfg: BenchConfig, timeout_s: float | None = None) -> dict[str, Any
         "memory_allocated_gb_by_step": [round(m, 4) for m in fsdp["memory_allocated_gb_by_step"]],
         "steps": fsdp["steps"],
     }
+    # What torch.compile cost the FSDP rank (flex_attention, the log-prob statistics): its warm-up's share.
+    result["compile"] = fsdp["compile"]
     if cfg.profile:
         result["profile"] = fsdp["profile"]
     if cfg.single_process and single is None:

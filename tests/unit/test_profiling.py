@@ -1,12 +1,13 @@
 """Where a step's time went (`relayrl.profiling`): the device's busy time counts overlapping kernels
-once, kernels are grouped by what a reader looks for (matmul, attention, collectives), and a real
-profiled pass on this CPU names its matrix products."""
+once, kernels are grouped by what a reader looks for (matmul, attention, collectives), a real
+profiled pass on this CPU names its matrix products, and torch.compile's graphs and seconds are
+counted."""
 
 from __future__ import annotations
 
 import torch
 
-from relayrl.profiling import Span, busy_seconds, kind_of, profile, summarize
+from relayrl.profiling import Span, busy_seconds, compile_summary, kind_of, profile, summarize
 
 
 def test_busy_time_counts_overlapping_kernels_once_and_leaves_the_gaps_out() -> None:
@@ -49,3 +50,15 @@ def test_a_profiled_pass_on_the_cpu_names_its_matrix_products() -> None:
     assert summary["device"] == "cpu" and summary["busy_share"] is None
     assert summary["by_kind"]["matmul"] > 0 and summary["top"][0]["kind"] == "matmul"
     assert 0 < summary["total_s"] <= summary["wall_s"] * torch.get_num_threads() + 1e-3
+
+
+def test_the_compile_summary_counts_a_new_graph_and_its_seconds() -> None:
+    before = compile_summary()
+
+    # The eager backend: dynamo traces the function (a graph, its seconds) and builds no kernel.
+    compiled = torch.compile(lambda x: torch.sin(x) * 2 + x, backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(torch.ones(4)), torch.sin(torch.ones(4)) * 2 + 1)
+
+    after = compile_summary()
+    assert after["graphs"] == before["graphs"] + 1 and after["seconds"] > before["seconds"]
+    assert after["kernels_s"] == before["kernels_s"]

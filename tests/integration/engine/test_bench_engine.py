@@ -61,6 +61,9 @@ def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_
         assert 0 < engine["kv_blocks_used"] <= engine["kv_blocks_total"]
         assert engine["attention_backend"] == name and engine["sampling_backend"] == "pytorch"
         assert engine["peak_gpu_memory_gib"] is None and engine["cuda_graph"] is False
+        if name == "torch_native":
+            # The CPU default compiles nothing. (Eager flex_attention is traced by dynamo inside torch.)
+            assert engine["compiled_graphs"] == 0 and engine["compile_s"] == 0.0
         # On CPU the pass runs on the host: reading a step's tokens back waits on no device.
         assert 0 <= engine["device_wait_share"] < 0.5
         assert set(engine["weight_update_pause_s"]) == {"from_disk", "from_tensor"}

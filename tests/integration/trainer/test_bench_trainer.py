@@ -27,6 +27,8 @@ def test_the_trainer_bench_prints_verl_perf_metrics_for_the_realistic_workload()
     assert result["fsdp_over_single"] > 0 and result["single_process_tokens_per_s"] > 0
     # No peak FLOP/s or allocator on a CPU: those figures are left out, not made up.
     assert result["perf/mfu/actor"] is None and result["perf/max_memory_allocated_gb"] is None
+    # On CPU nothing compiles (sdpa, eager log-prob statistics): the JSON says so rather than guessing.
+    assert result["compile"] == {"graphs": 0, "seconds": 0.0, "kernels_s": 0.0}
     # --profile: one more step says where its time went, by kind and by operator, busiest first.
     profile = result["profile"]
     assert profile["device"] == "cpu" and profile["by_kind"]["matmul"] > 0 and profile["by_kind"]["attention"] > 0
