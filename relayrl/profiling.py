@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,7 +94,7 @@ class Capture:
     """``torch.profiler`` started now and stopped by :meth:`stop`, on the thread that runs the work
     (a scheduler's loop profiles its own steps between two calls)."""
 
-    def __init__(self, device: torch.device, activities: Iterable[str] = ("CPU", "GPU")) -> None:
+    def __init__(self, device: torch.device, activities: Collection[str] = ("CPU", "GPU")) -> None:
         from torch.profiler import ProfilerActivity
 
         self.device = device

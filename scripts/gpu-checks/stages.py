@@ -8,10 +8,11 @@ again in its own process (inductor's cache on /tmp shortens it).
 
 Ordered by value per second of device time: the install first (everything else runs from it), then
 the two headline figures (#47's engine, whose attention backends the 2026-11-30 run left undecided,
-then #46's trainer), whose cost is bounded, then the GPU tests,
-whose length no GPU run has measured yet (their log keeps what finished if they are cut), then the
-figures the issues ask for beyond the headline ones. A session of 540 s rarely reaches the end;
-what does not fit is listed as skipped with its budget, for the next session to pick by name.
+then #46's trainer), whose cost is bounded, then the GPU tests, of which the 2026-11-30 run got
+through the engine's first files only, 14 to 26 s for each test that starts an engine (their log
+keeps what finished if they are cut), then the figures the issues ask for beyond the headline ones.
+A session of 540 s rarely reaches the end; what does not fit is listed as skipped with its budget,
+for the next session to pick by name.
 
 Every bench runs through the installed ``relayrl`` with its documented flags; a run whose flags the
 command's ``--help`` does not list (a flag another change is still adding) is reported "not available"
