@@ -70,12 +70,13 @@ STAGES: tuple[Stage, ...] = (
     Stage("install", "#50", "install", 150, "scripts/install-offline.sh from the bundle, torch unchanged"),
     # The triton and flex_attention backends side by side, then the floors (HF generate, generate_batch)
     # on the first 32 requests: on all 256 they take minutes. On 2026-11-30 (H200) flex_attention, the
-    # auto choice, decoded at 29 ms a step with 256 rows, GPU-bound: torch.compile(dynamic=True) leaves
-    # the batch symbolic, and flex_attention then takes its general kernel, one 128-row query tile per
-    # query head, not its decoding kernel (torch/_inductor/kernel/flex/flex_decoding.py,
-    # _use_flex_decoding). Triton's kernel reads each KV head once per query group; it runs first so a
-    # cut run still brings its figure. Each engine starts in about 30 s; the floors took 94 s. Each
-    # engine then profiles 20 decode steps of 256 rows: where a step's time goes, by kind of kernel.
+    # auto choice, decoded at 29 ms a step with 256 rows, GPU-bound: it took its general kernel with one
+    # 128-row query tile per query head holding one query, and evaluated the mask on every page (its
+    # decoding kernel wants a static batch and a power-of-two query group, and base's group is 7). Since
+    # then each KV head's group attends as the rows of one query and only a row's last page is masked:
+    # this run says what that is worth. Triton's kernel runs first so a cut run still brings its figure.
+    # Each engine starts in about 30 s; the floors took 94 s. Each engine then profiles 20 decode steps
+    # of 256 rows: where a step's time goes, by kind of kernel.
     _bench(
         "engine",
         "#47",

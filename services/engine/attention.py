@@ -13,7 +13,8 @@ layer) and attends with it per layer:
 - ``flex_attention``: torch's ``flex_attention`` reads the pool in place through a block mask
   whose KV blocks are the sequence's pages (the design of ``torch.nn.attention.experimental.
   _paged_attention``): no gather, and its plan's tensors keep fixed shapes, so a decode step can
-  be replayed from a CUDA graph. Compiled on CUDA; on CPU it runs eagerly (slow, for tests).
+  be replayed from a CUDA graph. A KV head's query group attends as rows of one query, so each
+  page is read once per group. Compiled on CUDA; on CPU it runs eagerly (slow, for tests).
 - ``triton``: a Triton kernel (``triton_attention.py``) for passes of one query per row (decode
   steps), reading the pages in place with each KV head's query group together; longer passes
   (prefill) take ``torch_native``'s path. Its decode plan has fixed shapes, so decode steps replay
@@ -99,25 +100,41 @@ class GatherSDPA:
 
 
 class FlexPaged:
-    """``flex_attention``: the pool read in place through a block mask over its pages."""
+    """``flex_attention``: the pool read in place through a block mask over its pages.
+
+    The query heads that share a KV head attend as rows of one query (``[B, kv_heads, L x group,
+    head_dim]``, row ``l x group + g`` is token ``l``'s head ``g`` of the group): flex_attention
+    then reads each KV head's pages once per group, not once per query head, and a decode step's
+    ``group`` rows share one query tile instead of each query head filling one of its 128 rows.
+    (Its decoding kernel stays out of reach: inductor's ``_use_flex_decoding`` wants a batch fixed
+    at compile time, and the engine compiles once for every batch.)
+    """
 
     name = "flex_attention"
     graphable = True
 
-    def __init__(self, compiled: bool) -> None:
+    def __init__(self, compiled: bool, group: int) -> None:
         from torch.nn.attention.flex_attention import flex_attention
 
         self.compiles = compiled
+        self.group = group
         self._flex = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> Any:
-        return paged_block_mask(pool, inputs.tables_BN, inputs.lengths_B, inputs.positions_BL)
+        return paged_block_mask(pool, inputs.tables_BN, inputs.lengths_B, inputs.positions_BL, self.group)
 
     def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
+        batch, heads, queries, head_dim = query_BHLD.shape
+        kv_heads = heads // self.group
+        # [B, kv_heads, group, L, D] -> [B, kv_heads, L x group, D]
+        folded = query_BHLD.view(batch, kv_heads, self.group, queries, head_dim).transpose(2, 3)
+        folded = folded.reshape(batch, kv_heads, queries * self.group, head_dim)
         keys = pool.keys[layer][None]  # [1, kv_heads, pool tokens, head_dim]: every row reads the one pool
         values = pool.values[layer][None]
-        out = self._flex(query_BHLD, keys, values, block_mask=plan, scale=scale, enable_gqa=True)
-        return out.transpose(1, 2)
+        out = self._flex(folded, keys, values, block_mask=plan, scale=scale)
+        # [B, kv_heads, L, group, D] -> [B, L, heads, D]
+        out = out.view(batch, kv_heads, queries, self.group, head_dim).permute(0, 2, 1, 3, 4)
+        return out.reshape(batch, queries, heads, head_dim)
 
 
 # flex_attention's query block: a decode step or a short prefill is one block of rows.
@@ -125,10 +142,16 @@ Q_BLOCK = 128
 
 
 def paged_block_mask(
-    pool: BlockPool, tables_BN: torch.Tensor, lengths_B: torch.Tensor, positions_BL: torch.Tensor
+    pool: BlockPool, tables_BN: torch.Tensor, lengths_B: torch.Tensor, positions_BL: torch.Tensor, group: int
 ) -> Any:
-    """A block mask over the pool's pages: row ``b`` visits the blocks of its table, and a query at
-    position ``p`` sees the pool tokens holding its row's positions ``[0, p]``.
+    """A block mask over the pool's pages for queries folded as :class:`FlexPaged` folds them: a
+    query at position ``p`` of row ``b`` sees the pool tokens holding the row's positions ``[0, p]``.
+
+    Each block of query rows visits its row's pages, split as flex_attention's kernels want them:
+    the leading pages every query of the block sees whole are *full* (the kernel skips the mask
+    there), the rest up to the row's length *partial* (the mask decides per token). A decode step
+    so evaluates the mask on the row's last page only. ``mask_mod`` alone is still the whole truth:
+    flex_attention's eager path (CPU) ignores the blocks and applies it to every token of the pool.
 
     Every tensor it holds has a shape fixed by the batch, the query length and the pool, so a
     caller may refill them in place (the CUDA graph runner does) and the mask stays valid.
@@ -136,31 +159,53 @@ def paged_block_mask(
     from torch.nn.attention.flex_attention import BlockMask
 
     batch, queries = positions_BL.shape
-    device, page = tables_BN.device, pool.block_size
+    device, page, width = tables_BN.device, pool.block_size, tables_BN.shape[1]
     used_B = (lengths_B + page - 1) // page
     # Physical block -> its logical index in the row, -1 where the row does not hold it.
-    logical_BP = torch.full((batch, pool.capacity), -1, dtype=torch.long, device=device)
-    columns = torch.arange(tables_BN.shape[1], device=device).expand(batch, -1)
-    held = columns < used_B[:, None]
-    logical_BP.scatter_(1, torch.where(held, tables_BN, SCRATCH_BLOCK), torch.where(held, columns, -1))
-    logical_BP[:, SCRATCH_BLOCK] = torch.where(used_B == 0, 0, -1)
-    rows = -(-queries // Q_BLOCK)
-    kv_indices = torch.zeros((batch, 1, rows, pool.capacity), dtype=torch.int32, device=device)
-    kv_indices[:, 0, :, : tables_BN.shape[1]] = tables_BN.to(torch.int32)[:, None]
-    kv_num_blocks = used_B.clamp(min=1).to(torch.int32)[:, None, None].expand(batch, 1, rows).contiguous()
+    logical_BP = torch.full((batch, pool.capacity), -1, dtype=torch.int32, device=device)
+    columns_N = torch.arange(width, device=device)
+    held = columns_N < used_B[:, None]
+    logical_BP.scatter_(
+        1, torch.where(held, tables_BN, SCRATCH_BLOCK), torch.where(held, columns_N, -1).to(torch.int32)
+    )
+    # A row holding nothing (a CUDA graph's padding row) sees the scratch block's first token.
+    logical_BP[:, SCRATCH_BLOCK] = torch.where(used_B == 0, 0, -1).to(torch.int32)
+    visited_B = used_B.clamp(min=1)
+
+    rows = queries * group
+    row_blocks = -(-rows // Q_BLOCK)
+    # The lowest position among each block's query rows (past the last row: none, so no bound).
+    positions_BR = positions_BL[:, :, None].expand(batch, queries, group).reshape(batch, rows)
+    positions_BR = F.pad(positions_BR, (0, row_blocks * Q_BLOCK - rows), value=torch.iinfo(torch.int64).max // 2)
+    lowest_BK = positions_BR.view(batch, row_blocks, Q_BLOCK).amin(-1)
+    full_BK = torch.minimum((lowest_BK + 1) // page, visited_B[:, None])
+    # Partial pages: logical [full, visited), moved to the front of their list.
+    shifted_BKN = (full_BK[:, :, None] + columns_N).clamp(max=width - 1)
+    partial_BKN = tables_BN.gather(1, shifted_BKN.view(batch, -1)).view(batch, row_blocks, width)
+
+    def indices(of_BKN: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((batch, 1, row_blocks, pool.capacity), dtype=torch.int32, device=device)
+        out[:, 0, :, :width] = of_BKN
+        return out
+
     return BlockMask.from_kv_blocks(
-        kv_num_blocks,
-        kv_indices,
+        (visited_B[:, None] - full_BK).to(torch.int32)[:, None],
+        indices(partial_BKN.to(torch.int32)),
+        full_BK.to(torch.int32)[:, None],
+        indices(tables_BN.to(torch.int32)[:, None].expand(batch, row_blocks, width)),
         BLOCK_SIZE=(Q_BLOCK, page),
-        mask_mod=_paged_mask(logical_BP, positions_BL, page),
-        seq_lengths=(queries, pool.capacity * page),
+        mask_mod=_paged_mask(logical_BP, positions_BL, page, group),
+        seq_lengths=(rows, pool.capacity * page),
+        # The transposed lists serve only the backward pass; building them would sort the pool's
+        # blocks for every row at every step.
+        compute_q_blocks=False,
     )
 
 
-def _paged_mask(logical_BP: torch.Tensor, positions_BL: torch.Tensor, page: int) -> Any:
+def _paged_mask(logical_BP: torch.Tensor, positions_BL: torch.Tensor, page: int, group: int) -> Any:
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         logical = logical_BP[b, kv // page]
-        return (logical >= 0) & (logical * page + kv % page <= positions_BL[b, q])
+        return (logical >= 0) & (logical * page + kv % page <= positions_BL[b, q // group])
 
     return mask_mod
 
@@ -191,11 +236,12 @@ class TritonPaged:
         )
 
 
-def backend_named(name: str, device: torch.device) -> AttentionBackend:
+def backend_named(name: str, device: torch.device, group: int) -> AttentionBackend:
+    """The backend ``name`` for a model on ``device`` whose KV heads serve ``group`` query heads each."""
     if name == "torch_native":
         return GatherSDPA()
     if name == "flex_attention":
-        return FlexPaged(compiled=device.type == "cuda")
+        return FlexPaged(compiled=device.type == "cuda", group=group)
     if name == "triton":
         return _triton(device)
     raise ValueError(f"unknown attention backend {name!r}; choose torch_native, flex_attention or triton")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.config import SettingsError
-from services.engine.attention import PassInputs, backend_named
+from services.engine.attention import Q_BLOCK, PassInputs, backend_named, paged_block_mask
 from services.engine.kv_pool import BlockPool, KVLayout
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 4, 2, 8, 4
@@ -21,6 +21,55 @@ HEADS, KV_HEADS, HEAD_DIM, PAGE = 4, 2, 8, 4
 def test_paged_attention_equals_dense_attention_per_sequence(backend: str, queries: int) -> None:
     # After this pass; the last sequence is almost all new.
     check_against_dense(backend, queries, [5, 11, 1 + queries], HEADS, KV_HEADS, HEAD_DIM, PAGE)
+
+
+@pytest.mark.parametrize(
+    ("heads", "queries", "lengths"),
+    [(14, 1, [5, 9, 16, 1]), (6, 50, [53, 70, 50])],
+    ids=["decode-group-of-7", "prefill-of-several-query-blocks"],
+)
+def test_flex_attention_equals_dense_attention_for_odd_groups_and_long_passes(
+    heads: int, queries: int, lengths: list[int]
+) -> None:
+    # Qwen2.5-0.5B's 14 query heads over 2 KV heads; a pass whose folded rows (50 x 3) span two
+    # of flex_attention's query blocks, the second one's rows all past the first's positions.
+    check_against_dense("flex_attention", queries, lengths, heads, KV_HEADS, HEAD_DIM, PAGE)
+
+
+@pytest.mark.parametrize(
+    ("heads", "queries", "lengths"),
+    [(14, 1, [5, 8, 9, 16, 1, 0]), (6, 50, [53, 70, 50])],
+    ids=["decode", "prefill"],
+)
+def test_flex_attentions_block_lists_are_what_its_kernels_assume(heads: int, queries: int, lengths: list[int]) -> None:
+    """The compiled kernels skip the mask on a full block and never visit an unlisted one (the
+    eager path, which the equality tests run, ignores both lists): each full page is seen whole by
+    every query of its block, each page any query sees is listed, and a decode step leaves the mask
+    one page per row at most, its last."""
+    group = heads // KV_HEADS
+    pool = BlockPool(KVLayout(1, KV_HEADS, HEAD_DIM, torch.float32), PAGE, max_blocks=64)
+    tables = [pool.allocate(-(-n // PAGE)) for n in lengths]
+    tables[1].reverse()
+    tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(t, dtype=torch.long) for t in tables], batch_first=True)
+    # A row of length 0 is a CUDA graph's padding row: position 0.
+    positions = torch.tensor([list(range(max(n - queries, 0), max(n - queries, 0) + queries)) for n in lengths])
+    mask = paged_block_mask(pool, tables_BN, torch.tensor(lengths), positions, group)
+
+    rows = queries * group
+    q = torch.arange(rows)
+    kv = torch.arange(pool.capacity * PAGE)
+    for b in range(len(lengths)):
+        seen_QP = mask.mask_mod(torch.tensor(b), torch.tensor(0), q[:, None], kv[None]).view(rows, pool.capacity, PAGE)
+        for block in range(-(-rows // Q_BLOCK)):
+            seen_P = seen_QP[block * Q_BLOCK : (block + 1) * Q_BLOCK]
+            full = set(mask.full_kv_indices[b, 0, block, : mask.full_kv_num_blocks[b, 0, block]].tolist())
+            partial = set(mask.kv_indices[b, 0, block, : mask.kv_num_blocks[b, 0, block]].tolist())
+            assert not full & partial
+            assert all(seen_P[:, page].all() for page in full)
+            assert set(seen_P.any(-1).any(0).nonzero().flatten().tolist()) <= full | partial
+            if queries == 1 and lengths[b]:
+                assert len(partial) <= 1 and partial <= {tables[b][-1]}
+                assert len(full) == lengths[b] // PAGE
 
 
 def check_against_dense(
@@ -42,7 +91,7 @@ def check_against_dense(
     # Tables padded with the scratch block, 0.
     tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True)
     inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths), max(lengths))
-    attention = backend_named(backend, torch.device("cpu"))
+    attention = backend_named(backend, torch.device("cpu"), heads // kv_heads)
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)
 
@@ -58,6 +107,6 @@ def test_the_triton_backend_outside_cuda_and_the_interpreter_is_refused_naming_t
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
     with pytest.raises(SettingsError) as err:
-        backend_named("triton", torch.device("cpu"))
+        backend_named("triton", torch.device("cpu"), 2)
 
     assert "RELAYRL_ENGINE_ATTENTION_BACKEND=triton" in err.value.one_line()
