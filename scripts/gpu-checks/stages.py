@@ -8,9 +8,10 @@ again in its own process (inductor's cache on /tmp shortens it).
 
 Ordered by value per second of device time: the install first (everything else runs from it), then
 the two headline figures (#47's engine, whose attention backends the 2026-11-30 run left undecided,
-then #46's trainer), whose cost is bounded, then the GPU tests, of which the 2026-11-30 run got
-through the engine's first files only, 14 to 26 s for each test that starts an engine (their log
-keeps what finished if they are cut), then the figures the issues ask for beyond the headline ones.
+then #46's trainer without and with its blocks compiled), whose cost is bounded, then the GPU tests,
+of which the 2026-11-30 run got through the engine's first files only, 14 to 26 s for each test that
+starts an engine (their log keeps what finished if they are cut), then the figures the issues ask
+for beyond the headline ones, those measured on 2026-11-30 last.
 A session of 540 s rarely reaches the end; what does not fit is listed as skipped with its budget,
 for the next session to pick by name.
 
@@ -97,28 +98,17 @@ STAGES: tuple[Stage, ...] = (
             260,
         ),
     ),
-    # The plain-model run starts only inside --timeout-s; its compile and warm-up fit in what is left.
-    # --profile: one more step under torch.profiler says where the step's time goes (on 2026-11-30 the
-    # MFU was 0.15 against a 0.25 target, and the plain model no faster).
+    # The trainer's MFU (0.15 on 2026-11-30 against a 0.25 target, the plain model no faster), with
+    # --profile: one more step under torch.profiler says where the step's time goes; then the same with
+    # each decoder block compiled (use_torch_compile), the switch most likely to move it, also profiled.
+    # FSDP's ratio to the plain model (0.9545, met) is trainer-switches' to measure again: its baseline
+    # costs a second compile.
     _bench(
         "trainer",
         "#46",
-        "MFU, FSDP over the plain model, memory by step",
-        Run("default", (*TRAINER, "--profile", "--timeout-s", "140"), 210),
-    ),
-    # The sampling backends on one step's logits (the engine run above sampled with auto: triton).
-    _bench(
-        "sampling",
-        "#47",
-        "the pytorch and triton samplers at 1, 64 and 256 rows of Qwen's vocabulary",
-        Run("base-vocab", ("bench", "sampling", "--device", "cuda", "--json"), 75),
-    ),
-    # The trainer's log-probs over the vocabulary, eager against compiled (the trainer run above used compiled).
-    _bench(
-        "logprobs",
-        "#46",
-        "the log-probs' statistics eager and compiled, a 16k-token pass with Qwen's output head",
-        Run("base-head", ("bench", "logprobs", "--device", "cuda", "--json"), 90),
+        "MFU and where the step's time goes, without and with each decoder block compiled",
+        Run("default", (*TRAINER, "--no-single-process", "--profile", "--timeout-s", "100"), 130),
+        Run("compile", _switch("--use-torch-compile", "--profile", budget_s=150), 150),
     ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
     _bench(
@@ -137,11 +127,12 @@ STAGES: tuple[Stage, ...] = (
             480,
         ),
     ),
+    # The plain-model run starts only inside --timeout-s; its compile and warm-up fit in what is left.
     _bench(
         "trainer-switches",
         "#46",
-        "use_torch_compile and enable_gradient_checkpointing on",
-        Run("compile", _switch("--use-torch-compile", budget_s=150), 150),
+        "FSDP over the plain model; enable_gradient_checkpointing on",
+        Run("fsdp-vs-plain", (*TRAINER, "--timeout-s", "140"), 210),
         Run("ckpt", _switch("--enable-gradient-checkpointing", budget_s=120), 120),
     ),
     _bench(
@@ -186,6 +177,21 @@ STAGES: tuple[Stage, ...] = (
         "use_remove_padding off; ppo_max_token_len_per_gpu 32768",
         Run("padded", _switch("--no-use-remove-padding", budget_s=120), 120),
         Run("32k", _switch("--micro-batch-tokens", "32768", budget_s=120), 120),
+    ),
+    # The sampling backends on one step's logits (measured on 2026-11-30; the engine stage samples with auto: triton).
+    _bench(
+        "sampling",
+        "#47",
+        "the pytorch and triton samplers at 1, 64 and 256 rows of Qwen's vocabulary",
+        Run("base-vocab", ("bench", "sampling", "--device", "cuda", "--json"), 75),
+    ),
+    # The trainer's log-probs over the vocabulary, eager against compiled (measured on 2026-11-30; the
+    # trainer stage runs compiled).
+    _bench(
+        "logprobs",
+        "#46",
+        "the log-probs' statistics eager and compiled, a 16k-token pass with Qwen's output head",
+        Run("base-head", ("bench", "logprobs", "--device", "cuda", "--json"), 90),
     ),
     # The reasoning recipe on one GPU, as long_add_gpu.yaml's header runs it, against the CPU run's
     # figures (docs/benchmarks/learning-long-add.json: 100 steps in about 530 s, val threshold 0.9).
