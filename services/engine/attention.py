@@ -73,6 +73,27 @@ class AttentionBackend(Protocol):
         ...
 
 
+def fold_groups(query_BHLD: torch.Tensor, group: int) -> torch.Tensor:
+    """``[B, heads, L, D]`` -> ``[B, kv_heads, L x group, D]``: the query heads that share a KV head
+    as the rows of one query, token ``l``'s head ``g`` of the group at row ``l x group + g``."""
+    batch, heads, queries, head_dim = query_BHLD.shape
+    folded = query_BHLD.view(batch, heads // group, group, queries, head_dim).transpose(2, 3)
+    return folded.reshape(batch, heads // group, queries * group, head_dim)
+
+
+def unfold_groups(out_BKRD: torch.Tensor, group: int) -> torch.Tensor:
+    """The attention output of folded queries as ``[B, L, heads, D]``."""
+    batch, kv_heads, rows, head_dim = out_BKRD.shape
+    out = out_BKRD.view(batch, kv_heads, rows // group, group, head_dim).permute(0, 2, 1, 3, 4)
+    return out.reshape(batch, rows // group, kv_heads * group, head_dim)
+
+
+def folded_positions(positions_BL: torch.Tensor, group: int) -> torch.Tensor:
+    """Each folded query row's position, ``[B, L x group]``."""
+    batch, queries = positions_BL.shape
+    return positions_BL[:, :, None].expand(batch, queries, group).reshape(batch, queries * group)
+
+
 class GatherSDPA:
     """``torch_native``: SDPA over each sequence's blocks gathered into a dense tensor."""
 
@@ -102,12 +123,10 @@ class GatherSDPA:
 class FlexPaged:
     """``flex_attention``: the pool read in place through a block mask over its pages.
 
-    The query heads that share a KV head attend as rows of one query (``[B, kv_heads, L x group,
-    head_dim]``, row ``l x group + g`` is token ``l``'s head ``g`` of the group): flex_attention
-    then reads each KV head's pages once per group, not once per query head, and a decode step's
-    ``group`` rows share one query tile instead of each query head filling one of its 128 rows.
-    (Its decoding kernel stays out of reach: inductor's ``_use_flex_decoding`` wants a batch fixed
-    at compile time, and the engine compiles once for every batch.)
+    The queries are folded (:func:`fold_groups`): a decode step's ``group`` rows share one query
+    tile instead of each query head filling one of its 128 rows, and each page is read once per
+    group. (Its decoding kernel stays out of reach: inductor's ``_use_flex_decoding`` wants a batch
+    fixed at compile time, and the engine compiles once for every batch.)
     """
 
     name = "flex_attention"
@@ -124,17 +143,10 @@ class FlexPaged:
         return paged_block_mask(pool, inputs.tables_BN, inputs.lengths_B, inputs.positions_BL, self.group)
 
     def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
-        batch, heads, queries, head_dim = query_BHLD.shape
-        kv_heads = heads // self.group
-        # [B, kv_heads, group, L, D] -> [B, kv_heads, L x group, D]
-        folded = query_BHLD.view(batch, kv_heads, self.group, queries, head_dim).transpose(2, 3)
-        folded = folded.reshape(batch, kv_heads, queries * self.group, head_dim)
         keys = pool.keys[layer][None]  # [1, kv_heads, pool tokens, head_dim]: every row reads the one pool
         values = pool.values[layer][None]
-        out = self._flex(folded, keys, values, block_mask=plan, scale=scale)
-        # [B, kv_heads, L, group, D] -> [B, L, heads, D]
-        out = out.view(batch, kv_heads, queries, self.group, head_dim).permute(0, 2, 1, 3, 4)
-        return out.reshape(batch, queries, heads, head_dim)
+        out = self._flex(fold_groups(query_BHLD, self.group), keys, values, block_mask=plan, scale=scale)
+        return unfold_groups(out, self.group)
 
 
 # flex_attention's query block: a decode step or a short prefill is one block of rows.
@@ -175,8 +187,9 @@ def paged_block_mask(
     rows = queries * group
     row_blocks = -(-rows // Q_BLOCK)
     # The lowest position among each block's query rows (past the last row: none, so no bound).
-    positions_BR = positions_BL[:, :, None].expand(batch, queries, group).reshape(batch, rows)
-    positions_BR = F.pad(positions_BR, (0, row_blocks * Q_BLOCK - rows), value=torch.iinfo(torch.int64).max // 2)
+    positions_BR = F.pad(
+        folded_positions(positions_BL, group), (0, row_blocks * Q_BLOCK - rows), value=torch.iinfo(torch.int64).max // 2
+    )
     lowest_BK = positions_BR.view(batch, row_blocks, Q_BLOCK).amin(-1)
     full_BK = torch.minimum((lowest_BK + 1) // page, visited_B[:, None])
     # Partial pages: logical [full, visited), moved to the front of their list.

@@ -28,12 +28,13 @@ def test_paged_attention_equals_dense_attention_per_sequence(backend: str, queri
     [(14, 1, [5, 9, 16, 1]), (6, 50, [53, 70, 50])],
     ids=["decode-group-of-7", "prefill-of-several-query-blocks"],
 )
-def test_flex_attention_equals_dense_attention_for_odd_groups_and_long_passes(
-    heads: int, queries: int, lengths: list[int]
+@pytest.mark.parametrize("backend", ["torch_native", "flex_attention"])
+def test_paged_attention_equals_dense_attention_for_odd_groups_and_long_passes(
+    backend: str, heads: int, queries: int, lengths: list[int]
 ) -> None:
     # Qwen2.5-0.5B's 14 query heads over 2 KV heads; a pass whose folded rows (50 x 3) span two
     # of flex_attention's query blocks, the second one's rows all past the first's positions.
-    check_against_dense("flex_attention", queries, lengths, heads, KV_HEADS, HEAD_DIM, PAGE)
+    check_against_dense(backend, queries, lengths, heads, KV_HEADS, HEAD_DIM, PAGE)
 
 
 @pytest.mark.parametrize(
