@@ -54,7 +54,9 @@ class EngineSettings(ServiceSettings):
         "auto",
         description="Attention over the paged KV cache (SGLang's name): torch_native (SDPA over each sequence's"
         " gathered blocks), flex_attention (torch's flex_attention with a block mask over the pages) or triton"
-        " (a Triton kernel for decode steps, cuda only); auto: torch_native on cpu, flex_attention on cuda.",
+        " (a Triton kernel for decode steps, cuda only); auto: torch_native on cpu, flex_attention on cuda (and"
+        " torch_native, with the reason in the log, where its kernels fail to build at start on the host's torch;"
+        " a backend set explicitly stops the engine instead).",
     )
     sampling_backend: SamplingBackend = Field(
         "auto",

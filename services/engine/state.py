@@ -6,13 +6,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from relayrl.config import SettingsError
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from relayrl.profiling import compile_summary
@@ -94,6 +95,29 @@ class _Seen:
     cached: int = 0
 
 
+def runner_or_fallback(built: Callable[[str], ModelRunner], settings: EngineSettings) -> ModelRunner:
+    """The runner over the settings' attention backend; where its kernels fail to build at start
+    (``torch.compile`` or Triton on the host's own torch), the one over ``torch_native`` if the
+    backend was auto's choice, and one line naming the setting if the user's.
+
+    The engine runs on whatever torch the GPU host brings, and a compiler bug of one version must
+    not stop a rollout that the plain path would serve (slower, and ``/get_model_info`` says which).
+    """
+    attention = settings.resolved_attention_backend()
+    try:
+        return built(attention)
+    except (SettingsError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # torch.compile, inductor and Triton raise their own kinds
+        if settings.attention_backend != "auto" or attention == "torch_native":
+            raise SettingsError(
+                "EngineSettings",
+                [f"RELAYRL_ENGINE_ATTENTION_BACKEND={attention}: its kernels failed to build at start ({exc})"],
+            ) from exc
+        log.exception("the %s attention backend failed to build at start; serving with torch_native", attention)
+        return built("torch_native")
+
+
 class EngineState:
     def __init__(self, settings: EngineSettings) -> None:
         torch.set_num_threads(settings.resolved_torch_threads())
@@ -157,18 +181,23 @@ class EngineState:
             settings.resolved_cuda_graph_max_bs(),
             -(-self.context_length // page),
         )
-        runner = ModelRunner(
-            self.model,
-            pool=pool,
-            lora=self.lora,
-            prefix_cache_bytes=cache_bytes,
-            attention=settings.resolved_attention_backend(),
-            decoder=decoder,
-        )
-        if runner.attention.compiles:
-            started = time.perf_counter()
-            passes = runner.warm_up(self.context_length)
-            log.info("warmed up %d pass shapes in %.1f s", passes, time.perf_counter() - started)
+
+        def built(attention: str) -> ModelRunner:
+            runner = ModelRunner(
+                self.model,
+                pool=pool,
+                lora=self.lora,
+                prefix_cache_bytes=cache_bytes,
+                attention=attention,
+                decoder=decoder,
+            )
+            if runner.attention.compiles:
+                started = time.perf_counter()
+                passes = runner.warm_up(self.context_length)
+                log.info("warmed up %d pass shapes in %.1f s", passes, time.perf_counter() - started)
+            return runner
+
+        runner = runner_or_fallback(built, settings)
         if isinstance(decoder, CudaGraphDecode):
             decoder.capture_all(runner)
         return runner

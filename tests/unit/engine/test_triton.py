@@ -2,10 +2,11 @@
 (float32, tight tolerance) for decode steps, over pages out of order, with Qwen2.5-0.5B's head
 groups, rows longer than a tile and rows split along their keys, and the model runner over it gives
 every row the logits of a lone forward pass; and the decode kernel and the merge of split rows
-compile for a Hopper GPU (sm_90) as the engine launches them on Qwen2.5-0.5B's heads. The checks run in a process of their own (``triton_checks.py``): the
-interpreter must be on before Triton is imported, and on in no other process (an engine started
-by another test inherits the environment). Skipped where Triton 3.8 or later is not installed
-(an older interpreter cannot run a loop bounded by a loaded value under NumPy 2.4)."""
+compile for a Hopper GPU (sm_90) as the engine launches them on Qwen2.5-0.5B's heads. The checks
+run in a process of their own (``triton_checks.py``): the interpreter must be on before Triton is
+imported, and on in no other process (an engine started by another test inherits the
+environment). Skipped where Triton 3.8 or later is not installed (an older interpreter cannot run
+a loop bounded by a loaded value under NumPy 2.4)."""
 
 from __future__ import annotations
 
