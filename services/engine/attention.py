@@ -230,11 +230,12 @@ class TritonPaged:
     graphable = True
     compiles = True
 
-    def __init__(self) -> None:
+    def __init__(self, kv_splits: int = 0) -> None:
         from services.engine import triton_attention
 
         self._kernel = triton_attention
         self._prefill = GatherSDPA()
+        self.kv_splits = kv_splits
 
     def plan(self, pool: BlockPool, inputs: PassInputs) -> Any:
         if inputs.positions_BL.shape[1] == 1:
@@ -244,23 +245,25 @@ class TritonPaged:
     def attend(self, plan: Any, pool: BlockPool, layer: int, query_BHLD: torch.Tensor, scale: float) -> torch.Tensor:
         if not isinstance(plan, PassInputs):
             return self._prefill.attend(plan, pool, layer, query_BHLD, scale)
+        keys, values = pool.keys[layer], pool.values[layer]
         return self._kernel.paged_decode(
-            query_BHLD, pool.keys[layer], pool.values[layer], plan.tables_BN, plan.positions_BL, pool.block_size, scale
+            query_BHLD, keys, values, plan.tables_BN, plan.positions_BL, pool.block_size, scale, self.kv_splits
         )
 
 
-def backend_named(name: str, device: torch.device, group: int) -> AttentionBackend:
-    """The backend ``name`` for a model on ``device`` whose KV heads serve ``group`` query heads each."""
+def backend_named(name: str, device: torch.device, group: int, kv_splits: int = 0) -> AttentionBackend:
+    """The backend ``name`` for a model on ``device`` whose KV heads serve ``group`` query heads each;
+    ``kv_splits`` is the triton decode kernel's (0: by the batch, :func:`triton_attention.decode_splits`)."""
     if name == "torch_native":
         return GatherSDPA()
     if name == "flex_attention":
         return FlexPaged(compiled=device.type == "cuda", group=group)
     if name == "triton":
-        return _triton(device)
+        return _triton(device, kv_splits)
     raise ValueError(f"unknown attention backend {name!r}; choose torch_native, flex_attention or triton")
 
 
-def _triton(device: torch.device) -> AttentionBackend:
+def _triton(device: torch.device, kv_splits: int) -> AttentionBackend:
     """The triton backend, or one line naming the setting where it cannot run."""
     from relayrl.config import SettingsError
 
@@ -268,12 +271,18 @@ def _triton(device: torch.device) -> AttentionBackend:
         return SettingsError("EngineSettings", [f"RELAYRL_ENGINE_ATTENTION_BACKEND=triton: {why}"])
 
     try:
-        backend = TritonPaged()
+        backend = TritonPaged(kv_splits)
     except ImportError as exc:
         raise refused(f"Triton is not installed ({exc}); choose flex_attention or torch_native") from None
     if device.type != "cuda" and not backend._kernel.interpreted():
         raise refused(f"Triton kernels run on CUDA, not {device.type}; choose torch_native or flex_attention")
     return backend
+
+
+def query_group(model: torch.nn.Module) -> int:
+    """Query heads per KV head of ``model`` (grouped-query attention; 1 without)."""
+    heads = int(model.config.num_attention_heads)
+    return heads // int(getattr(model.config, "num_key_value_heads", None) or heads)
 
 
 @dataclass(frozen=True, slots=True)

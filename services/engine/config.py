@@ -58,6 +58,15 @@ class EngineSettings(ServiceSettings):
         " torch_native, with the reason in the log, where its kernels fail to build at start on the host's torch;"
         " a backend set explicitly stops the engine instead).",
     )
+    triton_attention_num_kv_splits: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="The triton backend's decode kernel cuts each row's keys into this many splits, run side by"
+        " side and merged (flash-decoding; SGLang's name, its default 8): more for few rows of long context. 0: as"
+        " many as give every multiprocessor two programs at the step's batch size (1 from 132 rows of two KV heads"
+        " on an H200), at most 16.",
+    )
     sampling_backend: SamplingBackend = Field(
         "auto",
         description="The kernels that draw each step's tokens (SGLang's name): pytorch (a few passes of torch"

@@ -33,6 +33,7 @@ from services.engine.attention import (
     PagedPass,
     PassInputs,
     backend_named,
+    query_group,
     register,
 )
 from services.engine.device import DecodeRunner, EagerDecode
@@ -95,10 +96,9 @@ class ModelRunner:
         self.pool = pool if pool is not None else default_pool(model, max_tokens=1 << 16)
         self.kv = PagedKV(self.pool)
         self.prefixes = PrefixCache(prefix_cache_bytes, self.pool)
-        if isinstance(attention, str):
-            group = int(model.config.num_attention_heads) // self.pool.layout.kv_heads
-            attention = backend_named(attention, self.device, group)
-        self.attention = attention
+        self.attention = (
+            backend_named(attention, self.device, query_group(model)) if isinstance(attention, str) else attention
+        )
         self.decoder = decoder if decoder is not None else EagerDecode()
 
     @torch.inference_mode()

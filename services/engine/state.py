@@ -17,6 +17,7 @@ from relayrl.config import SettingsError
 from relayrl.metrics import ServiceMetrics
 from relayrl.models.loading import load_causal_lm, load_tokenizer
 from relayrl.profiling import compile_summary
+from services.engine.attention import backend_named, query_group
 from services.engine.config import EngineSettings
 from services.engine.device import CudaGraphDecode, decode_runner, kv_pool_for
 from services.engine.kv_pool import KVLayout
@@ -183,12 +184,15 @@ class EngineState:
         )
 
         def built(attention: str) -> ModelRunner:
+            backend = backend_named(
+                attention, self.device, query_group(self.model), settings.triton_attention_num_kv_splits
+            )
             runner = ModelRunner(
                 self.model,
                 pool=pool,
                 lora=self.lora,
                 prefix_cache_bytes=cache_bytes,
-                attention=attention,
+                attention=backend,
                 decoder=decoder,
             )
             if runner.attention.compiles:

@@ -169,9 +169,9 @@ def _processors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def decode_splits(batch: int, kv_heads: int, device: torch.device) -> int:
-    """Splits per row for a step of ``batch`` rows: enough programs for two per processor."""
-    return max(1, min(MAX_SPLITS, -(-2 * _processors(device) // (batch * kv_heads))))
+def decode_splits(batch: int, kv_heads: int, device: torch.device, fixed: int = 0) -> int:
+    """Splits per row for a step of ``batch`` rows: ``fixed``, or enough programs for two per processor."""
+    return fixed or max(1, min(MAX_SPLITS, -(-2 * _processors(device) // (batch * kv_heads))))
 
 
 def paged_decode(
@@ -182,15 +182,17 @@ def paged_decode(
     positions_B1: torch.Tensor,
     page: int,
     scale: float,
+    kv_splits: int = 0,
 ) -> torch.Tensor:
     """Attention of each row's one query over its pages: ``[B, 1, heads, head_dim]``.
 
-    ``keys`` and ``values`` are one layer of the pool, ``[kv_heads, tokens, head_dim]``.
+    ``keys`` and ``values`` are one layer of the pool, ``[kv_heads, tokens, head_dim]``; ``kv_splits``
+    cuts each row's keys so many ways (0: :func:`decode_splits` by the batch).
     """
     batch, heads, _, head_dim = query_BH1D.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
-    splits = decode_splits(batch, kv_heads, query_BH1D.device)
+    splits = decode_splits(batch, kv_heads, query_BH1D.device, kv_splits)
     out = torch.empty((batch, 1, heads, head_dim), dtype=query_BH1D.dtype, device=query_BH1D.device)
     # With one split the kernel writes the output itself and never touches these.
     part = torch.empty((batch, heads, splits, head_dim) if splits > 1 else (1, 1, 1, 1), device=out.device)

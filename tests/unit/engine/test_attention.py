@@ -74,7 +74,14 @@ def test_flex_attentions_block_lists_are_what_its_kernels_assume(heads: int, que
 
 
 def check_against_dense(
-    backend: str, queries: int, lengths: list[int], heads: int, kv_heads: int, head_dim: int, page: int
+    backend: str,
+    queries: int,
+    lengths: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page: int,
+    kv_splits: int = 0,
 ) -> None:
     torch.manual_seed(0)
     pool = BlockPool(KVLayout(1, kv_heads, head_dim, torch.float32), page, max_blocks=64)
@@ -92,7 +99,7 @@ def check_against_dense(
     # Tables padded with the scratch block, 0.
     tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True)
     inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths), max(lengths))
-    attention = backend_named(backend, torch.device("cpu"), heads // kv_heads)
+    attention = backend_named(backend, torch.device("cpu"), heads // kv_heads, kv_splits)
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)
 

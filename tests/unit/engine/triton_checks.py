@@ -34,7 +34,6 @@ def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     from services.engine import triton_attention
 
-    decode_splits = triton_attention.decode_splits
     torch.set_num_threads(1)
     for queries, check in ((1, CHECKS[0]), (3, CHECKS[1])):
         check_against_dense("triton", queries, [5, 11, 1 + queries], HEADS, KV_HEADS, HEAD_DIM, PAGE)
@@ -46,9 +45,7 @@ def main() -> None:
     # tiles leave most splits past their end, and a split of a row longer than the splits' tiles
     # takes more than one.
     for splits in (2, 3, triton_attention.MAX_SPLITS):
-        triton_attention.decode_splits = lambda *_, n=splits: n
-        check_against_dense("triton", 1, [150, 64, 2, 65, 600], heads=14, kv_heads=2, head_dim=64, page=16)
-    triton_attention.decode_splits = decode_splits
+        check_against_dense("triton", 1, [150, 64, 2, 65, 600], 14, 2, 64, page=16, kv_splits=splits)
     print(CHECKS[3])
     for arch, check in (("qwen2", CHECKS[4]), ("llama", CHECKS[5])):
         model = random_causal_lm(arch)
