@@ -20,7 +20,6 @@ import io
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -103,17 +102,24 @@ class Session:
 
     # -- running one command ------------------------------------------------------------------
     def call(
-        self, argv: list[str], timeout_s: float, stdout: Path, stderr: Path | None = None, checkout: bool = True
+        self,
+        argv: list[str],
+        timeout_s: float,
+        stdout: Path,
+        stderr: Path | None = None,
+        checkout: bool = True,
+        env: dict[str, str] | None = None,
     ) -> tuple[int, float, bool]:
-        """Runs argv in its own process group; at timeout_s - GRACE_S the group gets SIGINT, at timeout_s
-        SIGKILL. Returns (exit code, seconds, timed out)."""
+        """Runs argv (with ``env`` over the session's environment) in its own process group; at
+        timeout_s - GRACE_S the group gets SIGINT, at timeout_s SIGKILL. Returns (exit code, seconds,
+        timed out)."""
         start = time.monotonic()
         with stdout.open("wb") as out, stderr.open("wb") if stderr else open(os.devnull, "wb") as err:
             try:
                 proc = subprocess.Popen(
                     argv,
                     cwd=REPO,
-                    env=self.env(checkout),
+                    env={**self.env(checkout), **(env or {})},
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err if stderr else subprocess.STDOUT,
@@ -219,7 +225,7 @@ class Session:
     def bench_run(self, stage: Stage, run: Run) -> dict:
         argv = [*self.relayrl(), *run.args]
         line: dict = {"stage": stage.name, "issues": stage.issues, "run": run.name, "budget_s": run.budget_s}
-        line.update(command="relayrl " + shlex.join(run.args), rc=None, seconds=0.0)
+        line.update(command=run.command, rc=None, seconds=0.0)
         missing = self.missing_flags(run.args)
         if missing:
             command = " ".join(_words(run.args))
@@ -227,7 +233,8 @@ class Session:
         if self.left_s() < run.budget_s:
             return {**line, "status": "skipped", "reason": f"{self.left_s()} s left of the session's budget"}
         name = f"{stage.name}.{run.name}"
-        rc, seconds, timed_out = self.call(argv, run.budget_s, self.logs / f"{name}.out", self.logs / f"{name}.err")
+        out, err = self.logs / f"{name}.out", self.logs / f"{name}.err"
+        rc, seconds, timed_out = self.call(argv, run.budget_s, out, err, env=dict(run.env))
         line.update(rc=rc, seconds=seconds, status="ok" if rc == 0 else ("timed out" if timed_out else "failed"))
         line["result"] = _last_json_object(self.logs / f"{name}.out")
         if rc != 0:
@@ -454,7 +461,7 @@ def dry_run(stages: list[Stage], budget_s: int) -> int:
             paths = os.environ.get("GPU_CHECKS_TESTS", TESTS)
             print(f"  python -m pytest -m gpu -n 0 -v -rfE --durations=0 {paths}")
         for run in stage.runs:
-            print(f"  relayrl {shlex.join(run.args)}   # {run.budget_s} s")
+            print(f"  {run.command}   # {run.budget_s} s")
     return 0
 
 

@@ -23,6 +23,7 @@ instead of failing.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -36,6 +37,13 @@ class Run:
     name: str
     args: tuple[str, ...]  # after `relayrl`
     budget_s: int
+    env: tuple[tuple[str, str], ...] = ()  # over the session's environment (settings the command has no flag for)
+
+    @property
+    def command(self) -> str:
+        """The command as a shell would run it."""
+        prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in self.env)
+        return f"{prefix}relayrl {shlex.join(self.args)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,9 @@ def _switch(*flags: str, budget_s: int) -> tuple[str, ...]:
 
 ENGINE = ("bench", "engine", "--device", "cuda", "--preset", "base", "--json")
 E2E = ("bench", "e2e", "--workload", "realistic", "--json")
+# Prompts and outputs uniform in 4k to 8k tokens, EOS ignored.
+LONG = (*ENGINE, "--attention", "triton", "--requests", "16", "--min-len", "4000", "--max-len", "8000")
+LONG = (*LONG, "--no-floors", "--timeout-s", "100")
 # Where a stage keeps what its later runs read (the learning stage's models): the session's work folder.
 WORK = os.environ.get("GPU_CHECKS_WORK", "/tmp/relayrl-gpu-checks")
 
@@ -162,6 +173,15 @@ STAGES: tuple[Stage, ...] = (
         "#47",
         "the engine without its overlap schedule",
         Run("base", (*ENGINE, "--no-floors", "--no-overlap-schedule", "--timeout-s", "130"), 180),
+    ),
+    # Few rows of long context, as at the end of a batch of long reasoning traces: the triton backend's
+    # decode with each row's keys split (two programs per multiprocessor) and without.
+    _bench(
+        "engine-long",
+        "#47",
+        "the triton decode kernel on 16 rows of 8k to 16k tokens, keys split and not",
+        Run("split", LONG, 140),
+        Run("no-split", LONG, 140, (("RELAYRL_ENGINE_TRITON_ATTENTION_NUM_KV_SPLITS", "1"),)),
     ),
     # flex_attention (auto on cuda) against sdpa over the same packed rows (transformers confines sdpa
     # to each sequence with a dense mask as long as the row squared).
