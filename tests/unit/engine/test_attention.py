@@ -82,31 +82,38 @@ def check_against_dense(
     head_dim: int,
     page: int,
     kv_splits: int = 0,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> None:
+    """``backend`` over a pool of ``dtype`` on ``device`` against SDPA in float32 over each row's own
+    keys and values: to the last bits in float32, to bfloat16's rounding of the output otherwise."""
     torch.manual_seed(0)
-    pool = BlockPool(KVLayout(1, kv_heads, head_dim, torch.float32), page, max_blocks=64)
+    on = torch.device(device)
+    pool = BlockPool(KVLayout(1, kv_heads, head_dim, dtype, on), page, max_blocks=64)
     tables = [pool.allocate(-(-n // page)) for n in lengths]
     tables[1].reverse()  # blocks out of order in the pool
-    dense_k = [torch.randn(kv_heads, n, head_dim) for n in lengths]
-    dense_v = [torch.randn(kv_heads, n, head_dim) for n in lengths]
-    positions = torch.tensor([list(range(n - queries, n)) for n in lengths])
+    dense_k = [torch.randn(kv_heads, n, head_dim, device=on).to(dtype) for n in lengths]
+    dense_v = [torch.randn(kv_heads, n, head_dim, device=on).to(dtype) for n in lengths]
+    positions = torch.tensor([list(range(n - queries, n)) for n in lengths], device=on)
     for table, n, k, v in zip(tables, lengths, dense_k, dense_v, strict=True):
-        flat = torch.from_numpy(pool.token_index(np.array([table]), np.arange(n)[None])[0])
+        flat = torch.from_numpy(pool.token_index(np.array([table]), np.arange(n)[None])[0]).to(on)
         pool.keys[0][:, flat] = k
         pool.values[0][:, flat] = v
-    query = torch.randn(len(lengths), heads, queries, head_dim)
-    unused_writes = torch.zeros(len(lengths), queries, dtype=torch.long)
+    query = torch.randn(len(lengths), heads, queries, head_dim, device=on).to(dtype)
+    unused_writes = torch.zeros(len(lengths), queries, dtype=torch.long, device=on)
     # Tables padded with the scratch block, 0.
-    tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True)
-    inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths), max(lengths))
-    attention = backend_named(backend, torch.device("cpu"), heads // kv_heads, kv_splits)
+    tables_BN = torch.nn.utils.rnn.pad_sequence([torch.tensor(table) for table in tables], batch_first=True).to(on)
+    inputs = PassInputs(unused_writes, tables_BN, positions, torch.tensor(lengths, device=on), max(lengths))
+    attention = backend_named(backend, on, heads // kv_heads, kv_splits)
 
     out = attention.attend(attention.plan(pool, inputs), pool, 0, query, head_dim**-0.5)
 
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     for b, (n, k, v) in enumerate(zip(lengths, dense_k, dense_v, strict=True)):
-        mask = torch.arange(n) <= positions[b][:, None]
-        reference = F.scaled_dot_product_attention(query[b : b + 1], k[None], v[None], attn_mask=mask, enable_gqa=True)
-        torch.testing.assert_close(out[b], reference[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
+        mask = torch.arange(n, device=on) <= positions[b][:, None]
+        q, k, v = query[b : b + 1].float(), k[None].float(), v[None].float()
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(out[b].float(), reference[0].transpose(0, 1), **tolerance)
 
 
 def test_the_triton_backend_outside_cuda_and_the_interpreter_is_refused_naming_the_setting(

@@ -1,6 +1,7 @@
 """The triton attention backend on a CPU, in Triton's interpreter: its kernel equals dense SDPA
 (float32, tight tolerance) for decode steps, over pages out of order, with Qwen2.5-0.5B's head
-groups, rows longer than a tile and rows split along their keys, and the model runner over it gives
+groups, rows longer than a tile and rows split along their keys, in float32 and float16 (the
+interpreter cannot take bfloat16's dot; the GPU tests do), and the model runner over it gives
 every row the logits of a lone forward pass; and the decode kernel and the merge of split rows
 compile for a Hopper GPU (sm_90) as the engine launches them on Qwen2.5-0.5B's heads. The checks
 run in a process of their own (``triton_checks.py``): the interpreter must be on before Triton is
