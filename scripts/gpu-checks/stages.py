@@ -118,7 +118,14 @@ STAGES: tuple[Stage, ...] = (
         "trainer",
         "#46",
         "MFU and where the step's time goes, without and with each decoder block compiled",
-        Run("default", (*TRAINER, "--no-single-process", "--profile", "--timeout-s", "100"), 130),
+        # torch.compile's recompilations and graph breaks, with their reasons, to the run's log: whether
+        # the 73 s warm-up step of 11-30 was one compile or several.
+        Run(
+            "default",
+            (*TRAINER, "--no-single-process", "--profile", "--timeout-s", "100"),
+            130,
+            (("TORCH_LOGS", "recompiles,graph_breaks"),),
+        ),
         Run("compile", _switch("--use-torch-compile", "--profile", budget_s=150), 150),
     ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
