@@ -14,7 +14,8 @@ seed, EOS ignored. The paths run it one after the other:
   memory (None on CPU). The engine streams with SGLang's ``incremental_streaming_output`` (each
   chunk only its new tokens, so a chunk costs the same at the first token and the thousandth) and
   ``stream_interval`` chunks. With several ``attention`` backends, one engine process runs the
-  workload per backend (``engines``), and ``engine`` is the fastest.
+  workload per backend (``engines``), and ``engine`` is the fastest; a backend whose engine does not
+  start or fails the workload is reported under ``failed`` with its error, the others still run.
 - ``hf_generate`` (the floor): ``model.generate`` in static batches of ``hf_batch`` left-padded
   prompts, SDPA attention;
 - ``generate_batch`` (the other floor): transformers' continuous batching (its own paged cache,
@@ -181,19 +182,26 @@ def run_bench(
                 result.setdefault("skipped", {})[backend] = "timeout"
                 continue
             backend_settings = {**settings, "RELAYRL_ENGINE_ATTENTION_BACKEND": backend}
-            with engine_process(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
-                figures = asyncio.run(stream_workload(url, work, deadline))
-                _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
-                figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
-                _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
-                if profile_steps and not _past(deadline):
-                    directory = Path(tmp) / f"profile-{backend}"
-                    try:
-                        figures["profile"] = asyncio.run(_profile_decode(url, work, profile_steps, directory))
-                    except Exception as exc:  # the profile explains the figures; it never costs them
-                        figures["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
-                    _progress(f"{figures['attention_backend']}: profile {figures['profile'].get('by_kind')}")
+            try:
+                with engine_process(model_dir, device, backend_settings, Path(tmp) / f"engine-{backend}.log") as url:
+                    figures = asyncio.run(stream_workload(url, work, deadline))
+                    _progress(f"{figures['attention_backend']}: {figures['output_tokens_per_s']} output tokens/s")
+                    figures["weight_update_pause_s"] = asyncio.run(_update_pauses(url, model_dir, device))
+                    _progress(f"{figures['attention_backend']}: update pauses {figures['weight_update_pause_s']}")
+                    if profile_steps and not _past(deadline):
+                        directory = Path(tmp) / f"profile-{backend}"
+                        try:
+                            figures["profile"] = asyncio.run(_profile_decode(url, work, profile_steps, directory))
+                        except Exception as exc:  # the profile explains the figures; it never costs them
+                            figures["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+                        _progress(f"{figures['attention_backend']}: profile {figures['profile'].get('by_kind')}")
+            except Exception as exc:  # one backend that cannot start or serve costs the others nothing
+                result.setdefault("failed", {})[backend] = f"{type(exc).__name__}: {exc}"[-FAILURE_CHARS:]
+                _progress(f"{backend}: failed: {result['failed'][backend]}")
+                continue
             engines[figures["attention_backend"]] = figures
+        if not engines:
+            raise RuntimeError(f"no engine ran the workload: {result.get('failed') or result.get('skipped')}")
         best = max(engines.values(), key=lambda figures: figures["output_tokens_per_s"])
         result["engine"] = best
         result["engines"] = engines
@@ -216,6 +224,8 @@ def run_bench(
         return result
 
 
+# Of a failed backend's error (an engine's exit carries the end of its log), what the JSON keeps.
+FAILURE_CHARS = 1500
 # A workload cut by --timeout-s still runs this long, whatever is left: a rate needs a window.
 MIN_WINDOW_S = 10.0
 

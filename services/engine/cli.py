@@ -71,7 +71,8 @@ def bench(
             "--attention",
             "--attention-backend",
             help="The engine's attention backends, comma-separated (auto, torch_native, flex_attention, triton): each"
-            " runs the workload in one engine process of its own, in this run; the fastest is reported as engine.",
+            " runs the workload in one engine process of its own, in this run; the fastest is reported as engine,"
+            " one that fails under failed (the others still run; exit code 1).",
         ),
     ] = "auto",
     cuda_graph: Annotated[bool, typer.Option(help="Decode from CUDA graphs on cuda.")] = True,
@@ -139,6 +140,8 @@ def bench(
         profile_steps=profile_steps,
     )
     typer.echo(json.dumps(result))
+    if result.get("failed"):
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

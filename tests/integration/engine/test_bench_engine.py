@@ -1,6 +1,7 @@
 """``relayrl bench engine`` on CPU, briefly: the command a GPU session runs with ``--device cuda
 --preset base`` works end to end and prints the figures it promises, for each attention backend
-it is given, in one run, with a profile of decode steps when asked; and with ``--timeout-s`` a
+it is given, in one run, with a profile of decode steps when asked, a backend whose engine does
+not start reported as failed beside the others' figures; and with ``--timeout-s`` a
 workload still running at its deadline is cut, rated over what streamed until then, and leaves the
 engine idle."""
 
@@ -40,16 +41,19 @@ def test_generate_batchs_cache_holds_every_request_at_once_and_no_more() -> None
 def test_bench_engine_prints_one_json_line_with_every_figure_for_each_attention_backend() -> None:
     args = ["bench", "engine", "--preset", "tiny", "--requests", "6", "--min-len", "8", "--max-len", "24"]
     backends = ["torch_native", "flex_attention"]
+    # triton first: its engine stops at start on a CPU, and costs the backends after it nothing.
+    attention = ",".join(["triton", *backends])
     result = CliRunner().invoke(
-        app,
-        [*args, "--hf-batch", "2", "--floor-requests", "2", "--attention", ",".join(backends), "--profile-steps", "3"],
+        app, [*args, "--hf-batch", "2", "--floor-requests", "2", "--attention", attention, "--profile-steps", "3"]
     )
 
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     # stdout alone: transformers' progress bars and warnings go to stderr, interleaved in result.output.
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, result.output
     figures = json.loads(lines[-1])
+    assert list(figures["failed"]) == ["triton"]
+    assert "RELAYRL_ENGINE_ATTENTION_BACKEND=triton" in figures["failed"]["triton"]
     engines = figures["engines"]
     assert sorted(engines) == sorted(backends)
     for name, engine in engines.items():
