@@ -8,20 +8,26 @@ One invocation runs, one after another on the same workload, preset and CPU spli
 3. **async**: the full pipeline at η = ``--async-staleness``;
 4. **sync**: the full pipeline at η = 0.
 
-A run cut short (``--budget-s`` spent, a phase past ``--timeout-s``, SIGINT) still prints its JSON,
-with ``complete: false``, ``stopped`` naming the phase, and None for each figure of a phase that did
-not finish; it exits 1. A phase that fails or runs out of time prints the end of each component's log
-on stderr first, since the temporary folder holding the logs goes with the command.
+A run cut short (``--budget-s`` spent, a phase past ``--timeout-s``, SIGINT, a phase that fails)
+still prints its JSON, with ``complete: false``, ``stopped`` naming the phase and why, and None for
+each figure of a phase that did not finish; it exits 1. A deadline that comes after a pipeline's
+last measured step cuts only the trainer's end. A phase that fails or runs out of time prints the
+end of each component's log on stderr first, since the temporary folder holding the logs goes with
+the command.
 
 ``pipeline_efficiency`` is async samples/s over the pipeline's limit, named in the JSON
 (``limit``): ``bottleneck``, the slower of the two stages alone, where they compute on separate
 resources (their own CPU sets, or GPUs); ``serial``, ``1 / (1/T + 1/E)`` for trainer T and engine
 E alone, where they share one GPU and so cannot both run at full speed: the two in series. 1.0
 means the pipeline reaches its limit. A pipeline run's figures share one window, from the trainer's
-first recorded step to its last: start-up, and the end's checkpoint and exit, are outside it. The
-engine alone is rated between its first and last pushed group.
+first recorded step to its last measured one: start-up, and the end's checkpoint and exit, are
+outside it (the trainer runs one step more than it measures: its last step stages the end's
+checkpoint before it records its row). The engine alone is rated between its first and last pushed
+group.
 
-With ``--device cuda`` (``stack.device: cuda``, the GPU split of :mod:`commands.stack.gpus`), each
+With ``--device cuda`` (``stack.device: cuda``, the GPU split of :mod:`commands.stack.gpus`), the
+engine batches every sequence in flight and prefills as SGLang does on a GPU (``CUDA_ENGINE``, as
+``bench engine`` runs it), a phase starts only with ``MIN_PHASE_S`` of ``--budget-s`` left, and each
 mode also reports ``gpu_busy_fraction`` (NVML's utilization sampled over the window,
 :mod:`relayrl.gpu_busy`); on every device, the trainer's MFU (its ``perf/mfu/actor``, None where the
 GPU's peak is unknown or on CPU) and the engines' generated tokens/s.
@@ -65,6 +71,12 @@ UNBOUNDED_STALENESS = 1_000_000
 DEFAULT_READY_TIMEOUT_S = StackSettings.model_fields["ready_timeout_s"].default
 # An engine on CUDA compiles flex_attention and captures its decode graphs before it is ready.
 CUDA_READY_TIMEOUT_S = 600.0
+# The engine on a GPU, as bench engine runs it: every sequence in flight (32 prompts of 8 samples) in
+# one batch, and SGLang's GPU default for a step's prefill; the engine's own defaults are for CPUs.
+CUDA_ENGINE = {"max_running_requests": 256, "max_prefill_tokens": 16384}
+# Of --budget-s, what a phase needs left to start: less, and its stack would start only to be stopped
+# (on a GPU an engine on base starts in about 30 s and the trainer's first step compiles for about 73 s).
+MIN_PHASE_S: dict[str, float] = {"cpu": 15.0, "cuda": 120.0}
 
 
 class CpuMeter:
@@ -179,13 +191,22 @@ class BenchRun:
             return now + self.timeout_s
         if now >= self.deadline:
             raise TimeoutError("the budget (--budget-s) was spent before it started")
+        if (left := self.deadline - now) < MIN_PHASE_S[self.device]:
+            raise TimeoutError(f"{left:.0f} s of the budget (--budget-s) left, too little to start a phase")
         return min(now + self.timeout_s, self.deadline)
 
     @property
     def rollout_mode(self) -> str:
         return self.partial_rollout_mode or BENCH_PARTIAL_ROLLOUT_MODE
 
+    def ready_timeout_s(self) -> float:
+        """How long the stack's start may wait for its services: a first CUDA start compiles, but never
+        past the run's deadline (a start that outlasted it would leave no time to stop and print)."""
+        ready = CUDA_READY_TIMEOUT_S if self.device == "cuda" else DEFAULT_READY_TIMEOUT_S
+        return ready if self.deadline is None else max(1.0, min(ready, self.deadline - time.monotonic()))
+
     def config(self, name: str, eta: int, steps: int) -> StackConfig:
+        """The stack of one phase measuring ``steps`` trainer steps (the trainer runs :data:`TAIL_STEPS` more)."""
         environment = self.workload.environment
         return StackConfig(
             stack=StackSettings(
@@ -194,10 +215,10 @@ class BenchRun:
                 model_dir=self.model_dir,
                 max_staleness=eta,
                 device=self.device,
-                ready_timeout_s=CUDA_READY_TIMEOUT_S if self.device == "cuda" else DEFAULT_READY_TIMEOUT_S,
+                ready_timeout_s=self.ready_timeout_s(),
             ),
             trainer={
-                **self.workload.trainer_settings(self.dataset, steps, self.seed),
+                **self.workload.trainer_settings(self.dataset, steps + TAIL_STEPS, self.seed),
                 "param_dtype": self.dtype,
                 # What a version carries is what the engine below loads (its dtype from the same flag).
                 "rollout_dtype": self.dtype,
@@ -210,7 +231,11 @@ class BenchRun:
                 "partial_rollout_mode": self.rollout_mode,
                 **(environment(self.env_dir(name), self.tool_latency_ms) if environment else {}),
             },
-            engine={**self.workload.engine, "dtype": "bfloat16" if self.dtype == "bf16" else "float32"},
+            engine={
+                **(CUDA_ENGINE if self.device == "cuda" else {}),
+                **self.workload.engine,
+                "dtype": "bfloat16" if self.dtype == "bf16" else "float32",
+            },
         )
 
     def env_dir(self, name: str) -> Path:
@@ -310,6 +335,10 @@ class Window:
 
 
 PROGRESS_EVERY_S = 15.0
+# Trainer steps past the measured ones. A run's last step checkpoints (whatever save_freq says)
+# before it records its row, and on a GPU staging that checkpoint (fp32 master weights and Adam's
+# state, 6 GB on base, to host memory) takes about as long as a step: no part of a pipeline's rate.
+TAIL_STEPS = 1
 
 
 def _wait_trainer(
@@ -339,6 +368,11 @@ def _wait_trainer(
             rows = _trainer_rows(stack)
             _phase(f"{what}: step {rows[-1]['trainer/global_steps']}, reward {rows[-1]['critic/score/mean']:.3f}")
         if time.monotonic() > deadline:
+            if window is not None and window.closed:
+                # Every measured step is in: what the deadline cuts (the tail step, the last
+                # checkpoint, the exit) is no part of the figures.
+                _phase(f"{what}: the deadline came after the last measured step; the trainer's end is cut")
+                return
             raise TimeoutError(f"{what}: the trainer did not finish in time (the end of its logs is printed above)")
         time.sleep(0.2)
     if stack.trainer_exit_code() != 0:
@@ -374,7 +408,8 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         window = Window(gpu, [rollouts, Counters(stack.endpoints.engines, ENGINE_FIGURES)], last_step=steps)
         _wait_trainer(stack, supervisor, deadline, f"η = {eta}", window)
         lost = _lost_groups(stack.endpoints.queue_grpc)
-        rows = _trainer_rows(stack)
+        every_row = _trainer_rows(stack)
+        rows = every_row[:steps]
     elapsed = window.elapsed
     env_calls = read_calls(run.env_dir(name) / "calls.log", window.unix, window.unix + elapsed)
     updates = max(window.delta("update_count"), 1.0)
@@ -391,7 +426,7 @@ def run_mode(run: BenchRun, eta: int, steps: int, name: str | None = None) -> Mo
         padding_ratio=statistics.fmean(r.get("perf/padding_ratio", 0.0) for r in rows),
         max_step_wait_s=max(r["timing/wait_s"] for r in rows[1:]),
         reward_at_end=statistics.fmean(r["critic/score/mean"] for r in rows[-5:]),
-        staleness_violations=sum(1 for r in rows if r["staleness/max_sample_age"] > eta),
+        staleness_violations=sum(1 for r in every_row if r["staleness/max_sample_age"] > eta),
         lost_groups=lost,
         steps=len(rows),
         env_calls=env_calls,
@@ -470,7 +505,7 @@ def _pause_rollouts(stack: LocalStack) -> None:
 def measure_alone(run: BenchRun, steps: int, measured: Measured) -> None:
     """Each stage at full speed on its own: generation of a backlog, then training on it."""
     workload = run.workload
-    needed = steps * workload.batch_size
+    needed = (steps + TAIL_STEPS) * workload.batch_size
     deadline = run.phase_deadline()
     with supervised(None) as supervisor:
         stack = LocalStack(run.config("alone", UNBOUNDED_STALENESS, steps), supervisor)
@@ -503,7 +538,7 @@ def measure_alone(run: BenchRun, steps: int, measured: Measured) -> None:
         measured.episodes = _episodes(backlog) if workload.environment else {}
         stack.start_training(run.model_dir)
         _wait_trainer(stack, supervisor, deadline, "trainer alone")
-        measured.trainer_samples_per_s = _samples_per_s(_trainer_rows(stack))
+        measured.trainer_samples_per_s = _samples_per_s(_trainer_rows(stack)[:steps])
 
 
 def _episodes(samples: list[Any]) -> dict[str, float]:
@@ -838,9 +873,9 @@ def bench(
             log_tails(work)
         except KeyboardInterrupt:
             stopped = f"{phase}: interrupted"
-        except Exception:
+        except Exception as exc:  # a phase that fails keeps the figures of those that finished
+            stopped = f"{phase}: {type(exc).__name__}: {exc}"
             log_tails(work)
-            raise
         if stopped is not None:
             _phase(f"cut short: {stopped}")
     result = result_json(

@@ -100,6 +100,20 @@ def test_a_trainer_still_running_at_the_deadline_stops_the_wait_naming_the_phase
         _wait_trainer(trainer, supervisor, time.monotonic() + 0.5, "η = 2", Window(None, [], last_step=3))  # type: ignore[arg-type]
 
 
+def test_a_deadline_after_the_last_measured_step_keeps_the_phase(tmp_path: Path) -> None:
+    # The trainer runs a step past the measured ones and then stages its last checkpoint: a deadline
+    # there cuts nothing the figures count.
+    trainer = Trainer(tmp_path)
+    window = Window(None, [], last_step=2)
+    trainer.record(1)
+    trainer.record(2)
+    supervisor = SimpleNamespace(check_alive=lambda exited_ok: None)
+
+    _wait_trainer(trainer, supervisor, time.monotonic() + 1.0, "η = 2", window)  # type: ignore[arg-type]
+
+    assert window.closed and trainer.exit_code is None
+
+
 def test_a_failed_phase_prints_the_end_of_each_components_log(tmp_path: Path, capsys) -> None:
     # The work folder, and the logs the error message points to, are deleted when the command ends.
     earlier = tmp_path / "runs" / "alone" / "logs"
