@@ -54,7 +54,10 @@ def bench(
     ] = 1800,
     val_threshold: Annotated[
         float | None,
-        typer.Option(help="Also report the first trainer step at which each run's held-out score reached this."),
+        typer.Option(
+            help="Also report the first trainer step at which each run's held-out score reached this, and the"
+            " seconds to it from the run's first validation."
+        ),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON line only.")] = False,
 ) -> None:

@@ -59,6 +59,8 @@ class SeedRun:
     error: str = ""
     # (trainer step, held-out score) per val/test_score/<data_source> key; step 0 is before training.
     val_curve: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # The same scores against seconds since the run's first logged row (the validation before training).
+    val_by_time: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def reached(self, threshold: float) -> bool:
         return self.report is not None and self.report.reward_last >= threshold
@@ -71,6 +73,11 @@ class SeedRun:
     def val_reached_at(self, key: str, threshold: float) -> int | None:
         """The first step whose held-out ``key`` score is at least ``threshold``; None if none was."""
         return next((step for step, score in self.val_curve.get(key, ()) if score >= threshold), None)
+
+    def val_reached_after(self, key: str, threshold: float) -> float | None:
+        """Seconds from the run's first logged row to its first held-out ``key`` score at least
+        ``threshold``; None if none was."""
+        return next((seconds for seconds, score in self.val_by_time.get(key, ()) if score >= threshold), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +126,12 @@ class LearningResult:
     # Per held-out key (val/test_score/<data_source>), over the finished runs that validated.
     val_first: dict[str, Distribution]
     val_last: dict[str, Distribution]
-    # With a val_threshold: per held-out key, the first step each finished run reached it, over the
-    # runs that did, and how many did.
+    # With a val_threshold: per held-out key, the first step each finished run reached it and the
+    # seconds it took, over the runs that did, and how many did.
     val_threshold: float | None
     val_steps_to_threshold: dict[str, Distribution]
     val_reached: dict[str, int]
+    val_seconds_to_threshold: dict[str, Distribution]
     reached: int
     failed: int
     plot: Path
@@ -165,8 +173,11 @@ def summarize(
     config: str, threshold: float, runs: list[SeedRun], plot: Path, out: Path, val_threshold: float | None = None
 ) -> LearningResult:
     reports = [run.report for run in runs if run.report is not None]
-    at = steps_to_threshold([run for run in runs if run.report is not None], val_threshold)
+    finished = [run for run in runs if run.report is not None]
+    at = steps_to_threshold(finished, val_threshold)
     to_threshold = {key: distribution([float(s) for s in steps if s is not None]) for key, steps in at.items()}
+    after = {key: [run.val_reached_after(key, val_threshold) for run in finished] for key in at} if at else {}
+    seconds_to = {key: distribution([s for s in seconds if s is not None]) for key, seconds in after.items()}
     return LearningResult(
         config=config,
         threshold=threshold,
@@ -180,6 +191,7 @@ def summarize(
         val_threshold=val_threshold,
         val_steps_to_threshold={key: d for key, d in to_threshold.items() if d is not None},
         val_reached={key: sum(s is not None for s in steps) for key, steps in at.items()},
+        val_seconds_to_threshold={key: d for key, d in seconds_to.items() if d is not None},
         reached=sum(run.reached(threshold) for run in runs),
         failed=len(runs) - len(reports),
         plot=plot,
@@ -207,6 +219,10 @@ class Curves:
     # The reward (REWARD_KEY) and each held-out score against seconds since the run's first logged row.
     by_time: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
+    @property
+    def val_by_time(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        return {key: points for key, points in self.by_time.items() if key in self.val}
+
 
 def read_curves(run_dir: Path) -> Curves:
     """Mean reward per trainer step and each held-out score per validation step, by step and by
@@ -225,12 +241,19 @@ def read_curves(run_dir: Path) -> Curves:
     return Curves(reward, val, by_time)
 
 
+class RunTimedOut(BaseException):
+    """A run past its ``--timeout-s``. Not an ``Exception``: raised from a signal handler wherever the
+    main thread is, it must pass the handlers there. A TimeoutError (an OSError) raised inside an
+    HTTP call became httpx's ReadTimeout, which a poll of /metrics catches, and the run went on."""
+
+
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
-    """Raises TimeoutError in the main thread after ``seconds``; the stack's supervisor then stops every component."""
+    """Raises :class:`RunTimedOut` in the main thread after ``seconds``; the stack's supervisor then
+    stops every component."""
 
     def expire(_signum: int, _frame: object) -> None:
-        raise TimeoutError(f"the run did not finish within {seconds:g}s")
+        raise RunTimedOut(f"the run did not finish within {seconds:g}s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -247,17 +270,21 @@ def run_seed(config: StackConfig, seed: int, runner: Runner, timeout_s: float) -
     try:
         with deadline(timeout_s):
             outcome = runner(config)
-    except Exception as err:  # a failed seed is a result of the bench, not the end of it
+    except (Exception, RunTimedOut) as err:  # a failed seed is a result of the bench, not the end of it
         curves = read_curves(run_dir)
-        return SeedRun(seed, run_dir, None, curves.reward, f"{type(err).__name__}: {err}", curves.val)
+        return SeedRun(
+            seed, run_dir, None, curves.reward, f"{type(err).__name__}: {err}", curves.val, curves.val_by_time
+        )
     if outcome.exit_code == INTERRUPTED:
         raise KeyboardInterrupt
     if outcome.report is None:
         reason = outcome.error or f"trainer exited with code {outcome.exit_code}; logs in {run_dir / 'logs'}"
         curves = read_curves(run_dir)
-        return SeedRun(seed, run_dir, None, curves.reward, reason, curves.val)
+        return SeedRun(seed, run_dir, None, curves.reward, reason, curves.val, curves.val_by_time)
     curves = read_curves(outcome.run_dir)
-    return SeedRun(seed, outcome.run_dir, outcome.report, curves.reward, val_curve=curves.val)
+    return SeedRun(
+        seed, outcome.run_dir, outcome.report, curves.reward, val_curve=curves.val, val_by_time=curves.val_by_time
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +322,10 @@ def plot_seeds(runs: list[SeedRun], threshold: float, out: Path, title: str) -> 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Plotted(out, tuple(drawn))
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def rounded_json(d: Distribution | None, digits: int) -> dict[str, Any] | None:
@@ -335,6 +366,7 @@ def result_json(result: LearningResult) -> dict[str, Any]:
         "val_threshold": result.val_threshold,
         "val_steps_to_threshold": {key: rounded_json(d, 1) for key, d in result.val_steps_to_threshold.items()},
         "val_reached": result.val_reached,
+        "val_seconds_to_threshold": {key: rounded_json(d, 1) for key, d in result.val_seconds_to_threshold.items()},
         "runs": [
             {
                 "seed": run.seed,
@@ -347,6 +379,11 @@ def result_json(result: LearningResult) -> dict[str, Any]:
                 "val_last": {k: round(v, 3) for k, v in run.report.val_last.items()} if run.report else None,
                 "val_curve": {k: [[step, round(score, 3)] for step, score in v] for k, v in run.val_curve.items()},
                 "val_steps_to_threshold": {k: run.val_reached_at(k, result.val_threshold) for k in result.val_reached}
+                if result.val_threshold is not None and run.report
+                else None,
+                "val_seconds_to_threshold": {
+                    k: _round(run.val_reached_after(k, result.val_threshold), 1) for k in result.val_reached
+                }
                 if result.val_threshold is not None and run.report
                 else None,
                 "reached": run.reached(result.threshold),
@@ -400,6 +437,8 @@ def render_table(result: LearningResult) -> str:
         finished = len(result.runs) - result.failed
         spread = result.val_steps_to_threshold.get(key)
         steps = f"; steps to it: median {spread.median:g}, values {list(spread.values)}" if spread else ""
+        seconds = result.val_seconds_to_threshold.get(key)
+        steps += f"; seconds to it: median {seconds.median:.1f}" if seconds else ""
         console.print(f"{key} ≥ {result.val_threshold:g}: {count} of {finished} finished runs{steps}")
     console.print(f"plot: {result.plot}\nruns: {result.out}")
     return out.getvalue()

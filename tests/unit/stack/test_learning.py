@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -113,7 +115,10 @@ def test_held_out_scores_are_spread_over_the_runs_that_validated(tmp_path: Path)
 
 def test_steps_to_a_held_out_threshold_count_the_first_validation_at_or_above_it(tmp_path: Path) -> None:
     def validated(seed: int, points: tuple[tuple[int, float], ...], report: RunReport | None) -> SeedRun:
-        return SeedRun(seed, tmp_path, report, ((1, 0.1),), "" if report else "late", val_curve={VAL: points})
+        # Each validation 3 s of wall time per step after the first (seed 1 twice as fast).
+        by_time = {VAL: tuple((step * 3.0 / (1 + (seed == 1)), score) for step, score in points)}
+        error = "" if report else "late"
+        return SeedRun(seed, tmp_path, report, ((1, 0.1),), error, val_curve={VAL: points}, val_by_time=by_time)
 
     runs = [
         # Dips below again after reaching it: the first step counts.
@@ -129,11 +134,18 @@ def test_steps_to_a_held_out_threshold_count_the_first_validation_at_or_above_it
     printed = result_json(result)
     assert printed["val_threshold"] == 0.9 and printed["val_steps_to_threshold"][VAL]["median"] == 15.0
     assert [run["val_steps_to_threshold"] for run in printed["runs"]] == [{VAL: 20}, {VAL: 10}, {VAL: None}, None]
+    # And the wall time it took: what a GPU run is compared with a CPU run by.
+    assert result.val_seconds_to_threshold[VAL].values == (60.0, 15.0)
+    assert printed["val_seconds_to_threshold"][VAL]["median"] == 37.5
+    assert [run["val_seconds_to_threshold"] for run in printed["runs"]] == [{VAL: 60.0}, {VAL: 15.0}, {VAL: None}, None]
     assert printed["runs"][1]["val_curve"] == {VAL: [[0, 0.375], [10, 0.9], [20, 0.97]]}
-    assert f"{VAL} ≥ 0.9: 2 of 3 finished runs; steps to it: median 15" in " ".join(render_table(result).split())
+    table = " ".join(render_table(result).split())
+    assert f"{VAL} ≥ 0.9: 2 of 3 finished runs; steps to it: median 15" in table
+    assert "seconds to it: median 37.5" in table
     # Without a threshold nothing about it is reported.
     plain = result_json(summarize("long_add", 0.9, runs, tmp_path / "p.png", tmp_path))
     assert plain["val_steps_to_threshold"] == {} and plain["runs"][0]["val_steps_to_threshold"] is None
+    assert plain["val_seconds_to_threshold"] == {} and plain["runs"][0]["val_seconds_to_threshold"] is None
 
 
 def test_no_finished_run_gives_no_spread(tmp_path: Path) -> None:
@@ -203,10 +215,30 @@ def test_a_failed_or_late_run_is_recorded_and_the_next_seed_still_runs(tmp_path:
     assert calls == [0, 1, 2, 3]
     assert [run.report is not None for run in runs] == [True, False, False, True]
     assert runs[1].error == "engine-0: exited with code 1"
-    assert runs[2].error == "TimeoutError: the run did not finish within 0.5s"
+    assert runs[2].error == "RunTimedOut: the run did not finish within 0.5s"
     assert runs[0].curve == ((1, 0.2), (2, 0.4)) and runs[2].curve == ((1, 0.2), (2, 0.4))
     assert runs[0].val_curve == {VAL: ((2, 0.5),)} and runs[1].val_curve == {VAL: ((2, 0.5),)}
+    # Step 2's validation came 1 s after the first row.
+    assert runs[0].val_by_time == {VAL: ((1.0, 0.5),)} and runs[2].val_by_time == {VAL: ((1.0, 0.5),)}
     assert runs[0].run_dir == (tmp_path / "seed-0").resolve()
+
+
+def test_a_run_past_its_deadline_stops_though_its_code_catches_every_exception(tmp_path: Path) -> None:
+    # The stack's polls catch httpx's errors, and a TimeoutError raised in a socket call becomes one.
+    def polling(config: StackConfig) -> RunOutcome:
+        run_dir = (config.stack.runs_dir / config.stack.run_id).resolve()
+        until = time.monotonic() + 5
+        while time.monotonic() < until:
+            # What a poll of /metrics does with a failed request.
+            with contextlib.suppress(Exception):
+                time.sleep(0.01)
+        return RunOutcome(0, run_dir, _report(0.2, 0.95))
+
+    started = time.monotonic()
+    [run] = run_seeds(StackConfig.from_yaml(DEMO), [0], tmp_path, 1, 0.3, polling)
+
+    assert run.report is None and run.error == "RunTimedOut: the run did not finish within 0.3s"
+    assert time.monotonic() - started < 4
 
 
 def test_an_interrupted_run_stops_the_bench(tmp_path: Path) -> None:
