@@ -40,9 +40,23 @@ RESERVE_S = 10
 GRACE_S = 15
 LOG_TAIL_BYTES = 1 << 20
 MARK = "GPU_CHECKS_SESSION"
-# What pytest runs, in this order: the trainer's and the stack's tests had never run on a GPU by
-# 2026-11-30, while the engine's first files passed there twice; a session cut short keeps the rarest.
-TESTS = "tests/gpu/trainer tests/gpu/stack tests/gpu/test_devices.py tests/gpu/engine"
+# What pytest runs first, in this order, then every other GPU test file: the quick and the new first,
+# so a call of about 200 s finishes files rather than starting many. A trainer job costs 50 to 90 s
+# there (two imports, NCCL, a compile for the tiny model's shapes), an engine test 14 to 26 s; the
+# replay tests start two trainer processes each. Files, not folders: given a folder, pytest orders
+# its files by the tree, whatever the order of the arguments. GPU_CHECKS_TESTS replaces the list.
+TESTS_FIRST = (
+    "tests/gpu/test_devices.py",
+    "tests/gpu/engine/test_attention_kernels.py",
+    "tests/gpu/trainer/test_sft_gpu.py",
+    "tests/gpu/trainer/test_trainer_gpu.py",
+    "tests/gpu/stack/test_stack_cuda.py",
+)
+
+
+def default_tests() -> str:
+    found = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests/gpu").rglob("test_*.py"))
+    return " ".join([*TESTS_FIRST, *(path for path in found if path not in TESTS_FIRST)])
 
 
 @dataclass
@@ -200,7 +214,7 @@ class Session:
         _write_json(self.out / "install.json", record)
 
     def tests(self, stage: Stage, outcome: Outcome) -> None:
-        paths = os.environ.get("GPU_CHECKS_TESTS", TESTS).split()
+        paths = (os.environ.get("GPU_CHECKS_TESTS") or default_tests()).split()
         argv = [self.python(), "-m", "pytest", "-m", "gpu", "-n", "0", "-v", "-rfE", "--durations=0"]
         argv += ["-p", "no:cacheprovider", f"--junitxml={self.logs / 'tests.xml'}", *paths]
         outcome.file = "tests.log"
@@ -458,7 +472,7 @@ def dry_run(stages: list[Stage], budget_s: int) -> int:
             shown = bundle.relative_to(REPO) if bundle else f"dist/bundle-py{PY}.tar.gz (absent here)"
             print(f"  bash scripts/install-offline.sh {shown} VENV")
         elif stage.kind == "tests":
-            paths = os.environ.get("GPU_CHECKS_TESTS", TESTS)
+            paths = os.environ.get("GPU_CHECKS_TESTS") or default_tests()
             print(f"  python -m pytest -m gpu -n 0 -v -rfE --durations=0 {paths}")
         for run in stage.runs:
             print(f"  {run.command}   # {run.budget_s} s")

@@ -165,10 +165,12 @@ KINDS = {
 
 
 def main(kind: str, out: str, *args: str) -> None:
-    # The same kernels in a resumed process as in the one that went on: no nondeterministic choice
-    # (cuBLAS needs its workspace fixed before CUDA starts).
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if kind == "resume":
+        # The same kernels in a resumed process as in the one that went on: no nondeterministic choice
+        # (cuBLAS needs its workspace fixed before CUDA starts). Only there: inductor keys its cache by
+        # this mode, so the other jobs would compile anew what the trainer service's runs compiled.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     result = KINDS[kind](out, *args)
     if D.get_rank() == 0:
         torch.save(result, out)

@@ -33,14 +33,14 @@ def write_data(path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def run_sft(model_dir, data, out, nproc: int, steps: int, device: str = "cpu") -> list[dict]:
+def run_sft(model_dir, data, out, nproc: int, steps: int, device: str = "cpu", timeout_s: float = 120) -> list[dict]:
     cmd = [
         sys.executable, "-m", "commands.cli", "sft", "--device", device,
         "--model", str(model_dir), "--data", str(data), "--out", str(out), "--nproc", str(nproc),
         "--train-batch-size", "8", "--micro-batch-size-per-gpu", "2", "--lr", "3e-3",
         "--total-training-steps", str(steps), "--seed", "3",
     ]  # fmt: skip
-    output = run_logged(cmd, out.parent / f"{out.name}.log")
+    output = run_logged(cmd, out.parent / f"{out.name}.log", timeout_s)
     summaries = [json.loads(line) for line in output.splitlines() if line.startswith('{"steps"')]
     assert len(summaries) == 1, output[-3000:]  # printed by rank 0 only
     summary = summaries[0]
