@@ -72,6 +72,8 @@ def _switch(*flags: str, budget_s: int) -> tuple[str, ...]:
 
 
 ENGINE = ("bench", "engine", "--device", "cuda", "--preset", "base", "--json")
+# torch.compile's recompilations and graph breaks, with their reasons, to a run's log.
+COMPILE_LOGS = (("TORCH_LOGS", "recompiles,graph_breaks"),)
 E2E = ("bench", "e2e", "--workload", "realistic", "--json")
 # Prompts and outputs uniform in 4k to 8k tokens, EOS ignored.
 LONG = (*ENGINE, "--attention", "triton", "--requests", "16", "--min-len", "4000", "--max-len", "8000")
@@ -119,15 +121,16 @@ STAGES: tuple[Stage, ...] = (
         "trainer",
         "#46",
         "MFU and where the step's time goes, without and with each decoder block compiled",
-        # torch.compile's recompilations and graph breaks, with their reasons, to the run's log: whether
-        # the 73 s warm-up step of 11-30 was one compile or several.
+        # With COMPILE_LOGS: whether the 73 s warm-up step of 11-30 was one compile or several.
         Run(
             "default",
             (*TRAINER, "--no-single-process", "--profile", "--timeout-s", "110"),
             150,
-            (("TORCH_LOGS", "recompiles,graph_breaks"),),
+            COMPILE_LOGS,
         ),
-        Run("compile", _switch("--use-torch-compile", "--profile", budget_s=170), 170),
+        # Recompilations and graph breaks here too: whether FSDP2's hooks, inside each compiled block's
+        # call, break its graph.
+        Run("compile", _switch("--use-torch-compile", "--profile", budget_s=170), 170, COMPILE_LOGS),
     ),
     Stage("tests", "#46 #47 #49 #50", "tests", 240, "pytest -m gpu -n 0 (make test-gpu's line)"),
     _bench(
