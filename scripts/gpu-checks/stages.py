@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -80,6 +81,8 @@ LONG = (*ENGINE, "--attention", "triton", "--requests", "16", "--min-len", "4000
 LONG = (*LONG, "--no-floors", "--timeout-s", "100")
 # Where a stage keeps what its later runs read (the learning stage's models): the session's work folder.
 WORK = os.environ.get("GPU_CHECKS_WORK", "/tmp/relayrl-gpu-checks")
+# The learning stage's models and runs, this call's own.
+LEARNING = f"{WORK}/learning-{time.strftime('%Y%m%d-%H%M%S')}"
 
 STAGES: tuple[Stage, ...] = (
     Stage("install", "#50", "install", 150, "scripts/install-offline.sh from the bundle, torch unchanged"),
@@ -224,19 +227,22 @@ STAGES: tuple[Stage, ...] = (
         "the log-probs' statistics eager and compiled, a 16k-token pass with Qwen's output head",
         Run("base-head", ("bench", "logprobs", "--device", "cuda", "--json"), 90),
     ),
-    # The reasoning recipe on one GPU, as long_add_gpu.yaml's header runs it, against the CPU run's
-    # figures (docs/benchmarks/learning-long-add.json: 100 steps in about 530 s, val threshold 0.9).
+    # The reasoning recipe on one GPU, as long_add_gpu.yaml's header runs it, against the CPU runs'
+    # figures (docs/benchmarks/learning-long-add.json: every seed's held-out score at or above 0.875 by
+    # step 100, in 528 to 543 s; #50 asks for the GPU there in a fifth of that). Its folders are the
+    # call's own (LEARNING), so a second call on a warm machine finds no earlier run's. Each run's
+    # limit leaves the session's SIGINT (15 s before its budget) time to come after the JSON.
     _bench(
         "learning-cuda",
         "#50",
-        "the reasoning recipe (long_add, small) on the GPU: steps and wall time to the validation threshold",
-        Run("init", ("model", "init-tiny", f"{WORK}/small", "--preset", "small"), 30),
+        "the reasoning recipe (long_add, small) on the GPU: steps and seconds to the validation threshold",
+        Run("init", ("model", "init-tiny", f"{LEARNING}/small", "--preset", "small"), 45),
         Run(
             "sft",
             (
-                *("sft", "--device", "cuda", "--model", f"{WORK}/small", "--data", "builtin:long_add"),
+                *("sft", "--device", "cuda", "--model", f"{LEARNING}/small", "--data", "builtin:long_add"),
                 *("--difficulty", "2", "--size", "4800", "--train-batch-size", "32"),
-                *("--total-training-steps", "150", "--lr", "1e-3", "--out", f"{WORK}/long_add_sft"),
+                *("--total-training-steps", "150", "--lr", "1e-3", "--out", f"{LEARNING}/long_add_sft"),
             ),
             150,
         ),
@@ -245,8 +251,8 @@ STAGES: tuple[Stage, ...] = (
             "learning",
             (
                 *("bench", "learning", "--config", "commands/stack/configs/long_add_gpu.yaml"),
-                *("--model-dir", f"{WORK}/long_add_sft", "--seeds", "1", "--val-threshold", "0.9"),
-                *("--out", f"{WORK}/learning", "--timeout-s", "330", "--json"),
+                *("--model-dir", f"{LEARNING}/long_add_sft", "--seeds", "1", "--val-threshold", "0.875"),
+                *("--out", f"{LEARNING}/learning", "--timeout-s", "290", "--json"),
             ),
             360,
         ),
