@@ -4,7 +4,10 @@
   training (forward, backward, optimizer), per device, as verl divides by its GPU count.
 - ``perf/mfu/actor``: 6 · N · tokens / (peak × seconds of the actor's update × devices), N every
   parameter of the actor (a LoRA actor's frozen base included: its backward still runs through
-  them), attention's FLOPs left out, as verl's and torchtitan's 6N estimates. The peak is the
+  them; tied embeddings once), attention's FLOPs left out: the count issue #46 fixes. verl's
+  counter (its ``FlopsCounter``) counts the embeddings and the output head apart, tied or not, and
+  adds attention's 12 · Σ seqlen² · head_dim · heads · layers: on Qwen2.5-0.5B it reads about 1.3×
+  this. The peak is the
   device's dense bf16 peak (989 TFLOP/s for H100 and H200) or ``mfu_peak_tflops``; where neither
   is known (every CPU) the metric is left out rather than made up.
 - ``perf/max_memory_allocated_gb``: the most memory torch's CUDA allocator held during the step,
