@@ -54,9 +54,12 @@ TESTS_FIRST = (
 )
 
 
-def default_tests() -> str:
+def test_paths() -> list[str]:
+    """GPU_CHECKS_TESTS's paths, or TESTS_FIRST then every other GPU test file."""
+    if given := os.environ.get("GPU_CHECKS_TESTS"):
+        return given.split()
     found = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests/gpu").rglob("test_*.py"))
-    return " ".join([*TESTS_FIRST, *(path for path in found if path not in TESTS_FIRST)])
+    return [*TESTS_FIRST, *(path for path in found if path not in TESTS_FIRST)]
 
 
 @dataclass
@@ -214,9 +217,8 @@ class Session:
         _write_json(self.out / "install.json", record)
 
     def tests(self, stage: Stage, outcome: Outcome) -> None:
-        paths = (os.environ.get("GPU_CHECKS_TESTS") or default_tests()).split()
         argv = [self.python(), "-m", "pytest", "-m", "gpu", "-n", "0", "-v", "-rfE", "--durations=0"]
-        argv += ["-p", "no:cacheprovider", f"--junitxml={self.logs / 'tests.xml'}", *paths]
+        argv += ["-p", "no:cacheprovider", f"--junitxml={self.logs / 'tests.xml'}", *test_paths()]
         outcome.file = "tests.log"
         timeout_s = min(stage.budget_s, self.left_s())
         rc, seconds, timed_out = self.call(argv, timeout_s, self.out / "tests.log")
@@ -250,9 +252,9 @@ class Session:
         out, err = self.logs / f"{name}.out", self.logs / f"{name}.err"
         rc, seconds, timed_out = self.call(argv, run.budget_s, out, err, env=dict(run.env))
         line.update(rc=rc, seconds=seconds, status="ok" if rc == 0 else ("timed out" if timed_out else "failed"))
-        line["result"] = _last_json_object(self.logs / f"{name}.out")
+        line["result"] = _last_json_object(out)
         if rc != 0:
-            line["stderr_tail"] = _tail(self.logs / f"{name}.err", 15)
+            line["stderr_tail"] = _tail(err, 15)
         return line
 
     def missing_flags(self, args: tuple[str, ...]) -> str | None:
@@ -472,8 +474,7 @@ def dry_run(stages: list[Stage], budget_s: int) -> int:
             shown = bundle.relative_to(REPO) if bundle else f"dist/bundle-py{PY}.tar.gz (absent here)"
             print(f"  bash scripts/install-offline.sh {shown} VENV")
         elif stage.kind == "tests":
-            paths = os.environ.get("GPU_CHECKS_TESTS") or default_tests()
-            print(f"  python -m pytest -m gpu -n 0 -v -rfE --durations=0 {paths}")
+            print(f"  python -m pytest -m gpu -n 0 -v -rfE --durations=0 {' '.join(test_paths())}")
         for run in stage.runs:
             print(f"  {run.command}   # {run.budget_s} s")
     return 0

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool
+from services.engine.kv_pool import SCRATCH_BLOCK, BlockPool, KVLayout
 
 ATTN_IMPLEMENTATION = "relayrl_paged"
 
@@ -281,8 +281,7 @@ def _triton(device: torch.device, kv_splits: int) -> AttentionBackend:
 
 def query_group(model: torch.nn.Module) -> int:
     """Query heads per KV head of ``model`` (grouped-query attention; 1 without)."""
-    heads = int(model.config.num_attention_heads)
-    return heads // int(getattr(model.config, "num_key_value_heads", None) or heads)
+    return int(model.config.num_attention_heads) // KVLayout.of(model).kv_heads
 
 
 @dataclass(frozen=True, slots=True)
